@@ -1,0 +1,3 @@
+from ssmcheck.cli import main
+
+main()

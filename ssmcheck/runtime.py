@@ -1,0 +1,89 @@
+"""Where kernels run: compiled on a CUDA GPU, or through Triton's interpreter on the CPU.
+
+Triton reads TRITON_INTERPRET when it is first imported, so the choice is made
+once, here, before any kernel module (which imports triton) is loaded. Every
+entry point (CLI, tests, benchmarks) calls `configure` first.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+DEVICES = ("cpu", "cuda")
+
+
+class DeviceError(ValueError):
+    """The requested device cannot be used in this process."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    device: str  # "cpu" or "cuda"
+    interpreter: bool  # kernels run through Triton's interpreter
+    torch: str
+    triton: str
+    gpu: str | None  # e.g. "NVIDIA H200 (sm_90)"
+    python: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_configured: Environment | None = None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def configure(device: str | None = None) -> Environment:
+    """Choose the device (CUDA when available unless `device` says otherwise).
+
+    On the CPU, sets TRITON_INTERPRET=1 before triton is imported. Raises
+    DeviceError for an unknown or unavailable device, or when triton was
+    already imported in the other mode.
+    """
+    global _configured
+    if device is not None and device not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() and not _interpreting() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("device 'cuda' requested but torch sees no CUDA GPU")
+    want_interpreter = device == "cpu"
+    if "triton" in sys.modules:
+        if _interpreting() != want_interpreter:
+            mode = "interpreter" if _interpreting() else "compiled"
+            raise DeviceError(
+                f"triton was already imported in {mode} mode; cannot switch to device {device!r}"
+            )
+    elif want_interpreter:
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+    import triton  # noqa: PLC0415  (deliberately late: see module docstring)
+
+    gpu = None
+    if device == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    _configured = Environment(
+        device=device,
+        interpreter=want_interpreter,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        gpu=gpu,
+        python=platform.python_version(),
+    )
+    return _configured
+
+
+def environment() -> Environment:
+    """The environment chosen by `configure` (configuring with defaults if needed)."""
+    return _configured if _configured is not None else configure()

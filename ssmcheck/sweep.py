@@ -1,0 +1,84 @@
+"""Sweep mechanics shared by the commands: option lists, presets, the cartesian product, seeds.
+
+A sweep is a dict of axes (name -> list of values). Presets live in
+`configs/NAME.toml`, one table per command (`[scan]`, `[drift]`), each key an
+axis or option with the same name as the CLI option (dashes as underscores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+
+class SweepError(ValueError):
+    """A bad sweep option or preset; the message names it."""
+
+
+def parse_list(option: str, text: str, convert=str, allowed=None) -> list:
+    """Parse a comma-separated option value, e.g. --chunk-size 64,128."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise SweepError(f"{option}: empty value")
+    values = []
+    for item in items:
+        try:
+            value = convert(item)
+        except ValueError:
+            raise SweepError(f"{option}: invalid value {item!r}") from None
+        if allowed is not None and value not in allowed:
+            raise SweepError(f"{option}: invalid value {item!r} (choose from {', '.join(map(str, allowed))})")
+        values.append(value)
+    return list(dict.fromkeys(values))  # de-duplicate, keep order
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def product(axes: dict[str, list]) -> list[dict]:
+    """The cartesian product of the axes, in axis order, as a list of dicts."""
+    names = list(axes)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+def case_seed(seed: int, params: dict) -> int:
+    """A deterministic 31-bit seed from the base seed and a case's parameters.
+
+    Stable across processes and Python versions (no `hash()` randomisation).
+    """
+    key = json.dumps({"seed": seed, **params}, sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _configs_dir():
+    """configs/ of a source checkout, else the copy installed as package data."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if checkout.is_dir():
+        return checkout
+    return resources.files("ssmcheck.configs")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[: -len(".toml")] for p in _configs_dir().iterdir() if p.name.endswith(".toml"))
+
+
+def load_preset(name: str, command: str) -> dict:
+    """The `[command]` table of configs/NAME.toml."""
+    path = _configs_dir() / f"{name}.toml"
+    if not path.is_file():
+        raise SweepError(f"--preset: unknown preset {name!r} (available: {', '.join(preset_names())})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SweepError(f"--preset {name}: configs/{name}.toml is not valid TOML: {exc}") from None
+    if command not in data:
+        raise SweepError(f"--preset {name}: configs/{name}.toml has no [{command}] table")
+    return data[command]
