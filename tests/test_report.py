@@ -1,0 +1,26 @@
+"""The JSON envelope and the sparkline."""
+
+import json
+import math
+
+from ssmcheck import report, runtime
+
+
+def test_envelope_keys_and_nonfinite_values(tmp_path):
+    rep = report.build_report("scan", runtime.environment(), [{"id": "c0", "value": math.nan, "v": [math.inf]}], {"pass": 1}, 0)
+    path = tmp_path / "r.json"
+    report.write_json(path, rep)
+    data = json.loads(path.read_text())  # strict JSON: no bare NaN
+    assert set(data) == {"tool", "version", "command", "environment", "cases", "summary", "exit_code"}
+    assert data["tool"] == "ssmcheck" and data["command"] == "scan"
+    assert data["cases"][0]["value"] == "nan" and data["cases"][0]["v"] == ["inf"]
+    assert set(data["environment"]) >= {"device", "torch", "triton", "interpreter"}
+
+
+def test_sparkline_spans_the_bars_and_marks_nonfinite():
+    line = report.sparkline([1e-6, 1e-5, 1e-4, math.nan, 1e-3])
+    assert len(line) == 5
+    assert line[0] == report.SPARK_BARS[0] and line[-1] == report.SPARK_BARS[-1]
+    assert line[3] == "!"
+    assert report.sparkline([]) == ""
+    assert set(report.sparkline([2.0, 2.0, 2.0])) == {report.SPARK_BARS[0]}

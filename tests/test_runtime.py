@@ -1,0 +1,61 @@
+"""Device selection: decided once, before triton is imported, and reported."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ssmcheck import runtime
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cpu_sets_interpreter_before_triton_import():
+    r = _fresh(
+        "import sys, os\n"
+        "from ssmcheck import runtime\n"
+        "assert 'triton' not in sys.modules\n"
+        "e = runtime.configure('cpu')\n"
+        "assert os.environ['TRITON_INTERPRET'] == '1'\n"
+        "assert e.device == 'cpu' and e.interpreter\n"
+        "print(e.triton)\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+def test_importing_the_package_does_not_import_triton():
+    r = _fresh("import sys, ssmcheck, ssmcheck.verdict, ssmcheck.sweep, ssmcheck.report; print('triton' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_unknown_device_is_rejected():
+    with pytest.raises(runtime.DeviceError, match="unknown device 'tpu'"):
+        runtime.configure("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_cuda_without_gpu_is_rejected():
+    with pytest.raises(runtime.DeviceError, match="no CUDA GPU"):
+        runtime.configure("cuda")
+
+
+def test_cannot_switch_mode_after_triton_import():
+    # conftest configured the session already, so triton is imported in one mode.
+    other = "cuda" if runtime.environment().interpreter else "cpu"
+    if other == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU to switch to")
+    with pytest.raises(runtime.DeviceError, match="already imported"):
+        runtime.configure(other)
+
+
+def test_environment_is_reported():
+    env = runtime.environment().as_dict()
+    assert set(env) >= {"device", "torch", "triton", "interpreter"}
+    assert env["torch"] == torch.__version__

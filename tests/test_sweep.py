@@ -1,0 +1,54 @@
+"""Sweep mechanics: option parsing, cartesian product, seeds, presets."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck import sweep
+
+
+def test_parse_list_converts_and_deduplicates():
+    assert sweep.parse_list("--chunk-size", "64, 128,64", sweep.positive_int) == [64, 128]
+
+
+@pytest.mark.parametrize("text", ["", "64,abc", "0", "-3"])
+def test_parse_list_names_the_option_and_value(text):
+    with pytest.raises(sweep.SweepError, match="--chunk-size"):
+        sweep.parse_list("--chunk-size", text, sweep.positive_int)
+
+
+def test_parse_list_rejects_values_outside_the_choices():
+    with pytest.raises(sweep.SweepError, match="'fp8'.*choose from fp32, fp16, bf16"):
+        sweep.parse_list("--dtype", "fp16,fp8", allowed=("fp32", "fp16", "bf16"))
+
+
+def test_product_order_and_size():
+    cases = sweep.product({"a": [1, 2], "b": ["x", "y", "z"]})
+    assert len(cases) == 6
+    assert cases[0] == {"a": 1, "b": "x"} and cases[-1] == {"a": 2, "b": "z"}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.dictionaries(st.sampled_from("abcde"), st.integers(-5, 5)))
+def test_case_seed_is_deterministic_and_in_range(seed, params):
+    s = sweep.case_seed(seed, params)
+    assert s == sweep.case_seed(seed, dict(reversed(list(params.items()))))
+    assert 0 <= s < 2**31
+
+
+def test_case_seed_depends_on_the_parameters():
+    seeds = {sweep.case_seed(0, {"seqlen": n}) for n in range(200)}
+    assert len(seeds) == 200
+
+
+def test_presets_exist_for_both_commands():
+    names = sweep.preset_names()
+    assert {"smoke", "default", "thorough"} <= set(names)
+    for name in ("smoke", "default", "thorough"):
+        assert isinstance(sweep.load_preset(name, "scan"), dict)
+        assert isinstance(sweep.load_preset(name, "drift"), dict)
+
+
+def test_unknown_preset_lists_the_available_ones():
+    with pytest.raises(sweep.SweepError, match="unknown preset 'nope'.*default"):
+        sweep.load_preset("nope", "scan")
