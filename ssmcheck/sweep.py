@@ -60,9 +60,9 @@ def case_seed(seed: int, params: dict) -> int:
 
 def _configs_dir():
     """configs/ of a source checkout, else the copy installed as package data."""
-    checkout = Path(__file__).resolve().parent.parent / "configs"
-    if checkout.is_dir():
-        return checkout
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
+        return checkout / "configs"
     return resources.files("ssmcheck.configs")
 
 
