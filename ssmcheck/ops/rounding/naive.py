@@ -1,0 +1,75 @@
+"""Reference rounding into fp16/bf16/fp32: exact round-to-nearest-even and ideal stochastic rounding.
+
+Everything is computed in float64 with exponent arithmetic, never through torch's
+own conversion of an inexact value: torch converts float64 to fp16/bf16 through
+float32, which rounds twice (1 + 2**-11 + 2**-40 comes out as 1.0, not 1 + 2**-10).
+Only values already representable in the target are handed to `.to(dtype)`.
+
+Overflow convention (shared with the Triton kernels): above the largest finite
+value the upper neighbour is 2**(emax+1), which maps to inf; magnitudes at or
+above 2**(emax+1) are inf. NaN and inf pass through. Subnormals are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("nearest", "stochastic")
+
+
+@dataclass(frozen=True)
+class _Format:
+    mantissa_bits: int  # stored fraction bits
+    emin: int  # exponent of the smallest normal
+    emax: int  # exponent of the largest finite value
+
+
+_FORMATS = {
+    torch.float16: _Format(10, -14, 15),
+    torch.bfloat16: _Format(7, -126, 127),
+    torch.float32: _Format(23, -126, 127),
+}
+
+
+def round_to(
+    x: torch.Tensor, dtype: torch.dtype, mode: str, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Round float32/float64 `x` into `dtype` ("nearest": RNE; "stochastic": ideal SR).
+
+    Stochastic: with neighbours a < x < b in `dtype`, returns b with probability
+    (x - a) / (b - a), the fraction computed exactly in float64 and compared with
+    a float64 uniform draw from `generator` (on x's device).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown rounding mode {mode!r}: choose one of {', '.join(MODES)}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"round_to takes float32 or float64 input, got {x.dtype}")
+    if dtype not in _FORMATS:
+        raise ValueError(f"round_to rounds into float16, bfloat16 or float32, got {dtype}")
+    if x.dtype == dtype:
+        return x.clone()
+    fmt = _FORMATS[dtype]
+    xd = x.to(torch.float64)
+    mag = xd.abs()
+    # Exponent of |x| (frexp's mantissa is in [0.5, 1)), floored at emin: below it
+    # the spacing is the subnormal one. Zero, inf and NaN are dealt with below.
+    _, e = torch.frexp(torch.where(torch.isfinite(mag), mag, torch.zeros_like(mag)))
+    e = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
+    ulp = torch.ldexp(torch.ones_like(mag), e - fmt.mantissa_bits)
+    scaled = mag / ulp  # exact: division by a power of two
+    lower = torch.floor(scaled)
+    frac = scaled - lower  # exact, in [0, 1): the position of |x| between its neighbours
+    if mode == "nearest":
+        odd = torch.remainder(lower, 2) == 1
+        up = (frac > 0.5) | ((frac == 0.5) & odd)
+    else:
+        u = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+        up = u < frac
+    rounded = (lower + up.to(torch.float64)) * ulp
+    overflow = 2.0 ** (fmt.emax + 1)
+    rounded = torch.where(rounded >= overflow, torch.full_like(rounded, float("inf")), rounded)
+    rounded = torch.copysign(rounded, xd)  # keeps -0.0 and the sign of overflow
+    rounded = torch.where(torch.isfinite(xd), rounded, xd)
+    return rounded.to(dtype)  # exact: every finite value here is representable in dtype

@@ -1,0 +1,32 @@
+"""Reference decode step: one token of the recurrence, as a pure function.
+
+The state-spaces/mamba `selective_state_update` math without the in-place update,
+computed in the inputs' dtype (pass float64 tensors for the ground truth).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmcheck.ops.chunk_scan.naive import NO_DT_LIMIT, heads_of_groups, process_dt, skip_and_gate
+
+
+def state_update_step(
+    state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step: returns (new_state, out) and leaves `state` unchanged.
+
+    state (batch, nheads, headdim, dstate); x, dt, z (batch, nheads, headdim);
+    A (nheads, headdim, dstate); B, C (batch, ngroups, dstate); D, dt_bias
+    (nheads, headdim). Tied parameters may be stride-0 expanded views.
+    """
+    dtype = torch.promote_types(torch.promote_types(state.dtype, x.dtype), A.dtype)
+    nheads = state.shape[1]
+    dt = process_dt(dt, dt_bias, dt_softplus, NO_DT_LIMIT, dtype)
+    decay = torch.exp(dt[..., None] * A.to(dtype))  # (batch, nheads, headdim, dstate)
+    Bh = heads_of_groups(B.to(dtype), nheads)  # (batch, nheads, dstate)
+    Ch = heads_of_groups(C.to(dtype), nheads)
+    xd = x.to(dtype)
+    new_state = state.to(dtype) * decay + (dt * xd)[..., None] * Bh[:, :, None, :]
+    out = skip_and_gate(torch.matmul(new_state, Ch[..., None])[..., 0], xd, D, z, dtype)
+    return new_state, out
