@@ -1,0 +1,182 @@
+"""`ssmcheck scan` (chunk-scan sweeps with verdicts) and `ssmcheck regimes`.
+
+Parses options into plain settings, hands cases to the runner, renders the
+results; knows no numerics. Usage errors are one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand
+
+from ssmcheck import models, runtime, sweep
+from ssmcheck.kernels import KernelSpecError
+from ssmcheck.regimes import REGIMES
+from ssmcheck.sweep import SweepError
+from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, ExitCode
+
+EXIT_CODES = (
+    "0 every case that ran passed; 1 a case failed tolerance; 2 usage error; 3 a case was non-finite; "
+    "4 a case raised; 5 nothing ran. The most severe applicable code wins: 3, then 4, then 1."
+)
+
+
+# The click that typer runs on: recent typer versions vendor their own copy.
+_UsageError = inspect.getmodule(TyperCommand.__mro__[1]).UsageError
+
+
+class OneLineUsageErrors(TyperCommand):
+    """Report a bad option or value as one line on stderr, exit 2 (no usage block, no traceback)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except _UsageError as exc:
+            _usage_error(exc.format_message())
+
+
+def _usage_error(message: str):
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(int(ExitCode.USAGE))
+
+
+def _regime_lines(regimes: dict[str, str]) -> list[str]:
+    width = max(map(len, regimes))
+    return [f"{name:<{width}}  {text}" for name, text in regimes.items()]
+
+
+def _drift_regimes() -> dict[str, str]:
+    try:
+        from ssmcheck.drift_regimes import DRIFT_REGIMES  # noqa: PLC0415 (optional: written alongside)
+    except ImportError:
+        return {}
+    return dict(DRIFT_REGIMES)
+
+
+SCAN_HELP = "\n\n".join([
+    "Run the chunk-scan kernel over a sweep and judge every case against a float64 reference.",
+    "A case passes when its error (norm-wise, relative, for y and for the final states) is at most "
+    "--tol-factor x the error of the same math in plain PyTorch in the kernel's dtype (the baseline) "
+    "+ --floor; with --rtol, when it is at most rtol. NaN/Inf where the reference is finite is 'nonfinite'; "
+    "a kernel that raises gives 'error'; impossible combinations are 'skipped' with the reason.",
+    "Sweep axes take comma-separated lists; their cartesian product is the set of cases. With no options "
+    "the 'default' preset (configs/default.toml) runs; an option given replaces the preset's axis.",
+    "Regimes:\n\n" + "\n\n".join(_regime_lines({n: r.explanation for n, r in REGIMES.items()})),
+    "Exit codes: " + EXIT_CODES,
+])
+
+SCREEN_WIDTH = 180
+
+AXIS = "Sweep axis (comma-separated):"
+
+
+def scan(
+    kernel: str = typer.Option("builtin", help="builtin, torch (the baseline as the kernel), MODULE:FUNCTION or path/to/file.py:FUNCTION with the mamba_chunk_scan_combined signature."),
+    preset: str = typer.Option(None, help="Load the sweep from configs/NAME.toml (smoke, default, thorough). Default: default."),
+    chunk_size: str = typer.Option(None, "--chunk-size", metavar="LIST", help=f"{AXIS} e.g. 64,128,256."),
+    seqlen: str = typer.Option(None, metavar="LIST", help=f"{AXIS} tokens per row (varlen regimes: mean tokens per sequence)."),
+    dtype: str = typer.Option(None, metavar="LIST", help=f"{AXIS} fp32, fp16, bf16."),
+    batch: str = typer.Option(None, metavar="LIST", help=f"{AXIS} rows (varlen regimes: sequences packed in one row)."),
+    nheads: str = typer.Option(None, metavar="LIST", help=AXIS),
+    headdim: str = typer.Option(None, metavar="LIST", help=AXIS),
+    dstate: str = typer.Option(None, metavar="LIST", help=AXIS),
+    ngroups: str = typer.Option(None, metavar="LIST", help=f"{AXIS} must divide nheads."),
+    model: str = typer.Option(None, metavar="LIST", help="Real model widths instead of --nheads/--headdim/--dstate/--ngroups (and its chunk size unless --chunk-size): " + ", ".join(m.name for m in models.MODELS.values()) + "."),
+    regime: str = typer.Option(None, metavar="LIST", help=f"{AXIS} " + ", ".join(REGIMES) + " (see below)."),
+    state_dtype: str = typer.Option(None, "--state-dtype", metavar="LIST", help=f"{AXIS} dtype of the stored chunk and final states: fp32 (default), fp16, bf16."),
+    rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} how fp16/bf16 states are stored: nearest (default), stochastic."),
+    reference: str = typer.Option(None, help="fp64 (default): float64 sequential recurrence; fp32: the same in float32, as the peers' tests use."),
+    tol_factor: float = typer.Option(None, "--tol-factor", help=f"Allowed multiple of the baseline's error (default {DEFAULT_TOL_FACTOR:g})."),
+    floor: float = typer.Option(None, help=f"Added to the allowed error (default {DEFAULT_FLOOR:g})."),
+    rtol: float = typer.Option(None, help="Judge against this relative error instead of the baseline rule."),
+    seed: int = typer.Option(None, help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
+    fail_on: str = typer.Option(None, "--fail-on", metavar="LIST", help="Which of nonfinite,tolerance,error may make the exit code nonzero (default: all)."),
+    json_path: Path = typer.Option(None, "--json", metavar="FILE", help="Write the JSON report here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary line."),
+    device: str = typer.Option(None, help="cpu (Triton interpreter) or cuda (compiled). Default: cuda when available."),
+) -> None:
+    try:
+        env = runtime.configure(device)  # before anything imports triton
+    except runtime.DeviceError as exc:
+        _usage_error(f"--device: {exc}")
+    # Imported after configure: the runner reaches the kernels, which import triton.
+    from ssmcheck import scan_json, scan_kernels, scan_runner, scan_spec, scan_table  # noqa: PLC0415
+    from ssmcheck.report import build_report, write_json  # noqa: PLC0415
+    from ssmcheck.verdict import exit_code, summarize  # noqa: PLC0415
+
+    cli = dict(
+        chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
+        dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
+        reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
+    )
+    preset_name = preset or "default"
+    try:
+        settings = scan_spec.resolve(cli, sweep.load_preset(preset_name, "scan"), preset_name)
+    except SweepError as exc:
+        _usage_error(str(exc))
+    if json_path is not None and not json_path.parent.is_dir():
+        _usage_error(f"--json: no such directory {str(json_path.parent)!r}")
+    try:
+        kernel_under_test = scan_kernels.resolve(kernel)
+    except KernelSpecError as exc:
+        _usage_error(str(exc))
+
+    cases = scan_spec.build_cases(settings, kernel)
+    out = Console(highlight=False)
+    if not out.is_terminal:  # logs and pipes: wide enough for the table, never truncated
+        out = Console(highlight=False, width=SCREEN_WIDTH)
+    if not quiet:
+        out.print(scan_table.environment_line(env, kernel, settings), markup=False)
+    start = time.perf_counter()
+    results = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), disable=quiet, transient=True,
+    ) as progress:
+        task = progress.add_task("scan", total=len(cases))
+        for case in cases:
+            progress.update(task, description=case.id)
+            results.append(scan_runner.run_case(
+                case, kernel_under_test, settings.tolerance, settings.reference, env.device
+            ))
+            progress.advance(task)
+    seconds = time.perf_counter() - start
+
+    statuses = [r.status for r in results]
+    counts = summarize(statuses)
+    code = exit_code(statuses, settings.fail_on)
+    if not quiet:
+        scan_table.render(out, results)
+    out.print(scan_table.summary_line(counts, seconds, int(code)), markup=False)
+    if json_path is not None:
+        report = build_report("scan", env, [scan_json.case_json(r) for r in results], counts, int(code))
+        report["settings"] = {
+            "preset": preset_name, "reference": settings.reference, "tol_factor": settings.tolerance.tol_factor,
+            "floor": settings.tolerance.floor, "rtol": settings.tolerance.rtol, "seed": settings.seed,
+            "fail_on": list(settings.fail_on),
+        }
+        write_json(json_path, report)
+    raise typer.Exit(int(code))
+
+
+def regimes() -> None:
+    """List the input regimes of `scan` and `drift`, with what each one feeds the kernel."""
+    typer.echo("scan regimes (ssmcheck scan --regime):")
+    for line in _regime_lines({n: r.explanation for n, r in REGIMES.items()}):
+        typer.echo("  " + line)
+    drift = _drift_regimes()
+    if drift:
+        typer.echo("\ndrift regimes (ssmcheck drift --regime):")
+        for line in _regime_lines(drift):
+            typer.echo("  " + line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("scan", cls=OneLineUsageErrors, help=SCAN_HELP, no_args_is_help=False)(scan)
+    app.command("regimes")(regimes)

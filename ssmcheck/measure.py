@@ -1,0 +1,145 @@
+"""Measurements of a kernel's output against a reference, computed on the output's device.
+
+Everything is vectorised in float64 and read back in one transfer per figure:
+- norm-wise relative error ||out - ref|| / ||ref|| and max abs error, with the
+  location of the worst element taken from the same pass;
+- the first non-finite element (where the reference is finite) in token order,
+  with how far it spread;
+- the relative error of y per chunk (by each sequence's own chunking) and a growth figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ssmcheck.regimes import TokenMap
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    rel: float  # norm-wise relative error ||out - ref||_2 / ||ref||_2 (nan if out has NaN)
+    max_abs: float  # max |out - ref|
+    worst: tuple[int, ...]  # index (in out's shape) of the element with the max abs error
+
+
+def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
+    diff = (out.double() - ref.double()).flatten()
+    abs_diff = diff.abs()
+    # NaN compares as the largest, so a NaN element is reported as the worst one.
+    max_abs, where = torch.where(abs_diff.isnan(), math.inf, abs_diff).max(0)
+    num, den = torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref.double())
+    num, den, max_abs, where = torch.stack([num, den, abs_diff[where], where.double()]).tolist()
+    if den > 0:
+        rel = num / den
+    else:
+        rel = 0.0 if num == 0 else math.inf
+    return ErrorStats(rel=rel, max_abs=max_abs, worst=_unravel(int(where), out.shape))
+
+
+def _unravel(flat: int, shape) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+@dataclass(frozen=True)
+class NonfiniteLocation:
+    """The first non-finite element of an output where the reference is finite, and its spread."""
+
+    output: str  # "y" or "final_states"
+    sequence: int
+    token: int | None  # within its sequence (y only)
+    chunk: int | None  # token // chunk_size: the sequence's own chunking (y only)
+    head: int
+    channel: int
+    state_index: int | None  # (final states only)
+    count: int  # non-finite elements in the whole output
+    tokens: int | None  # distinct non-finite tokens (y only)
+    chunks: int | None  # distinct non-finite (sequence, chunk) pairs (y only)
+    inputs_finite: bool  # whether the inputs it depends on are all finite
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def nonfinite_mask(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return ~torch.isfinite(out) & torch.isfinite(ref)
+
+
+def first_nonfinite_token(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int):
+    """For y (batch, seqlen, nheads, headdim): None, or (row, token, head, channel, counts) of the first
+    non-finite element in token order, where counts = (elements, tokens, chunks)."""
+    bad = nonfinite_mask(y, ref)
+    bad_token = bad.flatten(2).any(-1)  # (batch, seqlen)
+    no = torch.iinfo(torch.int64).max
+    first = torch.where(bad_token, tokens.order, no).flatten().argmin()
+    chunk = tokens.position // chunk_size
+    nchunks = int(chunk.max()) + 1
+    chunk_keys = (tokens.sequence * nchunks + chunk)[bad_token]
+    elements, ntokens, any_bad = torch.stack([bad.sum(), bad_token.sum(), bad_token.any().long()]).tolist()
+    if not any_bad:
+        return None
+    row, token = divmod(int(first), y.shape[1])
+    head, channel = divmod(int(bad[row, token].flatten().nonzero()[0]), y.shape[3])
+    return row, token, head, channel, (elements, ntokens, int(chunk_keys.unique().numel()))
+
+
+def locate_nonfinite_y(y, ref, tokens: TokenMap, chunk_size: int, inputs) -> NonfiniteLocation | None:
+    """`inputs` is the case's ScanInputs (for whether the inputs at that token were finite)."""
+    found = first_nonfinite_token(y, ref, tokens, chunk_size)
+    if found is None:
+        return None
+    row, token, head, channel, (elements, ntokens, nchunks) = found
+    position = int(tokens.position[row, token])
+    return NonfiniteLocation(
+        output="y", sequence=int(tokens.sequence[row, token]), token=position, chunk=position // chunk_size,
+        head=head, channel=channel, state_index=None, count=elements, tokens=ntokens, chunks=nchunks,
+        inputs_finite=inputs.finite_at(row, token, head),
+    )
+
+
+def locate_nonfinite_states(states, ref, inputs) -> NonfiniteLocation | None:
+    """For final states (nseq, nheads, headdim, dstate): the first non-finite one in index order."""
+    bad = nonfinite_mask(states, ref).flatten()
+    count = int(bad.sum())
+    if not count:
+        return None
+    sequence, head, channel, state_index = _unravel(int(bad.nonzero()[0]), states.shape)
+    return NonfiniteLocation(
+        output="final_states", sequence=sequence, token=None, chunk=None, head=head, channel=channel,
+        state_index=state_index, count=count, tokens=None, chunks=None,
+        inputs_finite=inputs.finite_for_sequence(sequence, head),
+    )
+
+
+def per_chunk_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[float]:
+    """Norm-wise relative error of y in each chunk index (each sequence chunked on its own)."""
+    diff2 = (y.double() - ref.double()).square().flatten(2).sum(-1).flatten()
+    ref2 = ref.double().square().flatten(2).sum(-1).flatten()
+    chunk = (tokens.position // chunk_size).flatten()
+    nchunks = int(chunk.max()) + 1
+    num = torch.zeros(nchunks, dtype=torch.float64, device=y.device).index_add_(0, chunk, diff2)
+    den = torch.zeros(nchunks, dtype=torch.float64, device=y.device).index_add_(0, chunk, ref2)
+    rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
+    return rel.tolist()
+
+
+def growth(per_chunk: list[float]) -> float | None:
+    """Fitted error ratio last chunk / first chunk: exp of a least-squares slope of log error over chunks.
+
+    None with fewer than two chunks of finite, nonzero error.
+    """
+    points = [(k, math.log(e)) for k, e in enumerate(per_chunk) if math.isfinite(e) and e > 0]
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mean_k = sum(k for k, _ in points) / n
+    mean_e = sum(e for _, e in points) / n
+    var = sum((k - mean_k) ** 2 for k, _ in points)
+    slope = sum((k - mean_k) * (e - mean_e) for k, e in points) / var
+    return math.exp(slope * (len(per_chunk) - 1))

@@ -1,0 +1,369 @@
+"""Input regimes of the chunk scan (DESIGN §4): each turns (shape, dtype, seed) into kernel inputs.
+
+Every regime is built so that a correct kernel accumulating in fp32 stays within
+2x the same-precision baseline: the extremes they reach are ones where fp32
+arithmetic is exact or irrelevant, so a verdict never hinges on a summation order.
+In particular the log-decays of decay-extreme and dt-extreme are integers
+(multiples of a power of two) so every partial sum of their cumulative sums is
+exact in fp32, whatever order a kernel adds them in: a decay is then either
+exactly 1 (only zero-dt tokens in between) or negligibly small, and never a
+moderate decay computed as the difference of two huge, rounded cumsums.
+
+Inputs are drawn on the CPU from a generator seeded with the case's seed, so a
+case is the same on every device; `ScanInputs.to` moves them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class ScanShape:
+    batch: int  # batch rows; for varlen regimes, the number of sequences packed into one row
+    seqlen: int  # tokens per row; for varlen regimes, the mean sequence length
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    chunk_size: int
+
+
+@dataclass(frozen=True)
+class TokenMap:
+    """Where each (row, token) of the kernel's input lies in its own sequence."""
+
+    sequence: torch.Tensor  # (batch, seqlen) int64: sequence index
+    position: torch.Tensor  # (batch, seqlen) int64: token index within that sequence
+    order: torch.Tensor  # (batch, seqlen) int64: rank in token order (packed position, or token-major over rows)
+
+
+@dataclass(frozen=True)
+class ScanInputs:
+    """Arguments of a mamba_chunk_scan_combined call (DESIGN §2)."""
+
+    x: torch.Tensor  # (batch, seqlen, nheads, headdim)
+    dt: torch.Tensor  # (batch, seqlen, nheads)
+    A: torch.Tensor  # (nheads,)
+    B: torch.Tensor  # (batch, seqlen, ngroups, dstate)
+    C: torch.Tensor  # (batch, seqlen, ngroups, dstate)
+    D: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+    initial_states: torch.Tensor | None = None  # (batch or nseq, nheads, headdim, dstate)
+    cu_seqlens: torch.Tensor | None = None  # (nseq + 1,) int32: varlen when given (batch is 1)
+    dt_softplus: bool = False
+    dt_limit: tuple[float, float] = (0.0, math.inf)
+    note: str = ""  # what the regime built, for messages
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def nsequences(self) -> int:
+        return len(self.cu_seqlens) - 1 if self.varlen else self.x.shape[0]
+
+    @property
+    def seq_idx(self) -> torch.Tensor | None:
+        """(1, seqlen) int32 sequence index of every token, derived from cu_seqlens."""
+        if not self.varlen:
+            return None
+        return self.token_map().sequence.to(torch.int32)
+
+    def to(self, device: str | torch.device) -> ScanInputs:
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments shared by kernels and references (everything but x, dt, A, B, C)."""
+        return dict(
+            D=self.D, z=self.z, dt_bias=self.dt_bias, initial_states=self.initial_states,
+            cu_seqlens=self.cu_seqlens, dt_softplus=self.dt_softplus, dt_limit=self.dt_limit,
+        )
+
+    def token_map(self) -> TokenMap:
+        rows, seqlen = self.x.shape[:2]
+        device = self.x.device
+        t = torch.arange(seqlen, device=device)
+        if self.varlen:
+            cu = self.cu_seqlens.to(device=device, dtype=torch.int64)
+            sequence = torch.searchsorted(cu[1:], t, right=True)
+            position = t - cu[sequence]
+            return TokenMap(sequence[None], position[None], t[None])
+        b = torch.arange(rows, device=device)[:, None]
+        return TokenMap(b.expand(rows, seqlen), t.expand(rows, seqlen), t * rows + b)
+
+    def finite_at(self, row: int, token: int, head: int) -> bool:
+        """Whether every input that reaches (row, token, head) is finite."""
+        sequence = int(self.token_map().sequence[row, token])
+        return self._finite(row, slice(token, token + 1), head, sequence)
+
+    def finite_for_sequence(self, sequence: int, head: int) -> bool:
+        """Whether every input of one sequence (for one head) is finite: what its final state depends on."""
+        if self.varlen:
+            lo, hi = int(self.cu_seqlens[sequence]), int(self.cu_seqlens[sequence + 1])
+            return self._finite(0, slice(lo, hi), head, sequence)
+        return self._finite(sequence, slice(None), head, sequence)
+
+    def _finite(self, row: int, tokens: slice, head: int, sequence: int) -> bool:
+        group = head // (self.x.shape[2] // self.B.shape[2])
+        parts = [self.x[row, tokens, head], self.dt[row, tokens, head], self.A[head],
+                 self.B[row, tokens, group], self.C[row, tokens, group]]
+        if self.z is not None:
+            parts.append(self.z[row, tokens, head])
+        parts += [p[head] for p in (self.D, self.dt_bias) if p is not None]
+        if self.initial_states is not None:
+            parts.append(self.initial_states[sequence, head])
+        return all(bool(torch.isfinite(p).all()) for p in parts)
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    explanation: str  # one line, for --help and `ssmcheck regimes`
+    generate: Callable[..., ScanInputs]  # (shape, dtype, seed, state_dtype=torch.float32) -> ScanInputs
+    min_chunks: int = 1  # chunks (full or partial) a row must span, else the case is skipped
+
+    def skip_reason(self, shape: ScanShape) -> str | None:
+        if -(-shape.seqlen // shape.chunk_size) < self.min_chunks:
+            bound = (self.min_chunks - 1) * shape.chunk_size
+            return (
+                f"regime {self.name} needs at least {self.min_chunks} chunks per row "
+                f"(seqlen > {self.min_chunks - 1} x chunk_size = {bound})"
+            )
+        return None
+
+
+# ---------------------------------------------------------------------------- building blocks
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _uniform(g: torch.Generator, shape, lo: float, hi: float) -> torch.Tensor:
+    return torch.rand(shape, generator=g) * (hi - lo) + lo
+
+
+def _normal(g: torch.Generator, shape) -> torch.Tensor:
+    return torch.randn(shape, generator=g)
+
+
+def _integers(g: torch.Generator, shape, lo: int, hi: int) -> torch.Tensor:
+    """Integers in [lo, hi] as float32 (exact in fp16 and bf16 for |v| <= 256)."""
+    return torch.randint(lo, hi + 1, shape if isinstance(shape, tuple) else (shape,), generator=g).float()
+
+
+def _trained_A(g: torch.Generator, nheads: int) -> torch.Tensor:
+    """A = -exp(U(log 1, log 16)): the Mamba2 initialisation range."""
+    return -torch.exp(_uniform(g, nheads, 0.0, math.log(16.0)))
+
+
+def _inverse_softplus(v: torch.Tensor) -> torch.Tensor:
+    return v + torch.log(-torch.expm1(-v))
+
+
+def _trained_dt(g: torch.Generator, rows: int, seqlen: int, nheads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(raw dt, dt_bias) so that softplus(raw + bias) lies around [1e-3, 0.1] (log-uniform per head)."""
+    target = torch.exp(_uniform(g, nheads, math.log(1e-3), math.log(0.1)))
+    return 0.5 * _normal(g, (rows, seqlen, nheads)), _inverse_softplus(target)
+
+
+def _unit_inputs(g: torch.Generator, shape: ScanShape, rows: int, seqlen: int) -> dict[str, torch.Tensor]:
+    """x, B, C, z at unit scale, in float32 (cast to the case's dtype by `_finish`)."""
+    return dict(
+        x=_normal(g, (rows, seqlen, shape.nheads, shape.headdim)),
+        B=_normal(g, (rows, seqlen, shape.ngroups, shape.dstate)),
+        C=_normal(g, (rows, seqlen, shape.ngroups, shape.dstate)),
+        z=_normal(g, (rows, seqlen, shape.nheads, shape.headdim)),
+    )
+
+
+def _ragged_cu_seqlens(g: torch.Generator, nseq: int, total: int, chunk_size: int) -> torch.Tensor:
+    """Boundaries of `nseq` sequences packed into `total` tokens, falling mid-chunk.
+
+    One sequence: the lone sequence [0, total]. Two or more: the first sequence
+    has length 1, and with three or more so does the last (or, where that boundary
+    would fall on a chunk boundary, the second); the other boundaries are drawn at
+    random, avoiding multiples of chunk_size where there is room.
+    """
+    if nseq == 1:
+        return torch.tensor([0, total], dtype=torch.int32)
+    fixed = [1] if nseq == 2 else [1, total - 1 if (total - 1) % chunk_size else 2]
+    candidates = [c for c in range(2, total - 1) if c not in fixed]
+    mid_chunk = [c for c in candidates if c % chunk_size]
+    pool = mid_chunk if len(mid_chunk) >= nseq - 1 - len(fixed) else candidates
+    picks = torch.randperm(len(pool), generator=g)[: nseq - 1 - len(fixed)].tolist()
+    cuts = sorted(fixed + [pool[i] for i in picks])
+    return torch.tensor([0, *cuts, total], dtype=torch.int32)
+
+
+def _finish(dtype: torch.dtype, note: str, **tensors) -> ScanInputs:
+    """Cast the activations to the case's dtype; A, D, dt_bias and initial states are float32,
+    cu_seqlens int32."""
+    activations = {"x", "dt", "B", "C", "z"}
+    cast = {}
+    for name, value in tensors.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            value = (value.to(dtype) if name in activations else value.float()).contiguous()
+        cast[name] = value
+    return ScanInputs(note=note, **cast)
+
+
+def _lengths_note(cu: torch.Tensor) -> str:
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    shown = ", ".join(map(str, lengths[:8])) + (", ..." if len(lengths) > 8 else "")
+    return f"varlen: {len(lengths)} sequence{'s' if len(lengths) > 1 else ''} of {shown} tokens"
+
+
+# ---------------------------------------------------------------------------- the regimes
+
+
+def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    g = _generator(seed)
+    u = _unit_inputs(g, shape, shape.batch, shape.seqlen)
+    dt, dt_bias = _trained_dt(g, shape.batch, shape.seqlen, shape.nheads)
+    return _finish(
+        dtype, "batch rows, trained-model ranges, D per head, z gate", dt=dt, dt_bias=dt_bias,
+        A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads), dt_softplus=True, **u,
+    )
+
+
+def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool) -> ScanInputs:
+    g = _generator(seed)
+    total = shape.batch * shape.seqlen
+    cu = _ragged_cu_seqlens(g, shape.batch, total, shape.chunk_size)
+    u = _unit_inputs(g, shape, 1, total)
+    dt, dt_bias = _trained_dt(g, 1, total, shape.nheads)
+    extra = {}
+    if with_initial_states:
+        extra["initial_states"] = _normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate))
+        extra["D"] = _normal(g, shape.nheads)
+    else:
+        extra["D"] = _normal(g, (shape.nheads, shape.headdim))  # D per channel
+        u.pop("z")
+    note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
+    return _finish(
+        dtype, note, dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), cu_seqlens=cu,
+        dt_softplus=True, **u, **extra,
+    )
+
+
+def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    return _varlen(shape, dtype, seed, with_initial_states=False)
+
+
+def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    return _varlen(shape, dtype, seed, with_initial_states=True)
+
+
+def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """|dt*A| per token is 0 or 2**e..4*2**e with e in [8, 20]: cumsums of 1e3..1e9, all exact in fp32."""
+    g = _generator(seed)
+    rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
+    u = _unit_inputs(g, shape, rows, seqlen)
+    u.pop("z")
+    exponents = torch.linspace(8, 20, nheads).round() if nheads > 1 else _integers(g, 1, 8, 20)
+    A = -torch.exp2(exponents[torch.randperm(nheads, generator=g)])
+    dt = _integers(g, (rows, seqlen, nheads), 1, 4)
+    dt[torch.rand((rows, seqlen, nheads), generator=g) < 0.25] = 0.0  # scattered zero-dt tokens
+    padding = torch.randint(0, seqlen // 4 + 1, (rows,), generator=g)
+    for row, n in enumerate(padding.tolist()):  # trailing padding: exact-zero dt, as padded batches have
+        if n:
+            dt[row, seqlen - n:] = 0.0
+    return _finish(
+        dtype, f"|A| = 2**e, e in 8..20; zero-dt padding of {padding.tolist()} tokens per row",
+        dt=dt, A=A, D=_normal(g, nheads), dt_softplus=False, **u,
+    )
+
+
+def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """Raw dt of 21..40 (softplus is the identity there) or -40..-23 (dt ~ 1e-10..1e-18), integers.
+
+    With A in -1..-16 (powers of two) a large dt gives an exact integer log-decay,
+    and a whole chunk of tiny ones sums to under half an ulp of any nonzero
+    integer partial sum, so every partial sum of the cumsum rounds to the exact
+    integer whatever the order of additions.
+    """
+    g = _generator(seed)
+    rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
+    u = _unit_inputs(g, shape, rows, seqlen)
+    large = torch.rand((rows, seqlen, nheads), generator=g) < 0.5
+    dt = torch.where(large, _integers(g, (rows, seqlen, nheads), 21, 40), -_integers(g, (rows, seqlen, nheads), 23, 40))
+    A = -torch.exp2(_integers(g, nheads, 0, 4))
+    return _finish(
+        dtype, "raw dt = 21..40 or -40..-23 through softplus, A in -1..-16", dt=dt, A=A,
+        D=_normal(g, nheads), dt_softplus=True, **u,
+    )
+
+
+def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """Positive x, B, C with slow decay, so states grow; x scaled so y and the states reach 1/64 of the format's max."""
+    g = _generator(seed)
+    rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
+    positive = {
+        "x": _uniform(g, (rows, seqlen, nheads, shape.headdim), 0.5, 1.5),
+        "B": _uniform(g, (rows, seqlen, shape.ngroups, shape.dstate), 0.5, 1.5),
+        "C": _uniform(g, (rows, seqlen, shape.ngroups, shape.dstate), 0.5, 1.5),
+    }
+    dt = _uniform(g, (rows, seqlen, nheads), 0.01, 0.05)
+    A = -torch.exp(_uniform(g, nheads, math.log(1e-3), math.log(1e-2)))
+    D = _uniform(g, nheads, 0.0, 1.0)
+    unit = _finish(dtype, "", dt=dt, A=A, D=D, **positive)
+    # Everything is positive and y, states are linear in x: scale x so the peak reaches the target.
+    peak = _peak_magnitude(unit)
+    narrowest = min(torch.finfo(dtype).max, torch.finfo(state_dtype).max)
+    scale = narrowest / 64 / peak
+    positive["x"] = positive["x"] * scale
+    return _finish(
+        dtype, f"x scaled by {scale:.3g}: peak |y|, |state| ~ {narrowest / 64:.3g}", dt=dt, A=A, D=D, **positive,
+    )
+
+
+def _peak_magnitude(inputs: ScanInputs) -> float:
+    from ssmcheck.ops.chunk_scan.naive import scan_recurrent  # noqa: PLC0415 (float64 ground truth)
+
+    ref = scan_recurrent(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, **inputs.kwargs(), dtype=torch.float64)
+    return max(float(ref.y.abs().max()), float(ref.final_states.abs().max()))
+
+
+def long(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    g = _generator(seed)
+    u = _unit_inputs(g, shape, shape.batch, shape.seqlen)
+    dt, dt_bias = _trained_dt(g, shape.batch, shape.seqlen, shape.nheads)
+    return _finish(
+        dtype, "batch rows continuing from initial states, dt clamped to dt_limit (0, 0.1)",
+        dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads), dt_softplus=True,
+        dt_limit=(0.0, 0.1), initial_states=_normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate)),
+        **u,
+    )
+
+
+REGIMES: dict[str, Regime] = {
+    r.name: r
+    for r in (
+        Regime("normal", "trained-model ranges: A = -exp(U(log 1, log 16)), dt in [1e-3, 0.1] via dt_bias "
+               "and softplus, unit-scale x/B/C, D and z", normal),
+        Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
+               "sequences (batch 1: a lone sequence)", ragged),
+        Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
+               "(batch 1: a lone sequence)", initial_state),
+        Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
+               "1e4..1e9, exact-zero dt padding", decay_extreme),
+        Regime("dt-extreme", "raw dt of 21..40, past softplus's linear threshold (20), or -40..-23, "
+               "very negative (dt ~ 1e-10..1e-18)", dt_extreme),
+        Regime("large-magnitude", "positive x/B/C, slow decay and growing states, scaled so y and "
+               "the states reach 1/64 of the format's largest value", large_magnitude),
+        Regime("long", "at least 8 chunks of state passing, continuing from initial states, with "
+               "dt_limit", long, min_chunks=8),
+    )
+}

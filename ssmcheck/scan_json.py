@@ -1,0 +1,39 @@
+"""One scan case as the plain dict of the JSON report (issue #3's stable keys, plus a few more).
+
+Keys are always present; figures a case did not produce (skipped, error) are null.
+`y_max_rel` and `state_max_rel` are the norm-wise relative errors ||out - ref|| / ||ref||.
+"""
+
+from __future__ import annotations
+
+from ssmcheck.scan_runner import CaseResult
+
+
+def case_json(result: CaseResult) -> dict:
+    kernel, base = result.kernel, result.baseline
+    limits = result.limits or (None, None)
+    return {
+        "id": result.case.id,
+        "status": result.status.value,
+        "message": result.message,
+        "seconds": round(result.seconds, 4),
+        "kernel_seconds": None if result.kernel_seconds is None else round(result.kernel_seconds, 4),
+        "params": result.case.params(),
+        "inputs": result.inputs_note,
+        "error": {
+            "y_max_rel": kernel.y.rel if kernel else None,
+            "y_max_abs": kernel.y.max_abs if kernel else None,
+            "y_worst": list(kernel.y.worst) if kernel else None,  # (row, token, head, channel)
+            "state_max_rel": kernel.states.rel if kernel else None,
+            "state_max_abs": kernel.states.max_abs if kernel else None,
+            "baseline_y_max_rel": base.y.rel if base else None,
+            "baseline_state_max_rel": base.states.rel if base else None,
+            "ratio": result.ratio,
+            "state_ratio": result.state_ratio,
+            "y_limit": limits[0],
+            "state_limit": limits[1],
+        },
+        "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
+        "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,
+        "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
+    }

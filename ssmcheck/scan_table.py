@@ -1,0 +1,112 @@
+"""Rendering scan results for people: the environment line, the Rich table, notes and the summary line."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ssmcheck import __version__
+from ssmcheck.report import format_error, sparkline
+from ssmcheck.runtime import Environment
+from ssmcheck.scan_runner import CaseResult
+from ssmcheck.scan_spec import ScanSettings
+from ssmcheck.verdict import Status
+
+STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red", Status.ERROR: "magenta",
+          Status.SKIPPED: "dim"}
+
+
+def environment_line(env: Environment, kernel: str, settings: ScanSettings) -> str:
+    where = f"{env.device} ({'Triton interpreter' if env.interpreter else 'compiled'})"
+    if env.gpu:
+        where += f", {env.gpu}"
+    tol = settings.tolerance
+    rule = f"rtol {tol.rtol:g}" if tol.rtol is not None else f"{tol.tol_factor:g} x baseline + {tol.floor:g}"
+    return (
+        f"ssmcheck {__version__} scan | device {where} | torch {env.torch} | triton {env.triton} | "
+        f"python {env.python}\nkernel {kernel} | reference {settings.reference} | tolerance {rule} | "
+        f"seed {settings.seed} | fail on {','.join(settings.fail_on)}"
+    )
+
+
+def _location(result: CaseResult) -> str:
+    where = result.first_nonfinite
+    if where is None:
+        return ""
+    if where.output == "y":
+        text = f"s{where.sequence} t{where.token} c{where.chunk} h{where.head} p{where.channel}"
+    else:
+        text = f"state s{where.sequence} h{where.head} p{where.channel} n{where.state_index}"
+    return text + ("" if where.inputs_finite else " (inputs!)")
+
+
+ROUNDING_TAGS = {"nearest": "RN", "stochastic": "SR"}
+SPARK_WIDTH = 16  # longer drift curves are shown as the max over bins
+
+
+def _binned(values: list[float], width: int = SPARK_WIDTH) -> list[float]:
+    if len(values) <= width:
+        return values
+    edges = [round(i * len(values) / width) for i in range(width + 1)]
+    # max() would drop a NaN (NaN compares false), so a bin with a non-finite value shows it.
+    return [next((v for v in values[a:b] if not math.isfinite(v)), None) or max(values[a:b])
+            for a, b in zip(edges, edges[1:])]
+
+
+def _drift(result: CaseResult) -> str:
+    if not result.per_chunk:
+        return ""
+    growth = "" if result.growth is None else f" x{result.growth:.2g}"
+    return sparkline(_binned(result.per_chunk)) + growth
+
+
+def results_table(results: list[CaseResult]) -> Table:
+    table = Table(show_lines=False, header_style="bold", pad_edge=False)
+    for name, justify in (("regime", "left"), ("dtype", "left"), ("chunk", "right"), ("seqlen", "right"),
+                          ("batch", "right"), ("HxPxN/G", "left"), ("state", "left"), ("status", "left"),
+                          ("y err", "right"), ("state err", "right"), ("ratio", "right"),
+                          ("first non-finite", "left"), ("drift per chunk", "left"), ("time", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for r in results:
+        c = r.case
+        widths = c.model or f"{c.nheads}x{c.headdim}x{c.dstate}/{c.ngroups}"
+        state = "" if (c.state_dtype, c.rounding) == ("fp32", "nearest") else f"{c.state_dtype} {ROUNDING_TAGS[c.rounding]}"
+        ratio = "" if r.ratio is None else f"{max(r.ratio, r.state_ratio):.2f}"
+        table.add_row(
+            c.regime, c.dtype, str(c.chunk_size), str(c.seqlen), str(c.batch), widths, state,
+            Text(r.status.value, style=STYLES[r.status]),
+            format_error(r.kernel.y.rel) if r.kernel else "-",
+            format_error(r.kernel.states.rel) if r.kernel else "-",
+            ratio, _location(r), _drift(r), f"{r.seconds:.2f}s" if r.status is not Status.SKIPPED else "",
+        )
+    return table
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def notes(results: list[CaseResult]) -> list[str]:
+    """One line per failing, non-finite or erroring case, then skip reasons with their counts."""
+    lines = [f"{r.status.value}: {r.case.id}: {_first_line(r.message)}" for r in results
+             if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
+    skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
+    lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
+    return lines
+
+
+def summary_line(counts: dict[str, int], seconds: float, exit_code: int) -> str:
+    total = sum(counts.values())
+    parts = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return f"{total} cases: {parts} in {seconds:.1f}s; exit code {exit_code}"
+
+
+def render(console: Console, results: list[CaseResult]) -> None:
+    console.print(results_table(results))
+    for line in notes(results):
+        console.print(line, markup=False, highlight=False)

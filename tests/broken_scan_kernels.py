@@ -1,0 +1,86 @@
+"""Deliberately broken chunk-scan kernels with the state-spaces/mamba signature, for `ssmcheck scan` tests.
+
+Each wraps the same-precision baseline (a correct kernel) and breaks it the way
+real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:NAME`.
+"""
+
+import torch
+
+from ssmcheck.ops.chunk_scan.naive import scan_baseline, scan_recurrent
+
+# nan_in_partial_last_chunk poisons the last chunk from this offset into it, in this head.
+NAN_OFFSET = 2
+NAN_HEAD = 1
+
+
+def _mamba_result(y, out, return_final_states, return_varlen_states):
+    extra = ([out.final_states] if return_final_states else []) + ([out.varlen_states] if return_varlen_states else [])
+    return (y, *extra) if extra else y
+
+
+def _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit):
+    return scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                         cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit)
+
+
+def nan_in_partial_last_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """Mask applied after exp (mamba #352): inf * 0 = NaN in the padded tail of a partial last chunk.
+
+    In batch mode, when seqlen is not a multiple of chunk_size, y of head NAN_HEAD is NaN
+    from NAN_OFFSET tokens into the last chunk to the end, in every row.
+    """
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    y = out.y.clone()
+    seqlen = x.shape[1]
+    if cu_seqlens is None and seqlen % chunk_size:
+        y[:, seqlen - seqlen % chunk_size + NAN_OFFSET:, NAN_HEAD] = float("nan")
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def leaky_varlen(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                 cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                 return_varlen_states=False):
+    """Ignores varlen boundaries for y: the state of one sequence leaks into the next (vLLM #21783 family).
+
+    Its states are right, and in batch mode (no cu_seqlens) so is y.
+    """
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    y = out.y
+    if cu_seqlens is not None:
+        first = None if initial_states is None else initial_states[:1]
+        y = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, first, None, dt_softplus, dt_limit).y
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def slightly_inaccurate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                        seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                        return_final_states=False, return_varlen_states=False):
+    """y's error is 3x the baseline's: truth + 3 * (baseline - truth). Its states are the baseline's."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    truth = scan_recurrent(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                           cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit).y
+    y = (truth + 3 * (out.y.double() - truth)).to(x.dtype)
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def raises_at_chunk_256(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                        seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                        return_final_states=False, return_varlen_states=False):
+    """Raises for chunk_size 256 (as an out-of-resources launch would), else correct."""
+    if chunk_size == 256:
+        raise RuntimeError("out of resource: shared memory, required 262144, hardware limit 232448")
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def nan_final_state(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                    cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                    return_varlen_states=False):
+    """y is right but the stored state of the last sequence overflows to inf at head 0, channel 3, state 5."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    for states in (out.final_states, out.varlen_states):
+        if states is not None:
+            states[-1, 0, 3, 5] = float("inf")
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

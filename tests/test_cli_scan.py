@@ -1,0 +1,243 @@
+"""`ssmcheck scan` and `ssmcheck regimes` as users and CI run them: statuses, locations, exit codes, JSON.
+
+Most runs use `--kernel torch` (the baseline as the kernel) or broken wrappers of it
+(tests/broken_scan_kernels.py) at tiny widths; a few run the built-in Triton kernel.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ssmcheck import cli_scan
+from ssmcheck.regimes import REGIMES
+
+BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
+TINY = ["--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1"]
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.callback()(lambda: None)
+cli_scan.register(app)
+
+
+def scan(*args, json_path=None):
+    """Run `ssmcheck scan ARGS` (with --json when given); return (result, report or None)."""
+    argv = ["scan", *map(str, args)] + (["--json", str(json_path)] if json_path else [])
+    result = CliRunner().invoke(app, argv)
+    assert "Traceback" not in result.output, result.output
+    report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None
+    return result, report
+
+
+def test_torch_kernel_passes_the_smoke_preset(tmp_path):
+    result, report = scan("--preset", "smoke", "--kernel", "torch", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert "7 cases: 7 pass" in result.stdout and "exit code 0" in result.stdout
+    assert "device cpu" in result.stdout and "torch" in result.stdout  # the environment, above the table
+    assert report["exit_code"] == 0 and report["summary"]["pass"] == 7
+
+
+def test_builtin_kernel_passes_the_smoke_preset():
+    result, _ = scan("--preset", "smoke", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "7 pass" in result.stdout
+
+
+def test_builtin_kernel_with_rounded_states_and_an_fp32_reference(tmp_path):
+    result, report = scan("--regime", "ragged", "--dtype", "bf16", "--batch", "3", "--seqlen", "40", "--chunk-size",
+                          "16", "--state-dtype", "fp16", "--rounding", "nearest,stochastic", "--reference", "fp32",
+                          *TINY, json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert [(c["params"]["state_dtype"], c["params"]["rounding"]) for c in report["cases"]] == [
+        ("fp16", "nearest"), ("fp16", "stochastic")]
+    assert report["settings"]["reference"] == "fp32"
+
+
+def test_json_report_has_the_stable_keys(tmp_path):
+    _, report = scan("--kernel", "torch", "--regime", "normal,long", "--seqlen", "40", "--chunk-size", "16",
+                     "--dtype", "bf16", "--batch", "1", *TINY, json_path=tmp_path / "r.json")
+    assert {"tool", "version", "command", "environment", "cases", "summary", "exit_code"} <= set(report)
+    assert report["tool"] == "ssmcheck" and report["command"] == "scan"
+    assert {"device", "torch", "triton", "interpreter"} <= set(report["environment"])
+    assert set(report["summary"]) == {"pass", "fail", "nonfinite", "error", "skipped"}
+    ran, skipped = report["cases"]
+    assert {"id", "status", "message", "seconds", "params", "error", "first_nonfinite", "drift"} <= set(ran)
+    assert {"kernel", "dtype", "chunk_size", "seqlen", "batch", "nheads", "headdim", "dstate", "ngroups", "regime",
+            "seed", "state_dtype", "rounding"} <= set(ran["params"])
+    assert {"y_max_rel", "y_max_abs", "state_max_rel", "baseline_y_max_rel", "ratio"} <= set(ran["error"])
+    assert set(ran["drift"]) == {"per_chunk", "growth"} and len(ran["drift"]["per_chunk"]) == 3
+    assert ran["status"] == "pass" and ran["error"]["ratio"] == 1.0 and ran["first_nonfinite"] is None
+    assert skipped["status"] == "skipped" and "8 chunks" in skipped["message"]
+    assert skipped["error"]["y_max_rel"] is None and skipped["drift"] == {"per_chunk": [], "growth": None}
+
+
+def test_nan_in_a_partial_last_chunk_is_nonfinite_at_its_first_token(tmp_path):
+    result, report = scan("--kernel", f"{BROKEN}:nan_in_partial_last_chunk", "--regime", "normal", "--dtype", "fp32",
+                          "--seqlen", "100", "--chunk-size", "32", "--batch", "2", *TINY,
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 3, result.output
+    (case,) = report["cases"]
+    assert case["status"] == "nonfinite"
+    # tokens 96..99 form the partial last chunk (chunk 3); NaN from offset 2, head 1, in both rows
+    assert case["first_nonfinite"] == {
+        "output": "y", "sequence": 0, "token": 98, "chunk": 3, "head": 1, "channel": 0, "state_index": None,
+        "count": 2 * 2 * 16, "tokens": 4, "chunks": 2, "inputs_finite": True,
+    }
+    assert "s0 t98 c3 h1 p0" in result.stdout
+    assert "sequence 0 token 98 (chunk 3) head 1 channel 0" in case["message"]
+
+
+def test_nan_in_the_final_state_is_located_by_sequence_head_channel_and_state(tmp_path):
+    result, report = scan("--kernel", f"{BROKEN}:nan_final_state", "--regime", "ragged", "--dtype", "fp16",
+                          "--seqlen", "30", "--chunk-size", "16", "--batch", "3", *TINY, json_path=tmp_path / "r.json")
+    assert result.exit_code == 3
+    (case,) = report["cases"]
+    assert case["first_nonfinite"]["output"] == "final_states"
+    assert {k: case["first_nonfinite"][k] for k in ("sequence", "head", "channel", "state_index", "count")} == {
+        "sequence": 2, "head": 0, "channel": 3, "state_index": 5, "count": 1}
+    assert case["first_nonfinite_state"] == case["first_nonfinite"]
+
+
+def test_a_state_leaking_across_varlen_boundaries_fails_only_where_there_are_boundaries(tmp_path):
+    result, report = scan("--kernel", f"{BROKEN}:leaky_varlen", "--regime", "ragged,normal", "--dtype", "bf16",
+                          "--seqlen", "40", "--chunk-size", "16", "--batch", "1,4", *TINY,
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    statuses = {(c["params"]["regime"], c["params"]["batch"]): c["status"] for c in report["cases"]}
+    assert statuses == {("ragged", 1): "pass", ("ragged", 4): "fail", ("normal", 1): "pass", ("normal", 4): "pass"}
+    failed = next(c for c in report["cases"] if c["status"] == "fail")
+    assert failed["message"].startswith("y error") and "states" not in failed["message"]
+    assert failed["error"]["ratio"] > 10 and failed["first_nonfinite"] is None
+
+
+def test_an_error_a_little_too_large_fails_and_the_factor_decides(tmp_path):
+    args = ("--kernel", f"{BROKEN}:slightly_inaccurate", "--regime", "normal", "--dtype", "bf16", "--seqlen", "64",
+            "--chunk-size", "32", "--batch", "2", *TINY)
+    result, report = scan(*args, json_path=tmp_path / "a.json")
+    assert result.exit_code == 1, result.output
+    (case,) = report["cases"]
+    assert case["status"] == "fail" and 2.5 < case["error"]["ratio"] < 4
+    assert case["error"]["y_max_rel"] > case["error"]["y_limit"]
+    assert scan(*args, "--tol-factor", "4")[0].exit_code == 0
+    assert scan(*args, "--rtol", "1e-2")[0].exit_code == 0
+    assert scan(*args, "--rtol", "1e-3")[0].exit_code == 1
+
+
+def test_a_raising_kernel_errors_that_case_and_the_others_still_run(tmp_path):
+    result, report = scan("--kernel", f"{BROKEN}:raises_at_chunk_256", "--regime", "normal", "--dtype", "fp16",
+                          "--seqlen", "300", "--chunk-size", "64,256", "--batch", "1", *TINY,
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 4
+    by_chunk = {c["params"]["chunk_size"]: c for c in report["cases"]}
+    assert by_chunk[64]["status"] == "pass"
+    assert by_chunk[256]["status"] == "error"
+    assert by_chunk[256]["message"].startswith("RuntimeError: out of resource: shared memory")
+    assert "out of resource" in result.stdout
+
+
+def test_fail_on_chooses_which_statuses_fail_the_run():
+    nan = ("--kernel", f"{BROKEN}:nan_in_partial_last_chunk", "--regime", "normal", "--dtype", "fp32", "--seqlen",
+           "40", "--chunk-size", "16", "--batch", "1", *TINY)
+    assert scan(*nan)[0].exit_code == 3
+    assert scan(*nan, "--fail-on", "tolerance,error")[0].exit_code == 0
+    raises = ("--kernel", f"{BROKEN}:raises_at_chunk_256", "--regime", "normal", "--dtype", "fp32", "--seqlen", "40",
+              "--chunk-size", "256", "--batch", "1", *TINY)
+    assert scan(*raises, "--fail-on", "nonfinite")[0].exit_code == 0
+    assert scan(*raises, "--fail-on", "error")[0].exit_code == 4
+
+
+def test_nothing_ran_exits_5_with_the_skip_reasons():
+    result, _ = scan("--kernel", "torch", "--regime", "normal", "--nheads", "3", "--ngroups", "2", "--dtype", "fp32")
+    assert result.exit_code == 5
+    assert "nheads 3 is not a multiple of ngroups 2" in result.stdout
+
+
+def test_kernels_without_state_keywords_are_skipped_for_rounded_states(tmp_path):
+    args = ("--regime", "normal", "--dtype", "bf16", "--seqlen", "32", "--chunk-size", "16", "--batch", "1", *TINY,
+            "--state-dtype", "fp32,bf16")
+    result, report = scan("--kernel", f"{BROKEN}:raises_at_chunk_256", *args, json_path=tmp_path / "a.json")
+    assert result.exit_code == 0
+    assert [c["status"] for c in report["cases"]] == ["pass", "skipped"]
+    assert "takes no state_dtype/rounding/seed keywords" in report["cases"][1]["message"]
+    _, report = scan("--kernel", "torch", *args, json_path=tmp_path / "b.json")
+    assert [c["status"] for c in report["cases"]] == ["pass", "pass"]
+
+
+def test_model_widths_run_and_are_reported(tmp_path):
+    result, report = scan("--kernel", "torch", "--model", "Nemotron-H-8B", "--regime", "normal", "--dtype", "bf16",
+                          "--seqlen", "6", "--batch", "1", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    params = report["cases"][0]["params"]
+    assert (params["nheads"], params["headdim"], params["dstate"], params["ngroups"], params["chunk_size"]) == (
+        128, 64, 128, 8, 128)
+
+
+def test_quiet_prints_only_the_summary():
+    result, _ = scan("--kernel", "torch", "--preset", "smoke", "--quiet")
+    assert result.exit_code == 0
+    assert result.stdout.strip().splitlines() == [result.stdout.strip()]
+    assert result.stdout.startswith("7 cases: 7 pass") and result.stderr == ""
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--dtype", "fp8"], "--dtype"),
+    (["--chunk-size", "0"], "--chunk-size"),
+    (["--seqlen", "ten"], "--seqlen"),
+    (["--regime", "chaos"], "--regime"),
+    (["--tol-factor", "abc"], "--tol-factor"),
+    (["--tol-factor", "-2"], "--tol-factor"),
+    (["--model", "gpt-2"], "--model"),
+    (["--model", "mamba2-130m", "--nheads", "4"], "--nheads"),
+    (["--preset", "nope"], "--preset"),
+    (["--kernel", "no_such_module_xyz:fn"], "--kernel"),
+    (["--kernel", "builtin2"], "--kernel"),
+    (["--reference", "fp16"], "--reference"),
+    (["--fail-on", "warnings"], "--fail-on"),
+    (["--device", "tpu"], "--device"),
+    (["--json", "/no/such/dir/report.json"], "--json"),
+    (["--seed", "x"], "--seed"),
+    (["--bogus"], "--bogus"),
+])
+def test_bad_options_are_one_line_usage_errors(args, named):
+    result = CliRunner().invoke(app, ["scan", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and lines[0].startswith("Error:"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_regimes_lists_and_explains_scan_and_drift_regimes():
+    result = CliRunner().invoke(app, ["regimes"])
+    assert result.exit_code == 0
+    for name, regime in REGIMES.items():
+        assert name in result.stdout and regime.explanation[:30] in result.stdout
+    drift = pytest.importorskip("ssmcheck.drift_regimes").DRIFT_REGIMES
+    assert "drift regimes" in result.stdout and all(name in result.stdout for name in drift)
+
+
+def test_help_documents_options_regimes_and_exit_codes():
+    result = CliRunner().invoke(app, ["scan", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    for option in ("--kernel", "--preset", "--chunk-size", "--seqlen", "--dtype", "--batch", "--nheads",
+                   "--headdim", "--dstate", "--ngroups", "--model", "--regime", "--state-dtype", "--rounding",
+                   "--reference", "--tol-factor", "--floor", "--rtol", "--seed", "--fail-on", "--json", "--quiet",
+                   "--device"):
+        assert option in text
+    assert all(name in text for name in REGIMES)
+    assert "Exit codes" in text and "5 nothing ran" in text
+
+
+def test_python_dash_m_runs_the_scan():
+    pytest.importorskip("ssmcheck.cli_drift")  # the full app registers both commands
+    run = subprocess.run(
+        [sys.executable, "-m", "ssmcheck", "scan", "--kernel", "torch", "--preset", "smoke", "--quiet"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "7 cases: 7 pass" in run.stdout
