@@ -1,0 +1,154 @@
+"""Time the built-in chunk scan at Mamba2-2.7B widths on a GPU, and record the result.
+
+80 heads x 64, dstate 128, one group, chunk 256, bf16, dt_softplus, dt_bias and D,
+batch 1 (DESIGN §7); medians of triton.testing.do_bench on fresh random inputs.
+Not a test: run it by hand on the GPU machine from the checkout, e.g.
+
+    PYTHONPATH=. python benchmarks/chunk_scan.py --stages
+
+It prints a table and appends it, with date, device, versions, commit and this
+command, to benchmarks/RESULTS.md (or --results PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import subprocess
+import sys
+from pathlib import Path
+
+from ssmcheck import runtime
+
+# Peers' whole-pipeline medians (ms) in the same harness on the H200, DESIGN §7.
+PEERS = {"vLLM 0.33": {4096: 0.35, 16384: 0.81, 65536: 2.98},
+         "mamba 2.3.2": {4096: 0.50, 16384: 1.02, 65536: 3.06}}
+SHAPE = dict(nheads=80, headdim=64, dstate=128, ngroups=1, chunk_size=256)
+STATE_DTYPES = ("fp32", "fp16", "bf16")
+
+
+def inputs(seqlen: int, seed: int = 0) -> dict:
+    import torch  # noqa: PLC0415
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h, p, n, ng = SHAPE["nheads"], SHAPE["headdim"], SHAPE["dstate"], SHAPE["ngroups"]
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+
+    return dict(
+        x=randn(1, seqlen, h, p).bfloat16(),
+        dt=randn(1, seqlen, h).bfloat16(),
+        A=-torch.exp(torch.rand(h, generator=g, device="cuda") * 2.77),
+        B=randn(1, seqlen, ng, n).bfloat16(),
+        C=randn(1, seqlen, ng, n).bfloat16(),
+        D=randn(h),
+        dt_bias=randn(h) - 4.0,
+    )
+
+
+def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
+    """Median ms of each pipeline stage, run as chunk_scan_combined runs them."""
+    from ssmcheck.ops.chunk_scan.chunk_cb import chunk_cb  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.chunk_output import chunk_output  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.layout import batch_table  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.state_passing import state_passing  # noqa: PLC0415
+    from ssmcheck.ops.rounding.stochastic import triton_dtype  # noqa: PLC0415
+
+    x = args["x"][0]
+    B, C = args["B"][0], args["C"][0]
+    table = batch_table(1, x.shape[0], SHAPE["chunk_size"], x.device)
+    mm = triton_dtype(x.dtype)
+    y = x.new_empty(x.shape)
+    dt_proc, dA_cs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")), table)
+    local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
+    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table, False)
+    cb = chunk_cb(C, B, mm, table, False)
+    return {
+        "dt+cumsum": bench(lambda: dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")),
+                                             table)),
+        "chunk states": bench(lambda: chunk_state(x, B, dt_proc, dA_cs, mm, table, False)),
+        "passing": bench(lambda: state_passing(local, dA_cs, None, state_dtype, False, 0, table, False)),
+        "C·Bᵀ": bench(lambda: chunk_cb(C, B, mm, table, False)),
+        "output": bench(lambda: chunk_output(x, None, C, args["D"], cb, dt_proc, dA_cs, states, y, mm, table,
+                                             False)),
+    }
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "uncommitted"
+    return f"{head} + uncommitted changes" if dirty else head
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="4096,16384,65536", help="comma-separated sequence lengths")
+    parser.add_argument("--state-dtype", default="fp32", choices=STATE_DTYPES)
+    parser.add_argument("--stages", action="store_true", help="also time each pipeline stage alone")
+    parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
+    opts = parser.parse_args()
+
+    env = runtime.configure("cuda")
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined  # noqa: PLC0415
+
+    state_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[opts.state_dtype]
+
+    def bench(fn) -> float:
+        return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+    lengths = [int(v) for v in opts.lengths.split(",")]
+    header = ["L", "ours (ms)", *(f"{name} (ms)" for name in PEERS), "ours / vLLM"]
+    rows, stage_rows = [], []
+    for seqlen in lengths:
+        args = inputs(seqlen)
+        out = torch.empty_like(args["x"])
+
+        def run():
+            return chunk_scan_combined(**args, chunk_size=SHAPE["chunk_size"], dt_softplus=True,
+                                       state_dtype=state_dtype, out=out)
+
+        ms = bench(run)
+        assert torch.isfinite(out).all(), f"non-finite output at L={seqlen}"
+        vllm = PEERS["vLLM 0.33"].get(seqlen)
+        rows.append([f"{seqlen // 1024}k", f"{ms:.3f}", *(f"{p.get(seqlen, float('nan')):.2f}" for p in PEERS.values()),
+                     f"{ms / vllm:.2f}x" if vllm else "-"])
+        if opts.stages:
+            times = stage_times(args, state_dtype, bench)
+            stage_rows.append([f"{seqlen // 1024}k", *(f"{t:.3f}" for t in times.values())])
+            stage_header = ["L", *(f"{name} (ms)" for name in times)]
+
+    def table(head, body):
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+    text = table(header, rows)
+    if stage_rows:
+        text += "\n\nStages alone:\n\n" + table(stage_header, stage_rows)
+    print(text)
+    shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
+    block = (
+        f"\n## chunk scan — {datetime.date.today().isoformat()}\n\n"
+        f"- device: {env.gpu}; torch {env.torch}; triton {env.triton}\n"
+        f"- commit: {commit()}\n"
+        f"- command: `PYTHONPATH=. python {' '.join(sys.argv)}`\n"
+        f"- shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; state_dtype {opts.state_dtype}; "
+        f"median of triton.testing.do_bench\n\n{text}\n"
+    )
+    path = Path(opts.results)
+    if not path.exists():
+        path.write_text("# Benchmark results\n")
+    with path.open("a") as f:
+        f.write(block)
+
+
+if __name__ == "__main__":
+    main()

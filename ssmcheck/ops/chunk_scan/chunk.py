@@ -1,0 +1,132 @@
+"""The built-in Triton chunk scan (Mamba2 SSD forward), with state-spaces/mamba's
+`mamba_chunk_scan_combined` signature.
+
+Pipeline, one kernel each (DESIGN §2 for the math):
+  1. dt processing and the cumulative log-decay per chunk   (dt_cumsum.py)
+  2. each chunk's own state, parallel over chunks            (chunk_state.py)
+  3. serial state passing from chunk to chunk                (state_passing.py)
+  4. C·Bᵀ per chunk                                          (chunk_cb.py)
+  5. chunk output: intra-chunk + incoming state, D, z        (chunk_output.py)
+Chunks follow sequences (layout.py): batch mode and varlen share every kernel.
+Matmul operands are rounded to x.dtype with fp32 accumulation; states are
+carried in fp32 and stored in `state_dtype`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssmcheck import runtime
+from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, check_rounding, triton_dtype
+
+from .chunk_cb import chunk_cb
+from .chunk_output import chunk_output
+from .chunk_state import chunk_state
+from .dt_cumsum import dt_cumsum
+from .layout import ChunkTable, batch_table, varlen_table
+from .state_passing import state_passing
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CHUNK_SIZES = (16, 32, 64, 128, 256)
+MAX_DSTATE = 256
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _sequence_bounds(seq_idx: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens from a (1, seqlen) seq_idx: a sequence is a run of equal ids."""
+    ids = seq_idx[0]
+    starts = torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1
+    edges = [torch.zeros(1, dtype=starts.dtype, device=ids.device), starts,
+             torch.full((1,), ids.numel(), dtype=starts.dtype, device=ids.device)]
+    return torch.cat(edges)
+
+
+def _table(batch: int, seqlen: int, chunk_size: int, cu_seqlens, seq_idx, device) -> ChunkTable:
+    if cu_seqlens is None and seq_idx is None:
+        return batch_table(batch, seqlen, chunk_size, device)
+    _check(batch == 1, f"varlen (cu_seqlens/seq_idx) needs batch 1, got batch {batch}")
+    if cu_seqlens is None:
+        _check(tuple(seq_idx.shape) == (1, seqlen), f"seq_idx must be (1, {seqlen}), got {tuple(seq_idx.shape)}")
+        cu_seqlens = _sequence_bounds(seq_idx)
+    bounds = cu_seqlens.tolist()
+    _check(cu_seqlens.dim() == 1 and len(bounds) >= 2 and bounds[0] == 0 and bounds[-1] == seqlen
+           and all(a <= b for a, b in zip(bounds[:-1], bounds[1:])),
+           f"cu_seqlens must rise from 0 to seqlen={seqlen}, got {bounds}")
+    return varlen_table(cu_seqlens, chunk_size, device)
+
+
+def _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, rounding, seed):
+    _check(x.dim() == 4, f"x must be (batch, seqlen, nheads, headdim), got {tuple(x.shape)}")
+    batch, seqlen, nheads, headdim = x.shape
+    _check(batch >= 1 and seqlen >= 1, f"x must hold at least one token, got {tuple(x.shape)}")
+    _check(x.dtype in FLOAT_DTYPES, f"x dtype {x.dtype} is not one of fp32/fp16/bf16")
+    _check(chunk_size in CHUNK_SIZES, f"chunk_size must be a power of two in 16..256, got {chunk_size}")
+    _check(tuple(dt.shape) == (batch, seqlen, nheads), f"dt must be {(batch, seqlen, nheads)}, got {tuple(dt.shape)}")
+    _check(tuple(A.shape) == (nheads,), f"A must be ({nheads},), got {tuple(A.shape)}")
+    _check(B.dim() == 4 and tuple(B.shape[:2]) == (batch, seqlen) and B.shape == C.shape,
+           f"B and C must be (batch, seqlen, ngroups, dstate) alike, got {tuple(B.shape)} and {tuple(C.shape)}")
+    _check(nheads % B.shape[2] == 0, f"ngroups={B.shape[2]} must divide nheads={nheads}")
+    _check(B.shape[3] <= MAX_DSTATE, f"dstate={B.shape[3]} is above {MAX_DSTATE} (one tile holds a whole state row)")
+    _check(D is None or tuple(D.shape) in ((nheads,), (nheads, headdim)),
+           f"D must be ({nheads},) or ({nheads}, {headdim}), got {None if D is None else tuple(D.shape)}")
+    _check(z is None or z.shape == x.shape, f"z must be shaped like x {tuple(x.shape)}")
+    _check(dt_bias is None or tuple(dt_bias.shape) == (nheads,), f"dt_bias must be ({nheads},)")
+    check_rounding(state_dtype, rounding, seed, DEFAULT_PHILOX_ROUNDS, "software")
+
+
+def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                        seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                        return_final_states=False, return_varlen_states=False, *,
+                        state_dtype=torch.float32, rounding="nearest", seed=0, out=None):
+    """Returns out; (out, final_states); (out, varlen_states); or (out, final_states, varlen_states).
+
+    out (batch, seqlen, nheads, headdim) in x.dtype (written into `out` when given);
+    final_states (batch, nheads, headdim, dstate) and varlen_states (nseq, ...) in state_dtype.
+    """
+    _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, rounding, seed)
+    _check(not return_varlen_states or cu_seqlens is not None or seq_idx is not None,
+           "return_varlen_states needs cu_seqlens")
+    batch, seqlen, nheads, headdim = x.shape
+    dstate = B.shape[3]
+    table = _table(batch, seqlen, chunk_size, cu_seqlens, seq_idx, x.device)
+    if initial_states is not None:
+        want = (table.nseq, nheads, headdim, dstate)
+        _check(tuple(initial_states.shape) == want, f"initial_states must be {want}, got {tuple(initial_states.shape)}")
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _check(out.shape == x.shape and out.dtype == x.dtype and out.device == x.device,
+           f"out must be {tuple(x.shape)} {x.dtype} on {x.device}")
+    _check(batch == 1 or out.stride(0) == seqlen * out.stride(1), "out must have mergeable batch and seqlen dimensions")
+    y = out.view(batch * seqlen, nheads, headdim)
+
+    interpret = runtime.environment().interpreter
+    mm_dtype = triton_dtype(x.dtype)
+    ntok = batch * seqlen
+    x2 = x.reshape(ntok, nheads, headdim)
+    B2 = B.reshape(ntok, *B.shape[2:])
+    C2 = C.reshape(ntok, *C.shape[2:])
+    z2 = z.reshape(ntok, nheads, headdim) if z is not None else None
+    D2 = D.contiguous() if D is not None else None
+
+    dt_proc, dA_cs = dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
+                               dt_bias.contiguous() if dt_bias is not None else None,
+                               dt_softplus, dt_limit, table)
+    local = chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret)
+    states, seq_final = state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic", seed,
+                                      table, interpret)
+    del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
+    cb = chunk_cb(C2, B2, mm_dtype, table, interpret)
+    chunk_output(x2, z2, C2, D2, cb, dt_proc, dA_cs, states, y, mm_dtype, table, interpret)
+
+    varlen = cu_seqlens is not None or seq_idx is not None
+    final_states = seq_final[table.last_seq : table.last_seq + 1] if varlen else seq_final
+    result = (out,)
+    if return_final_states:
+        result += (final_states,)
+    if return_varlen_states:
+        result += (seq_final,)
+    return result[0] if len(result) == 1 else result

@@ -1,0 +1,64 @@
+"""Stage 4: C·Bᵀ within each chunk, per group (shared by the group's heads)."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .layout import ChunkTable
+from .numerics import mma, operand
+
+
+@triton.jit
+def _chunk_cb_kernel(
+    C_ptr, B_ptr, chunk_token_ptr, chunk_len_ptr, cb_ptr,
+    ngroups, dstate, stride_c_tok, stride_c_group, stride_c_state,
+    stride_b_tok, stride_b_group, stride_b_state,
+    MM_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nk = CHUNK // BLOCK_K
+    nm = CHUNK // BLOCK_M
+    kb = pid % nk
+    mb = (pid // nk) % nm
+    g = (pid // (nk * nm)) % ngroups
+    c = pid // (nk * nm * ngroups)
+    tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
+    n = tl.load(chunk_len_ptr + c)
+    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    # Tiles wholly above the diagonal are never read by the output stage.
+    if kb * BLOCK_K < (mb + 1) * BLOCK_M:
+        for d0 in range(0, dstate, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            cm = tl.load(C_ptr + (tok0 + m)[:, None] * stride_c_tok + g * stride_c_group
+                         + d[None, :] * stride_c_state,
+                         mask=(m[:, None] < n) & (d[None, :] < dstate), other=0.0)
+            bk = tl.load(B_ptr + (tok0 + k)[None, :] * stride_b_tok + g * stride_b_group
+                         + d[:, None] * stride_b_state,
+                         mask=(k[None, :] < n) & (d[:, None] < dstate), other=0.0)
+            acc = mma(operand(cm, MM_DTYPE, INTERPRET), operand(bk, MM_DTYPE, INTERPRET), acc)
+    tl.store(cb_ptr + ((tl.cast(c, tl.int64) * ngroups + g) * CHUNK + m[:, None]) * CHUNK + k[None, :], acc)
+
+
+def default_config(dstate: int, chunk_size: int) -> dict:
+    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md)."""
+    return dict(BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 64),
+                BLOCK_D=max(16, min(triton.next_power_of_2(dstate), 64)), num_warps=4, num_stages=3)
+
+
+def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None):
+    """C, B (ntok, ngroups, dstate) -> CB (nchunks, ngroups, chunk_size, chunk_size) fp32; rows/columns
+    past a chunk's end are zero, tiles above the diagonal are zero."""
+    ngroups, dstate = C.shape[1], C.shape[2]
+    cs = table.chunk_size
+    cfg = {**default_config(dstate, cs), **(config or {})}
+    cb = torch.empty((table.nchunks, ngroups, cs, cs), device=C.device, dtype=torch.float32)
+    grid = (table.nchunks * ngroups * (cs // cfg["BLOCK_M"]) * (cs // cfg["BLOCK_K"]),)
+    _chunk_cb_kernel[grid](
+        C, B, table.chunk_token, table.chunk_len, cb,
+        ngroups, dstate, *C.stride(), *B.stride(),
+        MM_DTYPE=mm_dtype, INTERPRET=interpret, CHUNK=cs, **cfg,
+    )
+    return cb

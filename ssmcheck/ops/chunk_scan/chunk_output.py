@@ -1,0 +1,126 @@
+"""Stage 5: each chunk's output.
+
+y_m = sum_{k<=m} (C_m·B_k) exp(dA_m - dA_k) dt_k x_k      (intra-chunk, causal)
+    + exp(dA_m) C_m · state_in                            (the chunk's incoming state)
+    + D x_m, then y_m * silu(z_m).
+
+One program owns BLOCK_ROWS rows of one (chunk, head, headdim block) and walks
+them BLOCK_M at a time, reading and rounding the incoming state once.
+"""
+
+import triton
+import triton.language as tl
+
+from ssmcheck.ops.rounding.stochastic import round_nearest, triton_dtype
+
+from .layout import ChunkTable
+from .numerics import decay, mma, operand, split
+
+
+@triton.jit
+def _chunk_output_kernel(
+    x_ptr, z_ptr, C_ptr, D_ptr, cb_ptr, dt_ptr, dA_cs_ptr, states_ptr, chunk_token_ptr, chunk_len_ptr, y_ptr,
+    nheads, ngroups, headdim, dstate,
+    stride_x_tok, stride_x_head, stride_x_dim,
+    stride_z_tok, stride_z_head, stride_z_dim,
+    stride_c_tok, stride_c_group, stride_c_state,
+    stride_y_tok, stride_y_head, stride_y_dim,
+    HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr,
+    MM_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Chunks vary slowest, so the programs of one chunk run together and share C and C·Bᵀ in L2.
+    pid = tl.program_id(0)
+    nr = CHUNK // BLOCK_ROWS
+    np_ = tl.cdiv(headdim, BLOCK_P)
+    rb = pid % nr
+    pb = (pid // nr) % np_
+    h = (pid // (nr * np_)) % nheads
+    c = tl.cast(pid // (nr * np_ * nheads), tl.int64)
+    g = h // (nheads // ngroups)
+    tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
+    n = tl.load(chunk_len_ptr + c)
+    if rb * BLOCK_ROWS >= n:
+        return
+    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    d = tl.arange(0, BLOCK_D)
+    pv = p < headdim
+    dv = d < dstate
+    row = (c * nheads + h) * CHUNK
+
+    # The incoming state, (dstate, headdim block), rounded to the matmul dtype once.
+    state_base = states_ptr + (c * nheads + h) * headdim * dstate
+    st = operand(tl.load(state_base + p[None, :] * dstate + d[:, None], mask=pv[None, :] & dv[:, None], other=0.0),
+                 MM_DTYPE, INTERPRET)
+    if HAS_D:
+        if D_PER_CHANNEL:
+            Dh = tl.load(D_ptr + h * headdim + p, mask=pv, other=0.0).to(tl.float32)[None, :]
+        else:
+            Dh = tl.load(D_ptr + h).to(tl.float32)
+    # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile).
+    x_chunk = x_ptr + tok0 * stride_x_tok + h * stride_x_head
+    c_chunk = C_ptr + tok0 * stride_c_tok + g * stride_c_group
+    cb_chunk = cb_ptr + (c * ngroups + g) * CHUNK * CHUNK
+    x_cols = p[None, :] * stride_x_dim
+
+    for m0 in range(rb * BLOCK_ROWS, tl.minimum((rb + 1) * BLOCK_ROWS, n), BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        mv = m < n
+        dA_m = tl.load(dA_cs_ptr + row + m)
+        hi_m, lo_m = split(dA_m)
+        # Incoming state: exp(dA_m) * C_m · state_inᵀ.
+        cm = tl.load(c_chunk + m[:, None] * stride_c_tok + d[None, :] * stride_c_state,
+                     mask=mv[:, None] & dv[None, :], other=0.0)
+        acc = mma(operand(cm, MM_DTYPE, INTERPRET), st, tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32))
+        acc = acc * decay(hi_m, mv)[:, None]
+        # Intra-chunk: causal (C·Bᵀ ∘ decay ∘ dt) · x, the scores rounded to the matmul dtype.
+        for k0 in range(0, tl.minimum(m0 + BLOCK_M, n), BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kv = k < n
+            causal = (k[None, :] <= m[:, None]) & kv[None, :] & mv[:, None]
+            # Unmasked (so vectorised): chunk_cb writes every entry, zero past the chunk's end.
+            cb = tl.load(cb_chunk + m[:, None] * CHUNK + k[None, :])
+            hi_k, lo_k = split(tl.load(dA_cs_ptr + row + k))
+            dt_k = tl.load(dt_ptr + row + k)
+            log_decay = (hi_m[:, None] - hi_k[None, :]) + (lo_m[:, None] - lo_k[None, :])
+            scores = tl.where(causal, cb * decay(log_decay, causal) * dt_k[None, :], 0.0)
+            xk = tl.load(x_chunk + k[:, None] * stride_x_tok + x_cols, mask=kv[:, None] & pv[None, :], other=0.0)
+            acc = mma(operand(scores, MM_DTYPE, INTERPRET), operand(xk, MM_DTYPE, INTERPRET), acc)
+
+        out_mask = mv[:, None] & pv[None, :]
+        if HAS_D:
+            xm = tl.load(x_chunk + m[:, None] * stride_x_tok + x_cols, mask=out_mask, other=0.0).to(tl.float32)
+            acc += Dh * xm
+        if HAS_Z:
+            zm = tl.load(z_ptr + tok0 * stride_z_tok + h * stride_z_head + m[:, None] * stride_z_tok
+                         + p[None, :] * stride_z_dim, mask=out_mask, other=0.0).to(tl.float32)
+            acc *= zm * tl.sigmoid(zm)
+        y_chunk = y_ptr + tok0 * stride_y_tok + h * stride_y_head
+        tl.store(y_chunk + m[:, None] * stride_y_tok + p[None, :] * stride_y_dim, round_nearest(acc, OUT_DTYPE, INTERPRET),
+                 mask=out_mask)
+
+
+def default_config(headdim: int, dstate: int, chunk_size: int) -> dict:
+    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md)."""
+    return dict(BLOCK_ROWS=chunk_size, BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 32),
+                BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)), num_warps=4, num_stages=3)
+
+
+def chunk_output(x, z, C, D, cb, dt_proc, dA_cs, states, y, mm_dtype, table: ChunkTable, interpret: bool,
+                 config: dict | None = None):
+    """Writes y (ntok, nheads, headdim) in place: every token of every chunk."""
+    _, nheads, headdim = x.shape
+    ngroups, dstate = C.shape[1], C.shape[2]
+    cs = table.chunk_size
+    cfg = {**default_config(headdim, dstate, cs), **(config or {})}
+    grid = (table.nchunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
+    zz = z if z is not None else x
+    _chunk_output_kernel[grid](
+        x, zz, C, D if D is not None else x, cb, dt_proc, dA_cs, states, table.chunk_token, table.chunk_len, y,
+        nheads, ngroups, headdim, dstate,
+        *x.stride(), *zz.stride(), *C.stride(), *y.stride(),
+        HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
+        MM_DTYPE=mm_dtype, OUT_DTYPE=triton_dtype(y.dtype), INTERPRET=interpret, CHUNK=cs,
+        BLOCK_D=max(16, triton.next_power_of_2(dstate)), **cfg,
+    )

@@ -1,0 +1,61 @@
+"""Stage 1: dt processing (dt_bias, softplus, dt_limit) and the cumulative log-decay per chunk."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .layout import ChunkTable
+from .numerics import softplus
+
+
+@triton.jit
+def _dt_cumsum_kernel(
+    dt_ptr, A_ptr, dt_bias_ptr, chunk_token_ptr, chunk_len_ptr, dt_out_ptr, dA_cs_ptr,
+    nheads, stride_dt_tok, stride_dt_head, dt_min, dt_max,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    c = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t = tl.arange(0, CHUNK)
+    tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
+    n = tl.load(chunk_len_ptr + c)
+    hv = h < nheads
+    valid = (t[:, None] < n) & hv[None, :]
+    dt = tl.load(dt_ptr + (tok0 + t)[:, None] * stride_dt_tok + h[None, :] * stride_dt_head,
+                 mask=valid, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        dt += tl.load(dt_bias_ptr + h, mask=hv, other=0.0).to(tl.float32)[None, :]
+    if SOFTPLUS:
+        dt = softplus(dt)
+    if HAS_LIMIT:
+        dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
+    # Padding past the chunk's end gets dt = 0, so the cumsum stays flat there and
+    # its last entry is the log-decay over the whole (possibly short) chunk.
+    dt = tl.where(valid, dt, 0.0)
+    A = tl.load(A_ptr + h, mask=hv, other=0.0).to(tl.float32)
+    # Summed in fp64: the decay between tokens k < m is exp(dA_cs[m] - dA_cs[k]), and when
+    # the sums are huge (|A| dt large) an fp32 difference loses the small segments, even the
+    # exact zero of a dt = 0 token (a parallel scan rounds neighbours differently).
+    dA_cs = tl.cumsum((dt * A[None, :]).to(tl.float64), axis=0)
+    out = (c * nheads + h[None, :]) * CHUNK + t[:, None]
+    tl.store(dt_out_ptr + out, dt, mask=hv[None, :])
+    tl.store(dA_cs_ptr + out, dA_cs, mask=hv[None, :])
+
+
+def dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table: ChunkTable):
+    """dt (ntok, nheads) -> (dt processed (fp32), cumulative dt*A (fp64)), each (nchunks, nheads, chunk_size)."""
+    nheads = dt.shape[1]
+    shape = (table.nchunks, nheads, table.chunk_size)
+    dt_out = torch.empty(shape, device=dt.device, dtype=torch.float32)
+    dA_cs = torch.empty(shape, device=dt.device, dtype=torch.float64)
+    has_limit = tuple(dt_limit) != (0.0, float("inf"))
+    block_h = min(triton.next_power_of_2(nheads), max(1, 2048 // table.chunk_size))
+    grid = (table.nchunks, triton.cdiv(nheads, block_h))
+    _dt_cumsum_kernel[grid](
+        dt, A, dt_bias if dt_bias is not None else A, table.chunk_token, table.chunk_len, dt_out, dA_cs,
+        nheads, dt.stride(0), dt.stride(1), float(dt_limit[0]), float(dt_limit[1]),
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit,
+        CHUNK=table.chunk_size, BLOCK_H=block_h, num_warps=4,
+    )
+    return dt_out, dA_cs

@@ -1,0 +1,64 @@
+"""Triton helpers shared by the chunk-scan stages: decay, softplus, matmul operands.
+
+They carry the numerical choices (and the interpreter work-arounds of DESIGN §6)
+in one place, so every stage rounds and guards the same way.
+"""
+
+import triton
+import triton.language as tl
+
+from ssmcheck.ops.rounding.stochastic import round_nearest
+
+
+@triton.jit
+def decay(log_decay, valid):
+    """exp of a cumulative log-decay (difference) that is <= 0 in exact arithmetic.
+
+    Masked entries get exp(-inf) = 0 before any exp is taken, and fp32 rounding
+    residue that made the exponent positive is clamped away, so this never
+    overflows and never meets inf * 0.
+    """
+    return tl.exp(tl.where(valid, tl.minimum(log_decay, 0.0), float("-inf")))
+
+
+@triton.jit
+def split(v):
+    """fp64 -> (hi, lo) fp32 with hi + lo ~ v: differences of huge cumulative sums then keep
+    their small values, (hi_a - hi_b) + (lo_a - lo_b), in fp32 tile arithmetic."""
+    hi = v.to(tl.float32)
+    return hi, (v - hi.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def log1p(u):
+    # Accurate for tiny u too (Goldberg's trick): log(1+u) * u / ((1+u) - 1).
+    w = 1.0 + u
+    return tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
+
+
+@triton.jit
+def softplus(v):
+    return tl.maximum(v, 0.0) + log1p(tl.exp(-tl.abs(v)))
+
+
+@triton.jit
+def operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tl.dot operand holding x rounded to DTYPE (the matmul precision).
+
+    bf16 dots are wrong in the interpreter, so there the operand stays fp32 with
+    bf16-exact values: what the tensor cores multiply on the GPU.
+    """
+    if DTYPE == tl.bfloat16 and INTERPRET:
+        return round_nearest(x.to(tl.float32), DTYPE, INTERPRET).to(tl.float32)
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit
+def mma(a, b, acc):
+    """acc + a @ b in fp32; fp32 operands multiply in IEEE fp32, never TF32."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+

@@ -1,0 +1,81 @@
+"""Stage 3: the serial passing of states from chunk to chunk, within each sequence.
+
+    state_in[first chunk] = initial state (or 0)
+    state_in[c + 1]       = exp(dA_last[c]) * state_in[c] + local[c]
+
+carried in fp32 and stored in state_dtype (rounded to nearest, or stochastically
+with Philox bits keyed by (seed, element index)). One program owns a slice of one
+head's state for one sequence; its loads do not depend on the recurrence, so
+they are prefetched while the serial multiply-adds run.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, round_to_storage, triton_dtype
+
+from .layout import ChunkTable
+
+
+@triton.jit
+def _state_passing_kernel(
+    local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed, final_counter,
+    nheads, headdim, dstate,
+    stride_init_seq, stride_init_head, stride_init_dim, stride_init_state,
+    HAS_INIT: tl.constexpr, INTERPRET: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, N_ROUNDS: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head_size = headdim * dstate
+    nb = tl.cdiv(head_size, BLOCK)
+    eb = pid % nb
+    h = (pid // nb) % nheads
+    s = tl.cast(pid // (nb * nheads), tl.int64)
+    e = eb * BLOCK + tl.arange(0, BLOCK)  # flattened (headdim, dstate) index
+    ev = e < head_size
+    if HAS_INIT:
+        state = tl.load(init_ptr + s * stride_init_seq + h * stride_init_head + (e // dstate) * stride_init_dim
+                        + (e % dstate) * stride_init_state, mask=ev, other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros((BLOCK,), dtype=tl.float32)
+    c_first = tl.load(seq_chunk_ptr + s)
+    c_end = tl.load(seq_chunk_ptr + s + 1)
+    # The loads do not depend on the recurrence: prefetch them two chunks ahead.
+    for c in tl.range(c_first, c_end, num_stages=3):
+        # Philox counters: the element's index in `states`, then in `final` after all of `states`.
+        at = (tl.cast(c, tl.int64) * nheads + h) * head_size + e
+        tl.store(states_ptr + at, round_to_storage(state, seed, at, STATE_DTYPE, STOCHASTIC, N_ROUNDS, INTERPRET),
+                 mask=ev)
+        dA_last = tl.load(dA_cs_ptr + (tl.cast(c, tl.int64) * nheads + h) * CHUNK + CHUNK - 1).to(tl.float32)
+        state = state * tl.exp(tl.minimum(dA_last, 0.0)) + tl.load(local_ptr + at, mask=ev, other=0.0)
+    at = (s * nheads + h) * head_size + e
+    tl.store(final_ptr + at, round_to_storage(state, seed, final_counter + at, STATE_DTYPE, STOCHASTIC, N_ROUNDS,
+                                              INTERPRET), mask=ev)
+
+
+def default_config(headdim: int, dstate: int) -> dict:
+    """Block size and launch options: enough programs to keep loads in flight; not yet swept on a GPU."""
+    return dict(BLOCK=min(triton.next_power_of_2(headdim * dstate), 1024), num_warps=4)
+
+
+def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, seed: int, table: ChunkTable,
+                  interpret: bool, config: dict | None = None):
+    """local (nchunks, nheads, headdim, dstate) fp32 -> (incoming state of every chunk, same shape,
+    state after every sequence (nseq, nheads, headdim, dstate)), both in state_dtype."""
+    _, nheads, headdim, dstate = local.shape
+    cfg = {**default_config(headdim, dstate), **(config or {})}
+    states = torch.empty(local.shape, device=local.device, dtype=state_dtype)
+    final = torch.empty((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)
+    grid = (table.nseq * nheads * triton.cdiv(headdim * dstate, cfg["BLOCK"]),)
+    init = initial_states if initial_states is not None else states
+    _state_passing_kernel[grid](
+        local, dA_cs, init, table.seq_chunk, states, final, seed, states.numel(),
+        nheads, headdim, dstate,
+        *(init.stride() if initial_states is not None else (0, 0, 0, 0)),
+        HAS_INIT=initial_states is not None, INTERPRET=interpret,
+        STATE_DTYPE=triton_dtype(state_dtype), STOCHASTIC=stochastic, N_ROUNDS=DEFAULT_PHILOX_ROUNDS,
+        CHUNK=table.chunk_size, **cfg,
+    )
+    return states, final
