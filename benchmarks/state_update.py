@@ -1,0 +1,180 @@
+"""Time one decode step of the built-in state update at Mamba2-2.7B widths on a GPU, and record the result.
+
+80 heads x 64 channels, dstate 128, one group, dt_softplus, dt_bias and D
+(tied per head, as Mamba2 passes them), z optional, bf16 activations; batch
+1, 64 and 256; the state in fp32, fp16 and bf16, to nearest and (fp16/bf16)
+stochastically. Times are medians of triton.testing.do_bench_cudagraph (a
+CUDA graph of many steps, as a decode loop runs them, so launch overhead
+does not hide small batches); the steps rotate over enough state buffers
+(4x L2) that no step finds its state cached. Not a test: run it by hand on
+the GPU machine from the checkout, e.g.
+
+    PYTHONPATH=. python benchmarks/state_update.py --z
+
+It prints a table (ms, GB/s against the measured copy bandwidth, the bytes
+floor, and software SR's cost over round to nearest) and appends it, with
+date, device, versions, commit and this command, to benchmarks/RESULTS.md
+(or --results PATH). --sweep also times other launch configurations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from ssmcheck import runtime
+
+SHAPE = dict(nheads=80, headdim=64, dstate=128, ngroups=1)
+# state-spaces/mamba 2.3.2 on the same H200 at batch 256 (DESIGN §7), ms.
+MAMBA_232 = {"fp32": 0.38, "fp16": 0.38}
+MODES = (("fp32", "nearest"), ("fp16", "nearest"), ("fp16", "stochastic"), ("bf16", "nearest"),
+         ("bf16", "stochastic"))
+SWEEP = [(bp, w) for bp in (8, 16, 32) for w in (2, 4, 8)]
+
+
+def inputs(batch: int, state_dtype, with_z: bool, seed: int = 0) -> dict:
+    import torch  # noqa: PLC0415
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h, p, n, ng = SHAPE["nheads"], SHAPE["headdim"], SHAPE["dstate"], SHAPE["ngroups"]
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+
+    return dict(
+        x=randn(batch, h, p).bfloat16(),
+        dt=randn(batch, h).bfloat16()[..., None].expand(batch, h, p),
+        A=-torch.exp(torch.rand(h, generator=g, device="cuda") * 2.77)[:, None, None].expand(h, p, n),
+        B=randn(batch, ng, n).bfloat16(),
+        C=randn(batch, ng, n).bfloat16(),
+        D=randn(h)[:, None].expand(h, p),
+        z=randn(batch, h, p).bfloat16() if with_z else None,
+        dt_bias=(randn(h) - 4.0)[:, None].expand(h, p),
+        dt_softplus=True,
+    ), randn(batch, h, p, n).to(state_dtype)
+
+
+def step_bytes(batch: int, state_size: int, with_z: bool) -> int:
+    """The fewest bytes one step moves: the state read and written, each other input read once, out written."""
+    h, p, n, ng = SHAPE["nheads"], SHAPE["headdim"], SHAPE["dstate"], SHAPE["ngroups"]
+    state = 2 * batch * h * p * n * state_size
+    activations = batch * h * p * 2 * (2 + with_z) + batch * h * 2 + 2 * batch * ng * n * 2  # x, out, z; dt; B, C
+    return state + activations + 3 * h * 4  # A, D, dt_bias
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read and written (the ceiling used here)."""
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    src = torch.randn(2**29, device="cuda")  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git here)"
+    return f"{head} + uncommitted changes" if dirty else head
+
+
+def table(head: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,64,256", help="comma-separated batch sizes")
+    parser.add_argument("--z", action="store_true", help="gate the output with z")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time other launch configurations at the largest batch")
+    parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
+    parser.add_argument("--commit", default=None, help="commit to record (default: asks git)")
+    opts = parser.parse_args()
+
+    env = runtime.configure("cuda")
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+
+    def time_step(batch: int, state_name: str, rounding: str, rep: int = 100) -> float:
+        args, state = inputs(batch, dtypes[state_name], opts.z)
+        nbytes = step_bytes(batch, state.element_size(), opts.z)
+        buffers = [state] + [state.clone() for _ in range(min(63, math.ceil(4 * l2 / nbytes) - 1))]
+        out = torch.empty_like(args["x"])
+        turn = [0]
+
+        def step():
+            turn[0] += 1
+            fused_recurrent.selective_state_update(buffers[turn[0] % len(buffers)], **args, rounding=rounding,
+                                                   seed=12345, out=out)
+
+        ms = triton.testing.do_bench_cudagraph(step, rep=rep, return_mode="median")
+        assert all(torch.isfinite(b).all() for b in buffers) and torch.isfinite(out).all(), "non-finite result"
+        return ms
+
+    peak = copy_bandwidth()
+    batches = [int(v) for v in opts.batches.split(",")]
+    rows, times = [], {}
+    for batch in batches:
+        for state_name, rounding in MODES:
+            ms = time_step(batch, state_name, rounding)
+            times[batch, state_name, rounding] = ms
+            nbytes = step_bytes(batch, dtypes[state_name].itemsize, opts.z)
+            floor = nbytes / peak / 1e6
+            sr_cost = (f"{ms / times[batch, state_name, 'nearest']:.2f}x" if rounding == "stochastic" else "-")
+            mamba = MAMBA_232.get(state_name) if batch == 256 and rounding == "nearest" else None
+            rows.append([str(batch), state_name, rounding, f"{ms:.4f}", f"{nbytes / ms / 1e6:.0f}",
+                         f"{floor:.4f}", f"{floor / ms:.0%}", sr_cost, f"{mamba:.2f}" if mamba else "-"])
+            print(" | ".join(rows[-1]), flush=True)
+    text = table(["batch", "state", "rounding", "ms", "GB/s", "floor ms", "of floor", "SR / nearest",
+                  "mamba 2.3.2 ms"], rows)
+
+    if opts.sweep:
+        batch = max(batches)
+        sweep_rows = []
+        default = fused_recurrent.launch_config
+        for state_name, rounding in MODES[:3]:
+            for block_p, warps in SWEEP:
+                fused_recurrent.launch_config = lambda *_, bp=block_p, w=warps: fused_recurrent.LaunchConfig(bp, w)
+                ms = time_step(batch, state_name, rounding, rep=30)
+                sweep_rows.append([state_name, rounding, str(block_p), str(warps), f"{ms:.4f}"])
+                print(" | ".join(sweep_rows[-1]), flush=True)
+        fused_recurrent.launch_config = default
+        text += f"\n\nLaunch configurations at batch {batch}:\n\n"
+        text += table(["state", "rounding", "block_p", "num_warps", "ms"], sweep_rows)
+
+    print(text)
+    shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
+    block = (
+        f"\n## state update — {datetime.date.today().isoformat()}\n\n"
+        f"- device: {env.gpu}; torch {env.torch}; triton {env.triton}\n"
+        f"- commit: {opts.commit or commit()}\n"
+        f"- command: `PYTHONPATH=. python {' '.join(sys.argv)}`\n"
+        f"- one decode step: bf16 activations, {shape}, dt_softplus, dt_bias, D{', z' if opts.z else ''} "
+        f"(A, dt, dt_bias, D tied per head); median of triton.testing.do_bench_cudagraph; floor = fewest bytes / "
+        f"measured copy bandwidth {peak:.0f} GB/s (read + written); stochastic = software SR, Philox 10 rounds\n\n"
+        f"{text}\n"
+    )
+    path = Path(opts.results)
+    if not path.exists():
+        path.write_text("# Benchmark results\n")
+    with path.open("a") as f:
+        f.write(block)
+
+
+if __name__ == "__main__":
+    main()

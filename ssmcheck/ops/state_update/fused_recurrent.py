@@ -1,0 +1,289 @@
+"""The built-in Triton state update (one decode step), with state-spaces/mamba's
+`selective_state_update` signature.
+
+Per (batch, head) and a block of BLOCK_P channels, the program reads the
+state rows once, computes in fp32
+
+    state = exp(dt * A) * state + dt * x * B,   out = C . state + D * x,  out *= silu(z)
+
+and stores the state back rounded to its dtype: to nearest, or stochastically.
+The output uses the unrounded fp32 state, as mamba's kernel does.
+
+The step is memory-bound: it moves the state twice and little else, so the
+kernel reads each state element once, with wide vector accesses, and keeps
+per-element arithmetic small. Parameters tied across a head (A of shape
+(nheads,) expanded to (nheads, headdim, dstate), dt and dt_bias expanded over
+headdim, as Mamba2 passes them) are detected from their zero strides and read
+once per program, so exp(dt * A) is one scalar per head.
+
+Stochastic rounding draws one Philox call (four 32-bit words) per four state
+elements: the program's channels form four row groups, and element (r, n) of
+group k takes word k of Philox(seed, counter), counter = the flat state index
+of group 0's element (r, n). See ssmcheck/ops/rounding/stochastic.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ssmcheck import runtime
+from ssmcheck.ops.chunk_scan.numerics import softplus
+from ssmcheck.ops.rounding.stochastic import (
+    DEFAULT_PHILOX_ROUNDS,
+    check_rounding,
+    round_nearest,
+    stochastic_round_x4,
+    triton_dtype,
+)
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+GROUPS = 4  # row groups per program: one Philox call serves an element of each
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_p: int  # channels (headdim rows) per program, a multiple of GROUPS
+    num_warps: int
+
+
+def launch_config(headdim: int) -> LaunchConfig:
+    """16 channels per program on 2 warps: the fastest on the H200 for fp32, fp16 and software SR alike
+    (benchmarks/RESULTS.md, state update: 0.39-0.40 / 0.22 / 0.52 ms at batch 256)."""
+    return LaunchConfig(block_p=max(GROUPS, min(16, triton.next_power_of_2(headdim))), num_warps=2)
+
+
+@triton.jit
+def _exp(v, INTERPRET: tl.constexpr):
+    # The decay compounds over a decode: on the GPU tl.exp is ex2.approx (about 2 ulp,
+    # the same sign for the same input, so it drifts like a bias); libdevice's expf is
+    # within an ulp. The interpreter has no libdevice, and numpy's exp is accurate.
+    if INTERPRET:
+        return tl.exp(v)
+    else:
+        return libdevice.exp(v)
+
+
+@triton.jit
+def _softplus(v, INTERPRET: tl.constexpr):
+    # log(1 + exp(v)) without overflow, accurate to an ulp or two: dt scales the whole
+    # update, and tl.log's approximation on the GPU costs dt about 2**-20 relative.
+    if INTERPRET:
+        return softplus(v)
+    else:
+        return tl.maximum(v, 0.0) + libdevice.log1p(libdevice.exp(-tl.abs(v)))
+
+
+@triton.jit
+def _load_dt(dt_ptr, dt_bias_ptr, offset, bias_offset, mask, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+             INTERPRET: tl.constexpr):
+    dt = tl.load(dt_ptr + offset, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt += tl.load(dt_bias_ptr + bias_offset, mask=mask, other=0.0).to(tl.float32)
+    if DT_SOFTPLUS:
+        dt = _softplus(dt, INTERPRET)
+    return dt
+
+
+@triton.jit
+def _advance_group(group, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
+                   s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                   dt_head, dA_head, b_row, c_row,
+                   HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_PER_HEAD: tl.constexpr,
+                   A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row group `group` of the program's channels: (new fp32 state (R, BLOCK_N), x (R,), C . state (R,))."""
+    R: tl.constexpr = BLOCK_P // 4
+    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    n = tl.arange(0, BLOCK_N)
+    rows = p < headdim
+    mask = rows[:, None] & (n < dstate)[None, :]
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
+    if DT_PER_HEAD:
+        dt = dt_head
+        dA = dA_head
+    else:
+        dt = _load_dt(dt_ptr, dt_bias_ptr, b * dt_b + h * dt_h + p * dt_p, h * dtb_h + p * dtb_p, rows,
+                      HAS_DT_BIAS, DT_SOFTPLUS, INTERPRET)
+        if A_PER_HEAD:
+            dA = _exp(dt * tl.load(A_ptr + h * a_h).to(tl.float32), INTERPRET)[:, None]
+        dt = dt[:, None]
+    if not A_PER_HEAD:
+        A = tl.load(A_ptr + h * a_h + p[:, None] * a_p + n[None, :] * a_n, mask=mask, other=0.0).to(tl.float32)
+        dA = _exp(dt * A, INTERPRET)
+    state = tl.load(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, mask=mask, other=0.0)
+    state = state.to(tl.float32) * dA + (dt * x[:, None]) * b_row[None, :]
+    return state, x, tl.sum(state * c_row[None, :], axis=1)
+
+
+@triton.jit
+def _store_group(group, pid_p, b, h, headdim, dstate, state, x, y, state_ptr, D_ptr, z_ptr, out_ptr,
+                 s_b, s_h, s_p, s_n, d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p,
+                 HAS_D: tl.constexpr, HAS_Z: tl.constexpr, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store row group `group`'s rounded state and its output D * x + C . state, gated by silu(z)."""
+    R: tl.constexpr = BLOCK_P // 4
+    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    n = tl.arange(0, BLOCK_N)
+    rows = p < headdim
+    tl.store(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
+             mask=rows[:, None] & (n < dstate)[None, :])
+    if HAS_D:
+        y += x * tl.load(D_ptr + h * d_h + p * d_p, mask=rows, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_p, mask=rows, other=0.0).to(tl.float32)
+        y *= z / (1.0 + tl.exp(-z))
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_nearest(y, OUT_DTYPE, INTERPRET), mask=rows)
+
+
+# A new seed every step must not mean a new compilation.
+@triton.jit(do_not_specialize=["seed"])
+def _state_update_kernel(
+    state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, out_ptr,
+    seed, nheads, headdim, dstate, heads_per_group,
+    s_b, s_h, s_p, s_n,
+    x_b, x_h, x_p,
+    dt_b, dt_h, dt_p,
+    dtb_h, dtb_p,
+    a_h, a_p, a_n,
+    b_b, b_g, b_n,
+    c_b, c_g, c_n,
+    d_h, d_p,
+    z_b, z_h, z_p,
+    o_b, o_h, o_p,
+    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
+    N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    g = h // heads_per_group
+    n = tl.arange(0, BLOCK_N)
+    b_row = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
+    c_row = tl.load(C_ptr + b * c_b + g * c_g + n * c_n, mask=n < dstate, other=0.0).to(tl.float32)
+    dt_head = 0.0  # per-head dt and decay, when dt (and A) are tied across the head's channels
+    dA_head = 1.0
+    if DT_PER_HEAD:
+        dt_head = _load_dt(dt_ptr, dt_bias_ptr, b * dt_b + h * dt_h, h * dtb_h, True, HAS_DT_BIAS, DT_SOFTPLUS,
+                           INTERPRET)
+        if A_PER_HEAD:
+            dA_head = _exp(dt_head * tl.load(A_ptr + h * a_h).to(tl.float32), INTERPRET)
+
+    # The program's BLOCK_P channels in four row groups, so that SR can give each
+    # group its own word of one shared Philox call; every row is contiguous in dstate.
+    s0, x0, y0 = _advance_group(0, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
+                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                                INTERPRET, BLOCK_P, BLOCK_N)
+    s1, x1, y1 = _advance_group(1, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
+                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                                INTERPRET, BLOCK_P, BLOCK_N)
+    s2, x2, y2 = _advance_group(2, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
+                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                                INTERPRET, BLOCK_P, BLOCK_N)
+    s3, x3, y3 = _advance_group(3, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
+                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                                INTERPRET, BLOCK_P, BLOCK_N)
+    if STOCHASTIC:
+        # Counter: the flat index of (batch, head, channel, n) in group 0's rows.
+        R: tl.constexpr = BLOCK_P // 4
+        row = pid_p * BLOCK_P + tl.arange(0, R)
+        counters = ((b * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
+        s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
+    else:
+        s0 = round_nearest(s0, STATE_DTYPE, INTERPRET)
+        s1 = round_nearest(s1, STATE_DTYPE, INTERPRET)
+        s2 = round_nearest(s2, STATE_DTYPE, INTERPRET)
+        s3 = round_nearest(s3, STATE_DTYPE, INTERPRET)
+    _store_group(0, pid_p, b, h, headdim, dstate, s0, x0, y0, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
+                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(1, pid_p, b, h, headdim, dstate, s1, x1, y1, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
+                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(2, pid_p, b, h, headdim, dstate, s2, x2, y2, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
+                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(3, pid_p, b, h, headdim, dstate, s3, x3, y3, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
+                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _shape(t) -> tuple | None:
+    return None if t is None else tuple(t.shape)
+
+
+def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out):
+    _check(state.dim() == 4, f"state must be (batch, nheads, headdim, dstate), got {_shape(state)}")
+    batch, nheads, headdim, dstate = state.shape
+    ngroups = B.shape[1] if B.dim() == 3 else 0
+    for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
+                    ("dt_bias", dt_bias)):
+        _check(t is None or t.dtype in FLOAT_DTYPES, f"{name} dtype {t.dtype if t is not None else ''} "
+               "is not one of float32/float16/bfloat16")
+        _check(t is None or t.device == state.device, f"{name} is on {t.device if t is not None else ''}, "
+               f"state on {state.device}")
+    want_x = (batch, nheads, headdim)
+    _check(_shape(x) == want_x, f"x must be {want_x}, got {_shape(x)}")
+    _check(_shape(dt) == want_x, f"dt must be {want_x}, got {_shape(dt)}")
+    _check(z is None or _shape(z) == want_x, f"z must be {want_x}, got {_shape(z)}")
+    _check(_shape(A) == (nheads, headdim, dstate), f"A must be {(nheads, headdim, dstate)}, got {_shape(A)}")
+    _check(ngroups >= 1 and _shape(B) == (batch, ngroups, dstate) and _shape(C) == _shape(B),
+           f"B and C must be (batch={batch}, ngroups, dstate={dstate}) alike, got {_shape(B)} and {_shape(C)}")
+    _check(nheads % ngroups == 0, f"ngroups={ngroups} must divide nheads={nheads}")
+    _check(D is None or _shape(D) == (nheads, headdim), f"D must be {(nheads, headdim)}, got {_shape(D)}")
+    _check(dt_bias is None or _shape(dt_bias) == (nheads, headdim),
+           f"dt_bias must be {(nheads, headdim)}, got {_shape(dt_bias)}")
+    _check(out is None or (_shape(out) == want_x and out.dtype == x.dtype and out.device == x.device),
+           f"out must be {want_x} {x.dtype} on {x.device}")
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                           rounding="nearest", seed=0, philox_rounds=DEFAULT_PHILOX_ROUNDS,
+                           rounding_impl="software", out=None):
+    """One decode step: updates `state` in place and returns out (batch, nheads, headdim) in x.dtype.
+
+    state (batch, nheads, headdim, dstate) in fp32/fp16/bf16 (computed in fp32,
+    stored rounded per `rounding`, "nearest" or "stochastic"); x, dt, z
+    (batch, nheads, headdim); A (nheads, headdim, dstate); B, C (batch,
+    ngroups, dstate); D, dt_bias (nheads, headdim). Any strides, including
+    stride-0 expanded views. Stochastic rounding draws its bits from
+    Philox(seed, element): pass a new seed every step. `out`, when given, is
+    written and returned.
+    """
+    _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out)
+    check_rounding(state.dtype, rounding, seed, philox_rounds, rounding_impl)
+    batch, nheads, headdim, dstate = state.shape
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if state.numel() == 0:
+        return out
+    config = launch_config(headdim)
+    # Placeholders for absent tensors: never read (the HAS_* flags are off).
+    dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
+    dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
+    d_strides = D.stride() if D is not None else (0, 0)
+    dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
+    grid = (triton.cdiv(headdim, config.block_p), batch, nheads)
+    _state_update_kernel[grid](
+        state, x, dt, dt_bias_, A, B, C, D_, z_, out,
+        seed, nheads, headdim, dstate, nheads // B.shape[1],
+        *state.stride(), *x.stride(), *dt.stride(), *dtb_strides, *A.stride(), *B.stride(), *C.stride(),
+        *d_strides, *z_.stride(), *out.stride(),
+        HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
+        DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
+        STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
+        STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
+        INTERPRET=runtime.environment().interpreter, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
+        num_warps=config.num_warps,
+    )
+    return out

@@ -1,0 +1,386 @@
+"""The Triton rounding conversions (ssmcheck/ops/rounding/stochastic.py), DESIGN §3.
+
+Two software SR paths are checked alike: the elementwise `stochastic_round`
+(through `round_to_storage`, as the chunk scan uses it) and the shared-Philox
+`stochastic_round_x4` (through the `stochastic_round_tensor` launcher, as the
+state update uses it). Many draws of one value are many elements holding it:
+each element has its own Philox counter. Philox is deterministic, so every
+statistical test here has a fixed outcome for its recorded seed.
+"""
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck import runtime
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.rounding.stochastic import (
+    _round_with_words,
+    round_to_storage,
+    stochastic_round_tensor,
+    triton_dtype,
+)
+
+LOW = (torch.float16, torch.bfloat16)
+PATHS = ("elementwise", "shared")
+Z_LIMIT = 4.5  # two-sided; a false alarm about once in 150 000 tests
+DEVICE = runtime.environment().device
+FP16_MAX = 65504.0
+BF16_MAX = (2 - 2**-7) * 2.0**127
+
+
+@triton.jit
+def _elementwise_kernel(x_ptr, out_ptr, n, seed, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr,
+                        N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
+    tl.store(out_ptr + offsets, round_to_storage(x, seed, offsets, DTYPE, STOCHASTIC, N_ROUNDS, INTERPRET),
+             mask=inside)
+
+
+@triton.jit
+def _words_kernel(x_ptr, w_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    # SR with caller-chosen random words, to check the comparison bit by bit.
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i)
+    y = _round_with_words(x, tl.load(w_ptr + 4 * i).to(tl.uint32, bitcast=True),
+                          tl.load(w_ptr + 4 * i + 1).to(tl.uint32, bitcast=True),
+                          tl.load(w_ptr + 4 * i + 2).to(tl.uint32, bitcast=True),
+                          tl.load(w_ptr + 4 * i + 3).to(tl.uint32, bitcast=True), DTYPE)
+    tl.store(out_ptr + i, y)
+
+
+@triton.jit
+def _harmonic_kernel(out_ptr, steps, seed, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr,
+                     INTERPRET: tl.constexpr, TRIALS: tl.constexpr):
+    # TRIALS independent running sums s = round(s + 1/k), s held in DTYPE.
+    trial = tl.arange(0, TRIALS)
+    s = tl.zeros((TRIALS,), DTYPE)
+    for k in range(1, steps + 1):
+        s = round_to_storage(s.to(tl.float32) + 1.0 / k, seed, k * TRIALS + trial, DTYPE, STOCHASTIC, 10, INTERPRET)
+    tl.store(out_ptr + trial, s)
+
+
+def _interpret() -> bool:
+    return runtime.environment().interpreter
+
+
+def _elementwise(x: torch.Tensor, dtype, seed: int = 0, stochastic: bool = True, philox_rounds: int = 10):
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    block = 1024
+    _elementwise_kernel[(triton.cdiv(x.numel(), block),)](
+        x, out, x.numel(), seed, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic, N_ROUNDS=philox_rounds,
+        INTERPRET=_interpret(), BLOCK=block)
+    return out
+
+
+def _sr(path: str, x: torch.Tensor, dtype, seed: int) -> torch.Tensor:
+    if path == "elementwise":
+        return _elementwise(x, dtype, seed)
+    return stochastic_round_tensor(x, dtype, seed)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, except that any NaN matches any NaN."""
+    nan = torch.isnan(a.float())
+    return bool(torch.equal(nan, torch.isnan(b.float())) and torch.equal(_bits(a)[~nan], _bits(b)[~nan]))
+
+
+def _neighbours(x: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dtype values toward zero and away from zero around finite fp32 x (equal when x is representable).
+
+    Beyond the largest finite value the outer neighbour is inf (the shared overflow convention).
+    """
+    mag = x.abs()
+    near = mag.to(dtype)  # torch rounds fp32 once, to nearest even
+    bits = near.view(torch.int16).to(torch.int32)
+    below = near.double() < mag.double()
+    above = near.double() > mag.double()
+    inner = torch.where(above, bits - 1, bits).to(torch.int16).view(dtype)
+    outer = torch.where(below, bits + 1, bits).to(torch.int16).view(dtype)
+    sign = torch.sign(x.double()).where(x != 0, torch.ones_like(x, dtype=torch.float64))
+    return sign * inner.double(), sign * outer.double()
+
+
+def _up_fraction(x: torch.Tensor, dtype) -> torch.Tensor:
+    """P(away from zero) under ideal SR, in float64 (inf stands for 2**(emax+1))."""
+    inner, outer = _neighbours(x, dtype)
+    limit = 2.0**16 if dtype == torch.float16 else 2.0**128
+    outer = torch.where(torch.isinf(outer), torch.copysign(torch.full_like(outer, limit), outer), outer)
+    gap = (outer - inner).abs()
+    return torch.where(gap > 0, (x.double() - inner).abs() / gap, torch.zeros_like(gap))
+
+
+def _z(successes: int, trials: int, p: float) -> float:
+    """z statistic of a binomial count against probability p (0 < p < 1)."""
+    return (successes - trials * p) / math.sqrt(trials * p * (1 - p))
+
+
+def _draws(path, values: list[float], dtype, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n SR draws of each value: (x (len, n) fp32, rounded (len, n))."""
+    x = torch.tensor(values, dtype=torch.float32, device=DEVICE)[:, None].expand(-1, n).contiguous()
+    return x, _sr(path, x, dtype, seed)
+
+
+def _random_fp32(seed: int, n: int) -> torch.Tensor:
+    """fp32 values spread over every binade of fp16 and bf16 (incl. subnormals, overflow), both signs."""
+    g = torch.Generator().manual_seed(seed)
+    exponent = torch.randint(-150, 130, (n,), generator=g).double()
+    x = torch.copysign(torch.rand(n, generator=g, dtype=torch.float64) + 1, torch.randn(n, generator=g))
+    return (x * torch.exp2(exponent)).float().to(DEVICE)
+
+
+# --- round to nearest ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_nearest_matches_reference_bitwise(dtype, seed):
+    x = _random_fp32(seed, 4096)
+    # Exact ties between neighbours (the even rule), and non-finite values.
+    near = x.abs().to(dtype)
+    following = (near.view(torch.int16) + 1).view(dtype)
+    tie = torch.copysign((near.double() + following.double()) / 2, x.double()).float()
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")], device=DEVICE)
+    x = torch.cat([x, tie[torch.isfinite(tie)], specials])
+    assert _same(_elementwise(x, dtype, stochastic=False), round_to(x, dtype, "nearest"))
+
+
+# --- stochastic rounding: fixed points, neighbours, exactness -------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", LOW)
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_representable_values_are_unchanged(path, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.randint(-(2**15), 2**15, (4096,), generator=g, dtype=torch.int32).to(torch.int16)
+    values = patterns.view(dtype)
+    values = values[~torch.isnan(values.float())].to(DEVICE)
+    assert _same(_sr(path, values.float(), dtype, seed), values)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", LOW)
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_only_the_two_neighbours_appear(path, dtype, seed):
+    x = _random_fp32(seed, 512).repeat(16)
+    y = _sr(path, x, dtype, seed).double()
+    inner, outer = _neighbours(x, dtype)
+    assert bool(((y == inner) | (y == outer)).all())
+    # Both neighbours do appear where the fraction allows (in aggregate).
+    p = _up_fraction(x, dtype)
+    assert bool((y == outer)[(p > 0.25) & (p < 0.75)].any()) and bool((y == inner)[(p > 0.25) & (p < 0.75)].any())
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", LOW)
+def test_sign_symmetry(path, dtype):
+    # SR rounds the magnitude: with the same bits, -x rounds to exactly -(SR(x)).
+    x = _random_fp32(7, 8192)
+    assert _same(_sr(path, -x, dtype, 11), -_sr(path, x, dtype, 11))
+
+
+def test_tiny_fp16_values_compare_all_128_bits():
+    # |x| = 2**-124 sits 2**-100 of the way from 0 to 2**-24: it rounds up iff
+    # the 128-bit draw is below 2**-100, i.e. below words (0, 0, 0, 2**28).
+    x = torch.full((4,), 2.0**-124, device=DEVICE)
+    words = torch.tensor([[0, 0, 0, 2**28 - 1], [0, 0, 0, 2**28], [0, 0, 1, 0], [1, 0, 0, 0]],
+                         dtype=torch.int64).to(torch.int32).to(DEVICE)
+    out = torch.empty(4, dtype=torch.float16, device=DEVICE)
+    _words_kernel[(1,)](x, words, out, DTYPE=tl.float16, BLOCK=4)
+    assert out.float().tolist() == [2.0**-24, 0.0, 0.0, 0.0]
+
+
+# --- stochastic rounding: unbiased means (z-tests) --------------------------------------------------
+
+
+def _unbiased_cases(dtype) -> list[float]:
+    if dtype == torch.float16:
+        return [
+            1 + 2**-23,  # one fp32 ulp: 1/8192 of an fp16 ulp
+            1 + 2**-11 + 2**-21,  # just over half an ulp
+            -3 * (1 + 2**-20),  # negative, 1/1024 of an ulp
+            0.3,  # an arbitrary fraction
+            2.5 * 2**-24,  # fp16 subnormal range: half way between 2 and 3 * 2**-24
+            (1 + 2**-10) * 2**-20,  # subnormal range, 20 dropped bits, 1/1024 of the grid
+            2**-30,  # below the smallest subnormal: rounds to 2**-24 with probability 2**-6
+            3 * 2**-35,  # below 2**-33: takes the extra-words branch; probability 3 * 2**-11
+            FP16_MAX + 8,  # overflow: inf (65536) with probability 1/4
+        ]
+    return [
+        1 + 2**-23,  # 1/65536 of a bf16 ulp
+        1 + 2**-8 + 2**-20,  # just over half an ulp
+        -5 * (1 + 2**-18),
+        0.3,
+        1.5 * 2**-133,  # bf16 subnormal (an fp32 subnormal): half way
+        BF16_MAX + 2.0**119,  # overflow: inf (2**128) with probability 1/4
+    ]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", LOW)
+def test_mean_is_unbiased(path, dtype):
+    values = _unbiased_cases(dtype)
+    n = 2**16 if _interpret() else 2**22
+    x, y = _draws(path, values, dtype, n, seed=2024)
+    p = _up_fraction(x[:, :1], dtype)[:, 0]
+    up = (y.double().abs() > x.double().abs()).sum(dim=1)
+    for i, value in enumerate(values):
+        expected = p[i].item()
+        if expected * n < 5:  # too rare to count in this sample: it must at least not be inflated
+            assert up[i].item() <= 5 + 10 * expected * n, value
+            continue
+        assert abs(_z(up[i].item(), n, expected)) < Z_LIMIT, (value, up[i].item() / n, expected)
+
+
+def _truncated_bits_sr(x: torch.Tensor, dtype, bits: int, generator) -> torch.Tensor:
+    """A biased SR for the power test: only `bits` random bits at the top of the dropped 13/16 bits."""
+    dropped = 13 if dtype == torch.float16 else 16
+    mag = x.abs().view(torch.int32)
+    r = torch.randint(0, 2**bits, x.shape, generator=generator, dtype=torch.int32) << (dropped - bits)
+    rounded = ((mag + r) >> dropped) << dropped
+    return torch.copysign(rounded.view(torch.float32), x).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_z_test_detects_three_bit_sr(dtype):
+    # The same z-test has power: SR with 3 random bits never rounds up a fraction below 1/8 ulp.
+    n = 2**16
+    x = torch.full((n,), 1 + 2**-23 * 2 ** (13 if dtype == torch.float16 else 16) / 32)  # 1/32 of an ulp
+    p = _up_fraction(x[:1], dtype).item()
+    assert p == pytest.approx(1 / 32)
+    biased = _truncated_bits_sr(x, dtype, 3, torch.Generator().manual_seed(5))
+    assert abs(_z(int((biased.double() > x.double()).sum()), n, p)) > Z_LIMIT
+    y = stochastic_round_tensor(x.to(DEVICE), dtype, 5).cpu()
+    assert abs(_z(int((y.double() > x.double()).sum()), n, p)) < Z_LIMIT
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_same_distribution_as_reference_sr(dtype):
+    # Two-proportion z-test against the torch reference, per value, and the same neighbours.
+    values = _random_fp32(99, 8)
+    values = values[torch.isfinite(values.to(dtype).float())].tolist()
+    n = 2**14
+    x, y = _draws("shared", values, dtype, n, seed=31)
+    ref = round_to(x, dtype, "stochastic", generator=torch.Generator(device=DEVICE).manual_seed(31))
+    inner, outer = _neighbours(x, dtype)
+    for got in (y.double(), ref.double()):
+        assert bool(((got == inner) | (got == outer)).all())
+    ours = (y.double() == outer).double().mean(dim=1)
+    theirs = (ref.double() == outer).double().mean(dim=1)
+    pooled = (ours + theirs) / 2
+    spread = torch.sqrt(pooled * (1 - pooled) * 2 / n)
+    z = torch.where(spread > 0, (ours - theirs) / spread, torch.zeros_like(spread))
+    assert float(z.abs().max()) < Z_LIMIT, (values, ours.tolist(), theirs.tolist())
+
+
+# --- edges ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", LOW)
+def test_nan_inf_zero_and_overflow(path, dtype):
+    big = 1e6 if dtype == torch.float16 else 3.4e38
+    x = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, big, -big],
+                     device=DEVICE).repeat(64)
+    y = _sr(path, x, dtype, 3).float().view(-1, 8)
+    assert bool(torch.isnan(y[:, :2]).all())
+    assert bool((y[:, 2] == float("inf")).all()) and bool((y[:, 3] == -float("inf")).all())
+    assert bool((y[:, 4:6] == 0).all())
+    assert bool(torch.signbit(y[:, 5]).all()) and not bool(torch.signbit(y[:, 4]).any())  # zeros keep their sign
+    if dtype == torch.float16:  # far beyond 65536: always inf
+        assert bool((y[:, 6] == float("inf")).all()) and bool((y[:, 7] == -float("inf")).all())
+    else:  # 3.4e38 lies between bf16's largest finite value and 2**128 (inf)
+        assert bool(((y[:, 6:].abs() == BF16_MAX) | torch.isinf(y[:, 6:])).all())
+
+
+# --- the harmonic series --------------------------------------------------------------------------
+
+
+def _harmonic(dtype, steps: int, stochastic: bool, trials: int, DEVICE) -> torch.Tensor:
+    out = torch.empty(trials, dtype=dtype, device=DEVICE)
+    _harmonic_kernel[(1,)](out, steps, 17, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic,
+                           INTERPRET=_interpret(), TRIALS=trials)
+    return out.double()
+
+
+@pytest.mark.parametrize(("dtype", "stagnation", "steps"),
+                         [(torch.float16, 7.0859375, 768), (torch.bfloat16, 5.0625, 256)])
+def test_harmonic_series(dtype, stagnation, steps):
+    exact = math.fsum(1.0 / k for k in range(1, steps + 1))
+    nearest = _harmonic(dtype, steps, False, 16, DEVICE)
+    assert bool((nearest == stagnation).all())  # round to nearest stops growing
+    trials = 64
+    sr = _harmonic(dtype, steps, True, trials, DEVICE)
+    standard_error = sr.std().item() / math.sqrt(trials)
+    assert abs(sr.mean().item() - exact) < Z_LIMIT * standard_error, (sr.mean().item(), exact, standard_error)
+    assert sr.mean().item() > stagnation + 0.1
+
+
+# --- options and refusals -------------------------------------------------------------------------
+
+
+def test_seed_and_rounds_select_the_bits():
+    x = _random_fp32(1, 4096)
+    a = stochastic_round_tensor(x, torch.float16, 1)
+    assert _same(a, stochastic_round_tensor(x, torch.float16, 1))
+    assert not _same(a, stochastic_round_tensor(x, torch.float16, 2))
+    assert not _same(a, stochastic_round_tensor(x, torch.float16, 1, philox_rounds=7))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dtype": torch.float32}, "float32"),
+    ({"philox_rounds": 0}, "philox_rounds"),
+    ({"seed": -1}, "seed"),
+    ({"rounding_impl": "magic"}, "rounding_impl"),
+])
+def test_invalid_options_are_refused(kwargs, message):
+    args = {"dtype": torch.float16, "seed": 0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        stochastic_round_tensor(torch.ones(4, device=DEVICE), **args)
+
+
+def test_hardware_sr_is_refused_below_sm100():
+    if not _interpret() and torch.cuda.get_device_capability() >= (10, 0):
+        pytest.skip("this GPU has cvt.rs")
+    with pytest.raises(ValueError, match="sm_100"):
+        stochastic_round_tensor(torch.ones(4, device=DEVICE), torch.float16, 0, rounding_impl="hardware")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", LOW)
+def test_hardware_sr_is_unbiased_on_sm100(dtype):
+    if torch.cuda.get_device_capability() < (10, 0):
+        pytest.skip("needs sm_100+ (cvt.rs)")
+    values = _unbiased_cases(dtype)[:4]
+    n = 2**20
+    x = torch.tensor(values, device=DEVICE)[:, None].expand(-1, n).contiguous()
+    y = stochastic_round_tensor(x, dtype, 8, rounding_impl="hardware")
+    p = _up_fraction(x[:, :1], dtype)[:, 0]
+    up = (y.double().abs() > x.double().abs()).sum(dim=1)
+    for i in range(len(values)):
+        assert abs(_z(up[i].item(), n, p[i].item())) < Z_LIMIT
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", LOW)
+def test_large_tensor_neighbours_and_sign_symmetry(dtype):
+    x = _random_fp32(3, 2**24)
+    y = stochastic_round_tensor(x, dtype, 77)
+    inner, outer = _neighbours(x, dtype)
+    assert bool(((y.double() == inner) | (y.double() == outer)).all())
+    assert _same(stochastic_round_tensor(-x, dtype, 77), -y)

@@ -1,0 +1,288 @@
+"""The built-in Triton state update (ssmcheck/ops/state_update/fused_recurrent.py)
+against the float64 decode step (ssmcheck/ops/state_update/naive.py).
+
+Error bounds are derived, not tuned: the stored state may differ from the
+float64 state by the storage rounding (half a spacing to nearest, under one
+spacing stochastically) plus the fp32 arithmetic: dt carries about four
+roundings (dt_bias, softplus's exp and log1p), which the decay amplifies by
+|dt * A|; the exp of the decay is within EXP_ERR (2**-21, generous for
+libdevice's expf); each product and sum adds one 2**-24 of its magnitude.
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck import runtime
+from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
+from ssmcheck.ops.state_update.naive import state_update_step
+
+DEVICE = runtime.environment().device
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+EPS32 = 2.0**-24
+EXP_ERR = 2.0**-21
+DT_ROUNDINGS = 4  # dt + dt_bias, and softplus's exp, log1p and add
+Z_LIMIT = 4.5
+
+
+def _spacing(v: torch.Tensor, dtype) -> torch.Tensor:
+    """Distance between neighbouring `dtype` values around |v| (float64), subnormals included."""
+    emin = int(math.log2(torch.finfo(dtype).tiny))
+    _, e = torch.frexp(v.abs())
+    return torch.ldexp(torch.ones_like(v), torch.clamp(e - 1, min=emin) - MANTISSA[dtype])
+
+
+class Inputs:
+    """One decode step's inputs, drawn from a recorded seed (never zeros)."""
+
+    def __init__(self, seed, batch, nheads, ngroups, headdim, dstate, *, state_dtype, input_dtype=torch.float32,
+                 param_dtype=torch.float32, has_D=True, has_z=True, has_bias=True, softplus=True, tie_a=False,
+                 tie_dt=False, strided=False, device=DEVICE):
+        g = torch.Generator().manual_seed(seed)
+
+        def draw(*shape, dtype=input_dtype, scale=1.0):
+            return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+        state = draw(batch, nheads, headdim, dstate, dtype=state_dtype)
+        if strided:  # a view into a wider cache, channels strided
+            wide = torch.full((batch, nheads, headdim, dstate + 3), float("nan"), dtype=state_dtype, device=device)
+            wide[..., :dstate] = state
+            state = wide[..., :dstate]
+        self.state = state
+        self.x = draw(batch, nheads, headdim)
+        if strided:
+            self.x = draw(headdim, nheads, batch).permute(2, 1, 0)
+        self.z = draw(batch, nheads, headdim) if has_z else None
+        self.B = draw(batch, ngroups, dstate)
+        self.C = draw(batch, ngroups, dstate)
+        log_a = torch.rand(nheads, generator=g) * math.log(16)  # A = -exp(U(log 1, log 16))
+        # Raw dt: around softplus's knee when dt_softplus (dt_bias shifts it to ~0.02), else positive and small.
+        if softplus:
+            dt_raw, bias = (lambda *shape: draw(*shape)), (lambda *shape: draw(*shape, dtype=param_dtype) - 4)
+        else:
+            dt_raw = lambda *shape: (0.001 + 0.05 * torch.rand(*shape, generator=g)).to(input_dtype).to(device)
+            bias = lambda *shape: (0.01 * torch.rand(*shape, generator=g)).to(param_dtype).to(device)
+        # Mamba2 ties A, D, dt and dt_bias per head: stride-0 expanded views.
+        if tie_a:
+            self.A = (-torch.exp(log_a)).to(param_dtype).to(device)[:, None, None].expand(nheads, headdim, dstate)
+            self.D = draw(nheads, dtype=param_dtype)[:, None].expand(nheads, headdim)
+        else:
+            self.A = (-torch.exp(log_a[:, None, None] + 0.1 * torch.rand(nheads, headdim, dstate, generator=g))
+                      ).to(param_dtype).to(device)
+            self.D = draw(nheads, headdim, dtype=param_dtype)
+        if tie_dt:
+            self.dt = dt_raw(batch, nheads)[..., None].expand(batch, nheads, headdim)
+            self.dt_bias = bias(nheads)[:, None].expand(nheads, headdim)
+        else:
+            self.dt = dt_raw(batch, nheads, headdim)
+            self.dt_bias = bias(nheads, headdim)
+        if not has_bias:
+            self.dt_bias = None
+        if not has_D:
+            self.D = None
+        self.softplus = softplus
+
+    def args(self, state):
+        return (state, self.x, self.dt, self.A, self.B, self.C, self.D, self.z, self.dt_bias, self.softplus)
+
+    def reference(self):
+        """(new state, out, |decayed state|, |update|, scale of the out terms), float64."""
+        d = {k: (v.double() if v is not None else None) for k, v in vars(self).items() if k != "softplus"}
+        new, out = state_update_step(d["state"], d["x"], d["dt"], d["A"], d["B"], d["C"], D=d["D"], z=d["z"],
+                                     dt_bias=d["dt_bias"], dt_softplus=self.softplus)
+        # The same step on magnitudes bounds the fp32 arithmetic's error.
+        update = (self._dt() * d["x"])[..., None] * self._heads(d["B"])[:, :, None, :]
+        decayed = new - update
+        terms = ((decayed.abs() + update.abs()) * self._heads(d["C"]).abs()[:, :, None, :]).sum(-1)
+        if self.D is not None:
+            terms = terms + (d["D"] * d["x"]).abs()
+        if self.z is not None:
+            terms = terms * (d["z"] * torch.sigmoid(d["z"])).abs()
+        return new, out, decayed.abs(), update.abs(), terms
+
+    def _dt(self):
+        dt = self.dt.double() + (self.dt_bias.double() if self.dt_bias is not None else 0)
+        return torch.nn.functional.softplus(dt) if self.softplus else dt
+
+    def _heads(self, t):
+        return t.repeat_interleave(self.state.shape[1] // t.shape[1], dim=1)
+
+
+def _check_step(inp: Inputs, rounding="nearest", seed=0):
+    state = inp.state.clone()
+    out = torch.full(inp.x.shape, float("nan"), dtype=inp.x.dtype, device=inp.x.device)
+    returned = selective_state_update(*inp.args(state), rounding=rounding, seed=seed, out=out)
+    assert returned is out
+    new, ref_out, decayed, update, out_scale = inp.reference()
+    dtA = (inp._dt()[..., None] * inp.A.double()).abs()
+    # The decay's exponent also rounds in dt * A; the update in two products and the sum.
+    arithmetic = (EXP_ERR + EPS32 * (2 + (DT_ROUNDINGS + 1) * dtA)) * decayed + EPS32 * (DT_ROUNDINGS + 3) * update
+    got = state.double()
+    rounding_room = 0.5 if rounding == "nearest" else 1.0
+    allowed = rounding_room * _spacing(torch.maximum(new.abs(), got.abs()), state.dtype) + arithmetic
+    assert bool(torch.isfinite(got).all())
+    excess = (got - new).abs() - allowed
+    assert float(excess.max()) <= 0, f"state off by {float(excess.max()):.3g} beyond the bound"
+    # Every state element was rewritten (a skipped store keeps the old value).
+    assert float((got != inp.state.double()).double().mean()) > 0.5
+    dstate = state.shape[-1]
+    out_allowed = 0.5 * _spacing(ref_out, out.dtype) + ((dstate + 8) * EPS32 + 4 * EXP_ERR) * out_scale
+    assert bool(torch.isfinite(out).all()), "out has unwritten (NaN) entries"
+    out_excess = (out.double() - ref_out).abs() - out_allowed
+    assert float(out_excess.max()) <= 0, f"out off by {float(out_excess.max()):.3g} beyond the bound"
+
+
+@st.composite
+def _cases(draw):
+    ngroups = draw(st.sampled_from([1, 2]))
+    state_dtype = draw(st.sampled_from(DTYPES))
+    return dict(
+        seed=draw(st.integers(0, 2**31 - 1)),
+        batch=draw(st.integers(1, 3)),
+        ngroups=ngroups,
+        nheads=ngroups * draw(st.integers(1, 3)),
+        headdim=draw(st.sampled_from([1, 3, 8, 16])),
+        dstate=draw(st.sampled_from([4, 16, 20, 32])),
+        state_dtype=state_dtype,
+        input_dtype=draw(st.sampled_from(DTYPES)),
+        param_dtype=draw(st.sampled_from(DTYPES)),
+        has_D=draw(st.booleans()),
+        has_z=draw(st.booleans()),
+        has_bias=draw(st.booleans()),
+        softplus=draw(st.booleans()),
+        tie_a=draw(st.booleans()),
+        tie_dt=draw(st.booleans()),
+        strided=draw(st.booleans()),
+        rounding="nearest" if state_dtype == torch.float32 else draw(st.sampled_from(["nearest", "stochastic"])),
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=_cases())
+def test_matches_float64_step(case):
+    rounding = case.pop("rounding")
+    seed = case["seed"]
+    _check_step(Inputs(**case), rounding=rounding, seed=seed)
+
+
+@pytest.mark.parametrize("state_dtype", DTYPES)
+@pytest.mark.parametrize(("tie_a", "tie_dt"), [(False, False), (True, False), (False, True), (True, True)])
+def test_every_dtype_and_tying(state_dtype, tie_a, tie_dt):
+    for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
+        _check_step(Inputs(5, 2, 4, 2, 8, 16, state_dtype=state_dtype, input_dtype=state_dtype, tie_a=tie_a,
+                           tie_dt=tie_dt), rounding=rounding, seed=9)
+
+
+# --- refusals ---------------------------------------------------------------------------------------
+
+
+def _small(state_dtype=torch.float16):
+    return Inputs(1, 1, 2, 1, 4, 16, state_dtype=state_dtype)
+
+
+@pytest.mark.parametrize(("state_dtype", "kwargs", "message"), [
+    (torch.float32, {"rounding": "stochastic"}, "float32 state"),
+    (torch.float16, {"rounding": "upward"}, "unknown rounding"),
+    (torch.float16, {"rounding": "stochastic", "rounding_impl": "magic"}, "rounding_impl"),
+    (torch.float16, {"rounding": "stochastic", "philox_rounds": 0}, "philox_rounds"),
+])
+def test_invalid_combinations_are_refused(state_dtype, kwargs, message):
+    inp = _small(state_dtype)
+    state = inp.state.clone()
+    with pytest.raises(ValueError, match=message):
+        selective_state_update(*inp.args(state), **kwargs)
+    assert torch.equal(state, inp.state)  # refused before anything ran
+
+
+def test_hardware_sr_is_refused_below_sm100():
+    if not runtime.environment().interpreter and torch.cuda.get_device_capability() >= (10, 0):
+        pytest.skip("this GPU has cvt.rs")
+    inp = _small()
+    with pytest.raises(ValueError, match="sm_100"):
+        selective_state_update(*inp.args(inp.state.clone()), rounding="stochastic", rounding_impl="hardware")
+
+
+@pytest.mark.parametrize("bad", ["x", "A", "B", "D"])
+def test_mismatched_shapes_are_refused(bad):
+    inp = _small()
+    setattr(inp, bad, getattr(inp, bad)[..., :1])
+    with pytest.raises(ValueError, match=f"^{bad} "):
+        selective_state_update(*inp.args(inp.state.clone()))
+
+
+# --- stochastic rounding --------------------------------------------------------------------------
+
+
+def test_fixed_seed_is_deterministic_and_seeds_differ():
+    inp = Inputs(3, 2, 2, 1, 8, 32, state_dtype=torch.bfloat16)
+    runs = {}
+    for seed in (1, 1, 2):
+        state = inp.state.clone()
+        selective_state_update(*inp.args(state), rounding="stochastic", seed=seed)
+        runs.setdefault(seed, []).append(state)
+    assert torch.equal(runs[1][0], runs[1][1])
+    assert not torch.equal(runs[1][0], runs[2][0])
+
+
+def _stagnating_decode(state_dtype, rounding, steps, shape):
+    """Signed state errors, in spacings, after `steps` decode steps whose updates are below half a spacing.
+
+    Every element has its own Philox counters, so under SR the elements' errors
+    are independent draws. Returns (errors, how far the float64 state moved).
+    """
+    batch, nheads, headdim, dstate = shape
+    g = torch.Generator().manual_seed(23)
+    spacing = _spacing(torch.tensor(1.5, dtype=torch.float64), state_dtype).item()
+    init = (1 + torch.rand(*shape, generator=g)).to(state_dtype).to(DEVICE)
+    # dt * x * B between 0.04 and 0.45 spacings a step: round to nearest loses every one.
+    x = (0.15 * spacing / 0.02 * (0.5 + torch.rand(batch, nheads, headdim, generator=g))).to(DEVICE)
+    B = (0.5 + 1.5 * torch.rand(batch, 1, dstate, generator=g)).to(DEVICE)
+    C = torch.randn(batch, 1, dstate, generator=g).to(DEVICE)
+    dt = torch.full((batch, nheads, headdim), 0.02, device=DEVICE)
+    A = torch.full((nheads, headdim, dstate), -1e-4, device=DEVICE)  # slow decay
+    state = init.clone()
+    ref = init.double()
+    for step in range(steps):
+        selective_state_update(state, x, dt, A, B, C, rounding=rounding, seed=1000 + step)
+        ref, _ = state_update_step(ref, x.double(), dt.double(), A.double(), B.double(), C.double())
+    return ((state.double() - ref) / spacing).flatten(), ((ref - init.double()) / spacing).mean().item()
+
+
+def _bias_z(errors: torch.Tensor) -> float:
+    return errors.mean().item() / (errors.std().item() / math.sqrt(errors.numel()))
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_stochastic_decode_is_unbiased_where_nearest_stagnates(state_dtype):
+    steps, shape = 40, (1, 1, 16, 128)  # one program per step: the interpreter is slow
+    sr, drift = _stagnating_decode(state_dtype, "stochastic", steps, shape)
+    assert drift > 5  # the exact state moved by several spacings ...
+    assert abs(_bias_z(sr)) < Z_LIMIT  # ... and SR follows it without bias,
+    rn, _ = _stagnating_decode(state_dtype, "nearest", steps, shape)
+    assert rn.mean().item() < -0.8 * drift  # while round to nearest lost (nearly) all of it.
+
+
+# --- realistic sizes on the GPU -------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", DTYPES)
+@pytest.mark.parametrize("tied", [False, True])
+def test_mamba2_width_step(state_dtype, tied):
+    # Mamba2-2.7B widths: 80 heads x 64 channels, dstate 128, one group.
+    inp = Inputs(11, 48, 80, 1, 64, 128, state_dtype=state_dtype, input_dtype=torch.bfloat16, tie_a=tied,
+                 tie_dt=tied)
+    for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
+        _check_step(inp, rounding=rounding, seed=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_stochastic_decode_is_unbiased_long(state_dtype):
+    sr, drift = _stagnating_decode(state_dtype, "stochastic", 400, (2, 4, 64, 128))
+    assert drift > 50
+    assert abs(_bias_z(sr)) < Z_LIMIT
