@@ -13,10 +13,8 @@ command, to benchmarks/RESULTS.md (or --results PATH).
 from __future__ import annotations
 
 import argparse
-import datetime
-import subprocess
-import sys
-from pathlib import Path
+
+from record import append_section, commit, markdown_table
 
 from ssmcheck import runtime
 
@@ -77,21 +75,13 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
     }
 
 
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "uncommitted"
-    return f"{head} + uncommitted changes" if dirty else head
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="4096,16384,65536", help="comma-separated sequence lengths")
     parser.add_argument("--state-dtype", default="fp32", choices=STATE_DTYPES)
     parser.add_argument("--stages", action="store_true", help="also time each pipeline stage alone")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
+    parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
     opts = parser.parse_args()
 
     env = runtime.configure("cuda")
@@ -126,28 +116,14 @@ def main() -> None:
             stage_rows.append([f"{seqlen // 1024}k", *(f"{t:.3f}" for t in times.values())])
             stage_header = ["L", *(f"{name} (ms)" for name in times)]
 
-    def table(head, body):
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-
-    text = table(header, rows)
+    text = markdown_table(header, rows)
     if stage_rows:
-        text += "\n\nStages alone:\n\n" + table(stage_header, stage_rows)
+        text += "\n\nStages alone:\n\n" + markdown_table(stage_header, stage_rows)
     print(text)
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
-    block = (
-        f"\n## chunk scan — {datetime.date.today().isoformat()}\n\n"
-        f"- device: {env.gpu}; torch {env.torch}; triton {env.triton}\n"
-        f"- commit: {commit()}\n"
-        f"- command: `PYTHONPATH=. python {' '.join(sys.argv)}`\n"
-        f"- shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; state_dtype {opts.state_dtype}; "
-        f"median of triton.testing.do_bench\n\n{text}\n"
-    )
-    path = Path(opts.results)
-    if not path.exists():
-        path.write_text("# Benchmark results\n")
-    with path.open("a") as f:
-        f.write(block)
+    details = [f"shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; state_dtype {opts.state_dtype}; "
+               "median of triton.testing.do_bench"]
+    append_section(opts.results, "chunk scan", env, commit(opts.commit), details, text)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,9 @@ date, device, versions, commit and this command, to benchmarks/RESULTS.md
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
-import subprocess
-import sys
-from pathlib import Path
+
+from record import append_section, commit, markdown_table
 
 from ssmcheck import runtime
 
@@ -77,20 +75,6 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / ms / 1e6
 
 
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git here)"
-    return f"{head} + uncommitted changes" if dirty else head
-
-
-def table(head: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,64,256", help="comma-separated batch sizes")
@@ -140,7 +124,7 @@ def main() -> None:
             rows.append([str(batch), state_name, rounding, f"{ms:.4f}", f"{nbytes / ms / 1e6:.0f}",
                          f"{floor:.4f}", f"{floor / ms:.0%}", sr_cost, f"{mamba:.2f}" if mamba else "-"])
             print(" | ".join(rows[-1]), flush=True)
-    text = table(["batch", "state", "rounding", "ms", "GB/s", "floor ms", "of floor", "SR / nearest",
+    text = markdown_table(["batch", "state", "rounding", "ms", "GB/s", "floor ms", "of floor", "SR / nearest",
                   "mamba 2.3.2 ms"], rows)
 
     if opts.sweep:
@@ -155,25 +139,16 @@ def main() -> None:
                 print(" | ".join(sweep_rows[-1]), flush=True)
         fused_recurrent.launch_config = default
         text += f"\n\nLaunch configurations at batch {batch}:\n\n"
-        text += table(["state", "rounding", "block_p", "num_warps", "ms"], sweep_rows)
+        text += markdown_table(["state", "rounding", "block_p", "num_warps", "ms"], sweep_rows)
 
     print(text)
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
-    block = (
-        f"\n## state update — {datetime.date.today().isoformat()}\n\n"
-        f"- device: {env.gpu}; torch {env.torch}; triton {env.triton}\n"
-        f"- commit: {opts.commit or commit()}\n"
-        f"- command: `PYTHONPATH=. python {' '.join(sys.argv)}`\n"
-        f"- one decode step: bf16 activations, {shape}, dt_softplus, dt_bias, D{', z' if opts.z else ''} "
+    details = [
+        f"one decode step: bf16 activations, {shape}, dt_softplus, dt_bias, D{', z' if opts.z else ''} "
         f"(A, dt, dt_bias, D tied per head); median of triton.testing.do_bench_cudagraph; floor = fewest bytes / "
-        f"measured copy bandwidth {peak:.0f} GB/s (read + written); stochastic = software SR, Philox 10 rounds\n\n"
-        f"{text}\n"
-    )
-    path = Path(opts.results)
-    if not path.exists():
-        path.write_text("# Benchmark results\n")
-    with path.open("a") as f:
-        f.write(block)
+        f"measured copy bandwidth {peak:.0f} GB/s (read + written); stochastic = software SR, Philox 10 rounds"
+    ]
+    append_section(opts.results, "state update", env, commit(opts.commit), details, text)
 
 
 if __name__ == "__main__":
