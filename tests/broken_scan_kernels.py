@@ -4,7 +4,6 @@ Each wraps the same-precision baseline (a correct kernel) and breaks it the way
 real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:NAME`.
 """
 
-import torch
 
 from ssmcheck.ops.chunk_scan.naive import scan_baseline, scan_recurrent
 
