@@ -1,0 +1,265 @@
+"""Input regimes of the decode drift check (DESIGN §4): each turns a case into a stream of decode steps.
+
+A regime fixes the per-head parameters (A, D, dt_bias), the initial state and
+the distribution of every step's x, dt, B and C. Inputs are float32 (so the
+only rounding under test is the state's storage), drawn on the CPU from
+generators seeded with the case's seed (a case is the same on every device)
+and moved to the device. `DecodeProblem.steps()` replays the identical stream
+each time it is called, so every trial of a case sees the same inputs.
+
+Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
+(nheads, headdim, dstate), D and dt_bias (nheads,) expanded over headdim, dt
+(batch, nheads) expanded over headdim, all stride-0 views.
+
+Some regimes are scaled to the storage dtype: stagnation to its ulp,
+overflow to its largest finite value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+DRIFT_REGIMES: dict[str, str] = {
+    "normal": "trained-model ranges: A = -exp(U(log 1, log 16)), dt after softplus in [1e-3, 0.1], "
+    "x/B/C unit scale",
+    "stagnation": "tiny updates (about 0.1 ulp of the state dtype per step) against a large, slowly "
+    "decaying positive state: round-to-nearest loses them all, stochastic rounding keeps them on average",
+    "overflow": "a state growing toward the storage format's largest value (its largest element ends near "
+    "0.4 of it, never above half)",
+    "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
+}
+
+LONG_STEPS_FACTOR = 4
+
+# fraction bits of each storage dtype: the ulp of 1.0 is 2**-bits
+_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    batch: int
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The per-token arguments of one selective_state_update call."""
+
+    x: torch.Tensor  # (batch, nheads, headdim) float32
+    dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim
+    B: torch.Tensor  # (batch, ngroups, dstate) float32
+    C: torch.Tensor  # (batch, ngroups, dstate) float32
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """A decode run: fixed parameters, the initial state and a replayable stream of steps."""
+
+    regime: str
+    nsteps: int
+    initial_state: torch.Tensor  # (batch, nheads, headdim, dstate) in the storage dtype
+    A: torch.Tensor  # (nheads, headdim, dstate) float32, stride-0 view of (nheads,)
+    D: torch.Tensor  # (nheads, headdim) float32, stride-0 view
+    dt_bias: torch.Tensor  # (nheads, headdim) float32, stride-0 view
+    dt_softplus: bool
+    draw_step: Callable[[torch.Generator], StepInputs]  # draws one step on the CPU
+    stream_seed: int
+    device: str
+
+    def steps(self) -> Iterator[StepInputs]:
+        """The run's step inputs, on the device; the same stream on every call."""
+        generator = torch.Generator().manual_seed(self.stream_seed)
+        for _ in range(self.nsteps):
+            step = self.draw_step(generator)
+            yield StepInputs(*(t.to(self.device) for t in (step.x, step.dt, step.B, step.C)))
+
+
+def regime_steps(regime: str, steps: int) -> int:
+    """How many decode steps a case of `regime` runs for `--steps steps`."""
+    return steps * LONG_STEPS_FACTOR if regime == "long" else steps
+
+
+def make_problem(
+    regime: str, shape: DecodeShape, state_dtype: torch.dtype, nsteps: int, seed: int, device: str
+) -> DecodeProblem:
+    """A decode run of `nsteps` steps of `regime` from inputs seeded by `seed`."""
+    if regime not in _BUILDERS:
+        raise ValueError(f"unknown drift regime {regime!r}: choose from {', '.join(DRIFT_REGIMES)}")
+    generator = torch.Generator().manual_seed(seed)
+    params = _BUILDERS[regime](shape, state_dtype, nsteps, generator)
+    s = shape
+    return DecodeProblem(
+        regime=regime,
+        nsteps=nsteps,
+        initial_state=_representable(params.initial_state, state_dtype).to(device),
+        A=params.A_head.to(device)[:, None, None].expand(s.nheads, s.headdim, s.dstate),
+        D=params.D_head.to(device)[:, None].expand(s.nheads, s.headdim),
+        dt_bias=params.dt_bias_head.to(device)[:, None].expand(s.nheads, s.headdim),
+        dt_softplus=True,
+        draw_step=params.draw_step,
+        stream_seed=seed + 1,
+        device=device,
+    )
+
+
+@dataclass(frozen=True)
+class _RegimeParams:
+    initial_state: torch.Tensor  # float64, rounded to the storage dtype by make_problem
+    A_head: torch.Tensor  # (nheads,) float32
+    D_head: torch.Tensor  # (nheads,) float32
+    dt_bias_head: torch.Tensor  # (nheads,) float32
+    draw_step: Callable[[torch.Generator], StepInputs]
+
+
+def _uniform(generator, shape, lo, hi) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
+def _log_uniform(generator, shape, lo, hi) -> torch.Tensor:
+    """Log-uniform in [lo, hi]; lo and hi may be tensors broadcasting against `shape`."""
+    log_lo, log_hi = (torch.log(torch.as_tensor(v, dtype=torch.float64)) for v in (lo, hi))
+    return torch.exp(_uniform(generator, shape, log_lo, log_hi))
+
+
+def _inverse_softplus(v: torch.Tensor) -> torch.Tensor:
+    """The raw value whose softplus is v (v > 0), stably: v + log(1 - exp(-v))."""
+    return v + torch.log(-torch.expm1(-v))
+
+
+def _representable(state: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # The initial state only has to be a value of the storage dtype, shared by the
+    # kernel and the references; which neighbour the conversion picks does not matter.
+    return state.to(torch.float32).to(dtype)
+
+
+def _dt_stream(shape: DecodeShape, dt_bias_head: torch.Tensor, sample_dt) -> Callable:
+    """A step's raw dt (batch, nheads) expanded over headdim, such that softplus(dt + dt_bias) is
+    `sample_dt(generator)` (the regime's distribution of the processed dt)."""
+
+    def draw(generator):
+        target = sample_dt(generator)  # (batch, nheads) float64
+        raw = (_inverse_softplus(target) - dt_bias_head.double()).float()
+        return raw[:, :, None].expand(shape.batch, shape.nheads, shape.headdim)
+
+    return draw
+
+
+def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: float | None = None):
+    """Unit-scale x/B/C. decay_steps=None: DESIGN's trained-model ranges; else each head's
+    per-step decay rate lies in [0.5, 4] / decay_steps (the `long` regime)."""
+    s = shape
+    A_head = -torch.exp(_uniform(generator, (s.nheads,), 0.0, math.log(16.0)))
+    if decay_steps is None:
+        dt_lo = torch.full((s.nheads,), 1e-3, dtype=torch.float64)
+        dt_hi = torch.full((s.nheads,), 0.1, dtype=torch.float64)
+    else:
+        rate = _log_uniform(generator, (s.nheads,), 0.5 / decay_steps, 4.0 / decay_steps)
+        centre = rate / A_head.abs()
+        dt_lo, dt_hi = 0.5 * centre, 1.5 * centre
+    dt_bias_head = _inverse_softplus(torch.sqrt(dt_lo * dt_hi)).float()
+    D_head = _uniform(generator, (s.nheads,), 0.5, 1.5).float()
+    initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
+    dt_draw = _dt_stream(s, dt_bias_head, lambda g: _log_uniform(g, (s.batch, s.nheads), dt_lo, dt_hi))
+
+    def draw_step(g):
+        return StepInputs(
+            x=torch.randn((s.batch, s.nheads, s.headdim), generator=g),
+            dt=dt_draw(g),
+            B=torch.randn((s.batch, s.ngroups, s.dstate), generator=g),
+            C=torch.randn((s.batch, s.ngroups, s.dstate), generator=g),
+        )
+
+    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, draw_step)
+
+
+def _long(shape, state_dtype, nsteps, generator):
+    return _normal(shape, state_dtype, nsteps, generator, decay_steps=nsteps)
+
+
+# Stagnation, in units of eps = the ulp of 1.0 in the storage dtype. The state
+# starts in [1, 1.125) and would grow toward the equilibrium 2.5 (update / decay
+# rate): each step adds at most ~0.34 eps net, less than the half ulp (0.5 eps)
+# round-to-nearest needs to move it, so RN never moves, while the truth gains
+# about 0.11 eps a step. With fp16 over 8k steps the truth reaches ~1.7: RN has
+# lost ~35-40% of the state, SR stays within ~1.5% (DESIGN §4).
+_STAGNATION_NET_GROWTH = 0.11  # eps per step at state 1
+_STAGNATION_EQUILIBRIUM = 2.5
+_STAGNATION_DT = 0.01
+
+
+def _stagnation(shape, state_dtype, nsteps, generator):
+    s = shape
+    eps = 2.0 ** -_MANTISSA_BITS[state_dtype]
+    rate = _STAGNATION_NET_GROWTH * eps / (_STAGNATION_EQUILIBRIUM - 1.0)  # decay per step
+    update = _STAGNATION_EQUILIBRIUM * rate  # mean dt * x * B
+    A_head = -(rate / _STAGNATION_DT) * _uniform(generator, (s.nheads,), 0.8, 1.2)
+    dt_bias_head = _inverse_softplus(torch.full((s.nheads,), _STAGNATION_DT, dtype=torch.float64)).float()
+    scale = math.sqrt(update / _STAGNATION_DT)  # of x and of B
+    initial = 1.0 + _uniform(generator, (s.batch, s.nheads, s.headdim, s.dstate), 0.0, 0.125)
+    dt_draw = _dt_stream(
+        s, dt_bias_head, lambda g: _uniform(g, (s.batch, s.nheads), 0.8 * _STAGNATION_DT, 1.2 * _STAGNATION_DT)
+    )
+
+    def draw_step(g):
+        return StepInputs(
+            x=(scale * _uniform(g, (s.batch, s.nheads, s.headdim), 0.75, 1.25)).float(),
+            dt=dt_draw(g),
+            B=(scale * _uniform(g, (s.batch, s.ngroups, s.dstate), 0.75, 1.25)).float(),
+            C=torch.randn((s.batch, s.ngroups, s.dstate), generator=g),
+        )
+
+    return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_step)
+
+
+# Overflow: constant-sign updates with per-step decay rate ~3 / nsteps from a zero
+# state. Every element's truth stays below half the largest finite value (the
+# bound below); x and B keep fixed per-channel / per-state-index magnitudes in
+# [0.5, 1] (channel 0 and state index 0 at 1) with 2% jitter, so the largest
+# element ends near 0.43 of the maximum, and a kernel that loses the decay
+# (its state ~3x the truth) overflows.
+_OVERFLOW_PEAK = 0.5  # of the format's largest finite value
+_OVERFLOW_JITTER = 0.02
+
+
+def _overflow(shape, state_dtype, nsteps, generator):
+    s = shape
+    peak = _OVERFLOW_PEAK * torch.finfo(state_dtype).max
+    dt_lo, dt_hi = 0.95, 1.0
+    A_head = -torch.full((s.nheads,), 3.0 / ((dt_lo + dt_hi) / 2 * nsteps), dtype=torch.float64)
+    slowest = dt_lo * A_head.abs().min().item()  # smallest decay rate per step
+    # h_n <= max_update * sum_k exp(-slowest k) = max_update / (1 - exp(-slowest))
+    max_update = peak * -math.expm1(-slowest)
+    scale = math.sqrt(max_update / (dt_hi * (1 + _OVERFLOW_JITTER) ** 2))  # of x and of B
+    dt_bias_head = _inverse_softplus(torch.full((s.nheads,), math.sqrt(dt_lo * dt_hi), dtype=torch.float64)).float()
+    x_mag = _uniform(generator, (s.batch, s.nheads, s.headdim), 0.5, 1.0)
+    x_mag[..., 0] = 1.0
+    x_mag = x_mag * torch.where(torch.rand(x_mag.shape, generator=generator) < 0.5, -1.0, 1.0)
+    b_mag = _uniform(generator, (s.batch, s.ngroups, s.dstate), 0.5, 1.0)
+    b_mag[..., 0] = 1.0
+    initial = torch.zeros((s.batch, s.nheads, s.headdim, s.dstate), dtype=torch.float64)
+    dt_draw = _dt_stream(s, dt_bias_head, lambda g: _uniform(g, (s.batch, s.nheads), dt_lo, dt_hi))
+
+    def jitter(g, magnitude):
+        return scale * magnitude * _uniform(g, magnitude.shape, 1 - _OVERFLOW_JITTER, 1 + _OVERFLOW_JITTER)
+
+    def draw_step(g):
+        return StepInputs(
+            x=jitter(g, x_mag).float(),
+            dt=dt_draw(g),
+            B=jitter(g, b_mag).float(),
+            # |C| sums to at most 1 over dstate, so |C . h| stays below the peak too
+            C=(_uniform(g, (s.batch, s.ngroups, s.dstate), -1.0, 1.0) / s.dstate).float(),
+        )
+
+    return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_step)
+
+
+_BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long}
+assert set(_BUILDERS) == set(DRIFT_REGIMES)

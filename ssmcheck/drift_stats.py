@@ -1,0 +1,137 @@
+"""Statistics of decode drift: checkpoints, the growth exponent, the bias z-test, tolerance crossing.
+
+Pure functions of numbers and tensors; they know nothing of kernels or the CLI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# fraction bits and smallest normal exponent of each storage dtype
+_FORMATS = {torch.float16: (10, -14), torch.bfloat16: (7, -126), torch.float32: (23, -126)}
+
+# Stochastic rounding is "biased" when the mean rounding error per store is both
+# statistically nonzero (|z| above BIAS_Z_LIMIT: ~6e-5 two-sided under the null)
+# and larger than BIAS_FLOOR_ULP. The floor is above what a kernel's own fp32
+# arithmetic can shift the value it rounds (a few 2**-13 ulp of fp16, even with
+# the GPU's approximate exp), and well below the 2**-4 ulp of a 3-bit SR.
+BIAS_Z_LIMIT = 4.0
+BIAS_FLOOR_ULP = 2.0**-10
+
+
+def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
+    """About `count` log-spaced steps in [1, nsteps], always including 1 and nsteps."""
+    if nsteps <= count:
+        return list(range(1, nsteps + 1))
+    ratio = nsteps ** (1.0 / (count - 1))
+    steps = {1, nsteps}
+    steps.update(min(nsteps, max(1, round(ratio**i))) for i in range(count))
+    return sorted(steps)
+
+
+def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of `dtype` at each of `values` (float64; at 0, the smallest subnormal)."""
+    bits, emin = _FORMATS[dtype]
+    _, exponent = torch.frexp(values.abs())  # |v| = m * 2**exponent, m in [0.5, 1); 0 for v = 0
+    exponent = torch.where(values == 0, emin, torch.clamp(exponent.to(torch.int64) - 1, min=emin))
+    return torch.ldexp(torch.ones_like(values, dtype=torch.float64), exponent - bits)
+
+
+@dataclass
+class SignedErrorMoments:
+    """Running count, sum and sum of squares of signed errors, for the bias z-test."""
+
+    count: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, errors: torch.Tensor) -> None:
+        errors = errors[torch.isfinite(errors)].double()
+        self.count += errors.numel()
+        self.total += errors.sum().item()
+        self.total_sq += errors.square().sum().item()
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    @property
+    def z(self) -> float | None:
+        """The one-sample z statistic of the mean against zero (None with fewer than 2 samples)."""
+        if self.count < 2:
+            return None
+        mean = self.total / self.count
+        variance = max(self.total_sq / self.count - mean * mean, 0.0) * self.count / (self.count - 1)
+        if variance == 0.0:
+            return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
+        return mean / math.sqrt(variance / self.count)
+
+
+def is_biased(moments: SignedErrorMoments) -> bool:
+    """Whether the mean signed rounding error (in ulps) is statistically and materially nonzero."""
+    z, mean = moments.z, moments.mean
+    return z is not None and abs(z) > BIAS_Z_LIMIT and abs(mean) > BIAS_FLOOR_ULP
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """log(value) = log_c + alpha * log(step), fitted by least squares."""
+
+    alpha: float
+    log_c: float
+    alpha_se: float  # standard error of alpha (inf with only two points)
+
+
+def fit_power_law(steps: Sequence[float], values: Sequence[float]) -> PowerLaw | None:
+    """Fit over the finite positive points; None with fewer than 3 of them."""
+    points = [(math.log(s), math.log(v)) for s, v in zip(steps, values) if s > 0 and math.isfinite(v) and v > 0]
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mean_x = sum(p[0] for p in points) / n
+    mean_y = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mean_x) ** 2 for p in points)
+    if sxx == 0:
+        return None
+    alpha = sum((p[0] - mean_x) * (p[1] - mean_y) for p in points) / sxx
+    log_c = mean_y - alpha * mean_x
+    residual = sum((p[1] - log_c - alpha * p[0]) ** 2 for p in points)
+    return PowerLaw(alpha, log_c, math.sqrt(residual / (n - 2) / sxx))
+
+
+def growth_exponent(steps: Sequence[float], errors: Sequence[float]) -> float | None:
+    """alpha in error ~ step**alpha: about 1 for bias or stagnation, 1/2 for unbiased noise, 0 when saturated."""
+    fit = fit_power_law(steps, errors)
+    return None if fit is None else fit.alpha
+
+
+def crossing_step(
+    steps: Sequence[int], errors: Sequence[float], limits: Sequence[float], horizon: float = 1e12
+) -> tuple[int | None, bool]:
+    """The step at which the error reaches its tolerance limit: (step, observed).
+
+    Observed: the first checkpoint already beyond its limit. Otherwise the error
+    and the limit are fitted as power laws over all checkpoints and extrapolated
+    to where they meet, but only when the error's exponent exceeds the limit's
+    by more than twice their combined standard error: a correct kernel's drift
+    wanders around its baseline's, and extrapolating that noise would predict
+    crossings that never come. (None, False) when the error does not grow
+    faster, or would cross only beyond `horizon`.
+    """
+    for step, error, limit in zip(steps, errors, limits):
+        if not (error <= limit):  # NaN counts as beyond
+            return step, True
+    error_fit, limit_fit = fit_power_law(steps, errors), fit_power_law(steps, limits)
+    if error_fit is None or limit_fit is None:
+        return None, False
+    faster = error_fit.alpha - limit_fit.alpha
+    if faster <= 2 * math.hypot(error_fit.alpha_se, limit_fit.alpha_se):
+        return None, False
+    log_step = (limit_fit.log_c - error_fit.log_c) / faster
+    if log_step > math.log(horizon):
+        return None, False
+    return max(math.ceil(math.exp(log_step)), steps[-1] + 1), False

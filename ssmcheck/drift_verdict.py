@@ -1,0 +1,101 @@
+"""The verdict on one drift case, and the figures that summarise its drift.
+
+- nonfinite: the kernel's state or output went NaN/Inf where the reference is finite;
+- fail: at some checkpoint the state drift exceeds the tolerance (tol_factor x
+  the baseline's drift at that step + floor, or --rtol), or the output error
+  pooled over the checkpoints exceeds the same rule against the baseline's, or,
+  with stochastic rounding, the stores are biased (drift_stats.is_biased);
+- pass otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ssmcheck.drift_measure import DriftRun
+from ssmcheck.drift_spec import DriftCase
+from ssmcheck.drift_stats import crossing_step, growth_exponent, is_biased
+from ssmcheck.scan_spec import Tolerance
+from ssmcheck.verdict import Status, tolerance_limit, within_tolerance
+
+
+@dataclass(frozen=True)
+class DriftVerdict:
+    status: Status
+    message: str
+    ratio: float | None = None  # worst kernel / baseline state drift over the checkpoints
+    growth_exponent: float | None = None  # of the kernel's state drift
+    baseline_growth_exponent: float | None = None
+    bias_z: float | None = None  # z of the mean per-store rounding error
+    store_bias_ulp: float | None = None  # that mean, in ulps (negative: toward zero)
+    crossing_step: int | None = None  # where the drift reaches the tolerance (None: not within 1e12 steps)
+    crossing_observed: bool = False  # already reached at a checkpoint, not extrapolated
+
+
+def skipped_verdict(reason: str) -> DriftVerdict:
+    return DriftVerdict(Status.SKIPPED, reason)
+
+
+def error_verdict(message: str) -> DriftVerdict:
+    return DriftVerdict(Status.ERROR, message)
+
+
+def _worst_ratio(errors: list[float], baseline: list[float]) -> float | None:
+    ratios = []
+    for error, base in zip(errors, baseline):
+        if not math.isfinite(error):
+            ratios.append(math.inf)
+        elif base > 0:
+            ratios.append(error / base)
+        elif error > 0:
+            ratios.append(math.inf)
+    return max(ratios) if ratios else None
+
+
+def _rms(values: list[float]) -> float:
+    return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
+
+
+def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance) -> DriftVerdict:
+    rule = {"tol_factor": tolerance.tol_factor, "floor": tolerance.floor, "rtol": tolerance.rtol}
+    steps = [c.step for c in run.checkpoints]
+    errors = [c.state_rel for c in run.checkpoints]
+    baseline = [c.state_rel for c in run.baseline]
+    limits = [tolerance_limit(b, **rule) for b in baseline]
+    crossing, observed = crossing_step(steps, errors, limits)
+    figures = {
+        "ratio": _worst_ratio(errors, baseline),
+        "growth_exponent": growth_exponent(steps, errors),
+        "baseline_growth_exponent": growth_exponent(steps, baseline),
+        "bias_z": run.store_errors.z,
+        "store_bias_ulp": run.store_errors.mean,
+        "crossing_step": crossing,
+        "crossing_observed": observed,
+    }
+
+    where = run.first_nonfinite
+    if where is not None:
+        index = f"batch {where.batch}, head {where.head}, channel {where.channel}"
+        if where.state_index is not None:
+            index += f", state index {where.state_index}"
+        message = f"non-finite {where.output} at step {where.step} (trial {where.trial}, {index})"
+        return DriftVerdict(Status.NONFINITE, message, **figures)
+
+    problems = []
+    if case.rounding == "stochastic" and is_biased(run.store_errors):
+        problems.append(
+            f"biased: mean rounding error {run.store_errors.mean:+.3g} ulp per store (z = {run.store_errors.z:.1f})"
+        )
+    beyond = [(e / l if l > 0 else math.inf, s, e, l) for s, e, l in zip(steps, errors, limits) if not e <= l]
+    if beyond:
+        _, step, error, limit = max(beyond)
+        problems.append(f"state drift {error:.2e} > limit {limit:.2e} at step {step}")
+    out_error = _rms([c.out_rel for c in run.checkpoints])
+    out_baseline = _rms([c.out_rel for c in run.baseline])
+    if not within_tolerance(out_error, out_baseline, **rule):
+        limit = tolerance_limit(out_baseline, **rule)
+        problems.append(f"output error {out_error:.2e} > limit {limit:.2e} (rms over checkpoints)")
+    if problems:
+        return DriftVerdict(Status.FAIL, "; ".join(problems), **figures)
+    return DriftVerdict(Status.PASS, "", **figures)

@@ -1,0 +1,95 @@
+"""Deliberately broken state-update kernels (state-spaces/mamba `selective_state_update` signature).
+
+Each one is a plausible bug, written in plain PyTorch independently of
+ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
+None takes a `rounding` keyword: `--rounding` declares what each is supposed to do.
+"""
+
+import torch
+
+# fraction bits dropped by fp32 -> dtype for normal values, and the bits of the kept part
+_DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
+
+
+def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True):
+    """The recurrence in fp32: returns (new_state, out)."""
+    dt = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+    if dt_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    heads_per_group = state.shape[1] // B.shape[1]
+    Bh = B.float().repeat_interleave(heads_per_group, dim=1)[:, :, None, :]
+    Ch = C.float().repeat_interleave(heads_per_group, dim=1)[:, :, None, :]
+    new = state.float()
+    if decay:
+        new = new * torch.exp(dt[..., None] * A.float())
+    new = new + (dt * x.float())[..., None] * Bh
+    out = (new * Ch).sum(-1)
+    if D is not None:
+        out = out + D.float() * x.float()
+    if z is not None:
+        out = out * torch.nn.functional.silu(z.float())
+    return new, out.to(x.dtype)
+
+
+def _round_magnitude_bits(value, dtype, add_bits):
+    """fp32 -> dtype by adding `add_bits` (int32) to the magnitude's dropped bits and clearing them."""
+    dropped = _DROPPED_BITS[dtype]
+    bits = value.view(torch.int32)
+    sign = bits & torch.tensor(-(2**31), dtype=torch.int32)
+    magnitude = bits & 0x7FFFFFFF
+    kept = (magnitude + add_bits) & ~((1 << dropped) - 1)
+    return (sign | kept).view(torch.float32).to(dtype)
+
+
+def sr_3bit(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """"Stochastic" rounding with only 3 random bits (from torch's generator): rounds up with
+    probability floor(8 * fraction) / 8, so values are biased toward zero (by 1/16 ulp on average,
+    and by the whole fraction below 1/8 ulp: tiny updates are lost as with round-to-nearest)."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    dropped = _DROPPED_BITS[state.dtype]
+    random3 = torch.randint(0, 8, new.shape, dtype=torch.int32, device=new.device)
+    state.copy_(_round_magnitude_bits(new, state.dtype, random3 << (dropped - 3)))
+    return out
+
+
+def truncating(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Stores the state rounded toward zero (what Triton's interpreter does for fp32 -> bf16)."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(_round_magnitude_bits(new, state.dtype, torch.zeros_like(new, dtype=torch.int32)))
+    return out
+
+
+def skips_last_head_store(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """An off-by-one store mask: the last head's state is never written back."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state[:, :-1].copy_(new[:, :-1].to(state.dtype))
+    return out
+
+
+def forgets_decay(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Never applies exp(dt * A): the state only accumulates, and a growing one overflows to inf."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=False)
+    state.copy_(new.to(state.dtype))
+    return out
+
+
+def raises(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """A kernel that cannot run here."""
+    raise RuntimeError("out of resources: shared memory, required 262144, hardware limit 232448")
+
+
+def plain_nearest(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Correct, and round-to-nearest only: passes when declared nearest, fails when declared
+    stochastic wherever round-to-nearest stagnates."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(new.to(state.dtype))
+    return out
+
+
+def plain_stochastic(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Correct software SR with every dropped bit random, drawn from torch's generator (normals only)."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    dropped = _DROPPED_BITS[state.dtype]
+    random_bits = torch.randint(0, 1 << dropped, new.shape, dtype=torch.int32, device=new.device)
+    state.copy_(_round_magnitude_bits(new, state.dtype, random_bits))
+    return out

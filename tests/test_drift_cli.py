@@ -1,0 +1,169 @@
+"""`ssmcheck drift` as users and CI run it: every exit code, usage errors, the JSON report, --plot, output.
+
+Runs use `--kernel torch`, the broken kernels of tests/broken_state_update_kernels.py
+(plain PyTorch: fast) or, for the smoke preset, the built-in Triton kernel.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ssmcheck import cli_drift
+from ssmcheck.drift_regimes import DRIFT_REGIMES
+
+BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
+TINY = ["--nheads", "2", "--headdim", "8", "--dstate", "8", "--steps", "24"]
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.callback()(lambda: None)
+cli_drift.register(app)
+
+
+def drift(*args, json_path=None):
+    """Run `ssmcheck drift ARGS` (with --json when given); return (result, report or None)."""
+    argv = ["drift", *map(str, args)] + (["--json", str(json_path)] if json_path else [])
+    result = CliRunner().invoke(app, argv)
+    assert "Traceback" not in result.output, result.output
+    report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None
+    return result, report
+
+
+def test_builtin_kernel_passes_the_smoke_preset():
+    result, _ = drift("--preset", "smoke")
+    assert result.exit_code == 0, result.output
+    assert "4 cases: 4 pass" in result.stdout and "exit code 0" in result.stdout
+    assert "kernel builtin" in result.stdout and "device cpu" in result.stdout
+    # both rounding modes of one configuration: a side-by-side line
+    assert "stagnation-fp16-b1-h1x16n16g1: stochastic rounding:" in result.stdout
+    assert "less drift at step 16" in result.stdout
+
+
+FP16 = ["--state-dtype", "fp16"]
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (["--kernel", "torch", *FP16], 0),
+        (["--kernel", f"{BROKEN}:truncating", "--regime", "normal", "--rounding", "nearest", *FP16], 1),
+        (["--kernel", f"{BROKEN}:sr_3bit", "--regime", "stagnation", "--rounding", "stochastic", *FP16], 1),
+        (["--kernel", f"{BROKEN}:skips_last_head_store", "--regime", "normal", *FP16], 1),
+        (["--kernel", f"{BROKEN}:forgets_decay", "--regime", "overflow", "--rounding", "nearest", *FP16], 3),
+        (["--kernel", f"{BROKEN}:raises", "--regime", "normal", "--rounding", "nearest", *FP16], 4),
+        # the most severe wins: non-finite (overflow) over a failure (normal)
+        (["--kernel", f"{BROKEN}:forgets_decay", "--regime", "normal,overflow", "--rounding", "nearest", *FP16], 3),
+        # --fail-on chooses which categories count
+        (["--kernel", f"{BROKEN}:forgets_decay", "--regime", "overflow", "--rounding", "nearest", *FP16,
+          "--fail-on", "tolerance,error"], 0),
+        # nothing ran: stochastic rounding into an fp32 state is skipped, with the reason
+        (["--kernel", "torch", "--state-dtype", "fp32", "--rounding", "stochastic"], 5),
+    ],
+)
+def test_exit_codes(args, code):
+    result, _ = drift(*args, *TINY)
+    assert result.exit_code == code, result.output
+    assert f"exit code {code}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--state-dtype", "fp8"], "--state-dtype"),
+        (["--rounding", "up"], "--rounding"),
+        (["--regime", "bogus"], "--regime"),
+        (["--steps", "0"], "--steps"),
+        (["--steps", "many"], "--steps"),
+        (["--trials", "0"], "--trials"),
+        (["--batch", "-1"], "--batch"),
+        (["--tol-factor", "-1"], "--tol-factor"),
+        (["--rtol", "0"], "--rtol"),
+        (["--fail-on", "warnings"], "--fail-on"),
+        (["--kernel", "no_such_module_xyz:fn"], "--kernel"),
+        (["--kernel", f"{BROKEN}:no_such_fn"], "--kernel"),
+        (["--preset", "nope"], "--preset"),
+        (["--model", "mamba-9000"], "--model"),
+        (["--model", "mamba2-130m", "--nheads", "2"], "--model"),
+        (["--device", "tpu"], "--device"),
+        (["--json", "/no/such/dir/r.json"], "--json"),
+        (["--philox-rounds", "0"], "--philox-rounds"),
+        (["--rounding-impl", "magic"], "--rounding-impl"),
+        (["--rounding-impl", "hardware"], "--rounding-impl"),  # no sm_100+ here (and never on the CPU)
+        (["--rounding-impl", "hardware", "--kernel", "torch"], "--rounding-impl"),
+    ],
+)
+def test_bad_options_are_one_line_usage_errors(args, named):
+    result, _ = drift(*args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and lines[0].startswith("Error:"), result.stderr
+
+
+def test_json_report_has_the_stable_keys(tmp_path):
+    result, report = drift("--kernel", "torch", "--regime", "stagnation", "--state-dtype", "fp16,fp32",
+                           "--rounding", "nearest,stochastic", *TINY, json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert set(report) >= {"tool", "version", "command", "environment", "cases", "summary", "exit_code"}
+    assert report["command"] == "drift" and report["exit_code"] == 0
+    assert report["summary"] == {"pass": 3, "fail": 0, "nonfinite": 0, "error": 0, "skipped": 1}
+    case_keys = {"id", "status", "message", "seconds", "params", "checkpoints", "growth_exponent", "bias_z",
+                 "baseline", "ratio", "first_nonfinite"}
+    param_keys = {"kernel", "state_dtype", "rounding", "regime", "steps", "batch", "nheads", "headdim", "dstate",
+                  "ngroups", "seed", "trials"}
+    for case in report["cases"]:
+        assert set(case) >= case_keys and set(case["params"]) >= param_keys
+    ran = [c for c in report["cases"] if c["status"] == "pass"]
+    for case in ran:
+        assert case["checkpoints"][0]["step"] == 1 and case["checkpoints"][-1]["step"] == 24
+        assert all(set(p) == {"step", "state_rel", "out_rel", "bias"} for p in case["checkpoints"])
+        assert set(case["baseline"]) >= {"checkpoints", "growth_exponent"}
+        assert case["first_nonfinite"] is None
+    rn = next(c for c in ran if c["params"]["rounding"] == "nearest" and c["params"]["state_dtype"] == "fp16")
+    sr = next(c for c in ran if c["params"]["rounding"] == "stochastic")
+    assert rn["growth_exponent"] > 0.8 and sr["growth_exponent"] < 0.7  # stagnation vs noise
+    assert sr["params"]["trials"] == 2 and rn["params"]["trials"] == 1
+    [skipped] = [c for c in report["cases"] if c["status"] == "skipped"]
+    assert "fp32" in skipped["message"] and skipped["checkpoints"] == []
+
+
+def test_nonfinite_case_reports_its_location_in_json(tmp_path):
+    _, report = drift("--kernel", f"{BROKEN}:forgets_decay", "--regime", "overflow", "--rounding", "nearest",
+                      "--state-dtype", "fp16", *TINY, json_path=tmp_path / "r.json")
+    [case] = report["cases"]
+    assert case["status"] == "nonfinite" and case["message"].startswith("non-finite state at step")
+    assert set(case["first_nonfinite"]) == {"output", "step", "trial", "batch", "head", "channel", "state_index"}
+
+
+def test_quiet_prints_only_the_summary():
+    result, _ = drift("--kernel", "torch", "--quiet", "--regime", "normal", "--state-dtype", "fp16", *TINY)
+    assert result.exit_code == 0
+    [line] = result.stdout.strip().splitlines()
+    assert line.startswith("drift: 2 cases: 2 pass, 0 fail, 0 nonfinite, 0 error, 0 skipped in ")
+    assert line.endswith("exit code 0")
+
+
+def test_plot_without_matplotlib_is_a_clear_usage_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    result, _ = drift("--kernel", "torch", "--plot", tmp_path / "d.png")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "Error: --plot needs matplotlib, an optional extra: pip install ssmcheck[plot]"
+    assert not (tmp_path / "d.png").exists()
+
+
+def test_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    result, _ = drift("--kernel", "torch", "--regime", "stagnation,normal", "--state-dtype", "fp16", *TINY,
+                      "--plot", tmp_path / "d.png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_help_explains_regimes_and_exit_codes():
+    result = CliRunner().invoke(app, ["drift", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for name in DRIFT_REGIMES:
+        assert name in result.stdout
+    assert "Exit codes" in result.stdout and "biased" in result.stdout

@@ -1,0 +1,100 @@
+"""Drift regimes: inputs as Mamba2 passes them, replayable streams, and the properties each regime promises."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck.drift_regimes import (
+    DRIFT_REGIMES,
+    LONG_STEPS_FACTOR,
+    DecodeShape,
+    make_problem,
+    regime_steps,
+)
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.state_update.naive import state_update_step
+
+shapes = st.builds(
+    DecodeShape,
+    batch=st.integers(1, 2),
+    nheads=st.sampled_from([1, 2, 4]),
+    headdim=st.sampled_from([1, 3, 8]),
+    dstate=st.sampled_from([1, 4, 16]),
+    ngroups=st.just(1),
+)
+
+
+def _truth(problem):
+    """The float64 recurrence over the whole run: yields (state, out) after every step."""
+    state = problem.initial_state.double()
+    fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
+    for step in problem.steps():
+        state, out = state_update_step(
+            state, step.x.double(), step.dt.double(), problem.A.double(), step.B.double(), step.C.double(), **fixed
+        )
+        yield state, out
+
+
+def test_every_regime_is_named_and_explained_in_one_line():
+    assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long"}
+    assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
+    assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
+
+
+@pytest.mark.parametrize("regime", list(DRIFT_REGIMES))
+@settings(max_examples=5, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_inputs_have_mamba2_shapes_strides_and_replay(regime, shape, seed):
+    s = shape
+    problem = make_problem(regime, s, torch.float16, 3, seed, "cpu")
+    assert problem.initial_state.shape == (s.batch, s.nheads, s.headdim, s.dstate)
+    assert problem.initial_state.dtype == torch.float16
+    assert problem.A.shape == (s.nheads, s.headdim, s.dstate)
+    for tied in (problem.A, problem.D, problem.dt_bias):  # per-head values expanded with stride 0
+        assert all(stride == 0 for stride, size in zip(tied.stride()[1:], tied.shape[1:]) if size > 1)
+    first, again = list(problem.steps()), list(problem.steps())
+    assert len(first) == 3
+    for a, b in zip(first, again):
+        assert a.x.shape == a.dt.shape == (s.batch, s.nheads, s.headdim)
+        assert a.dt.stride(2) == 0 or s.headdim == 1
+        assert a.B.shape == a.C.shape == (s.batch, s.ngroups, s.dstate)
+        for name in ("x", "dt", "B", "C"):
+            assert getattr(a, name).dtype == torch.float32
+            assert torch.equal(getattr(a, name), getattr(b, name))
+    assert not torch.equal(first[0].x, first[1].x)  # a stream, not one step repeated
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@settings(max_examples=4, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_stagnation_updates_are_below_half_an_ulp_yet_the_truth_grows(dtype, shape, seed):
+    # Round-to-nearest of every step's exact update of the initial state gives the
+    # initial state back: RN never moves, whatever the step.
+    problem = make_problem("stagnation", shape, dtype, 200, seed, "cpu")
+    initial = problem.initial_state.double()
+    fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": True}
+    for step in problem.steps():
+        exact, _ = state_update_step(
+            initial, step.x.double(), step.dt.double(), problem.A.double(), step.B.double(), step.C.double(), **fixed
+        )
+        assert torch.equal(round_to(exact, dtype, "nearest").double(), initial)
+    *_, (final, _) = _truth(problem)
+    growth = final / initial - 1  # about 0.11 ulp of 1.0 a step
+    eps = torch.finfo(dtype).eps
+    assert growth.min() > 200 * 0.03 * eps and growth.max() < 200 * 0.5 * eps
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@settings(max_examples=4, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1), nsteps=st.integers(1, 300))
+def test_overflow_grows_toward_the_maximum_and_stays_below_half_of_it(dtype, shape, nsteps, seed):
+    problem = make_problem("overflow", shape, dtype, nsteps, seed, "cpu")
+    top = torch.finfo(dtype).max
+    peak = 0.0
+    for state, out in _truth(problem):
+        peak = max(peak, state.abs().max().item())
+        assert torch.isfinite(out).all()
+    assert peak <= 0.5 * top
+    if nsteps >= 8:
+        assert peak >= 0.1 * top

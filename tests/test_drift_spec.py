@@ -1,0 +1,68 @@
+"""`ssmcheck drift` settings and cases: presets under command-line options, the sweep, seeds, skips."""
+
+import pytest
+
+from ssmcheck import models, sweep
+from ssmcheck.drift_regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR
+from ssmcheck.drift_spec import build_cases, resolve
+from ssmcheck.sweep import SweepError
+
+
+def test_default_preset_covers_both_roundings_fp16_bf16_and_every_regime():
+    settings = resolve({}, sweep.load_preset("default", "drift"), "default")
+    cases = build_cases(settings, "builtin")
+    assert {(c.state_dtype, c.rounding, c.regime) for c in cases} == {
+        (d, r, g) for d in ("fp16", "bf16") for r in ("nearest", "stochastic") for g in DRIFT_REGIMES
+    }
+    assert all(c.skip_reason is None for c in cases)
+    assert {c.steps for c in cases if c.regime == "long"} == {settings.steps * LONG_STEPS_FACTOR}
+
+
+@pytest.mark.parametrize("name", ["smoke", "default", "thorough"])
+def test_every_preset_resolves(name):
+    settings = resolve({}, sweep.load_preset(name, "drift"), name)
+    assert build_cases(settings, "torch")
+
+
+def test_command_line_replaces_the_preset():
+    preset = {"state_dtype": ["fp16"], "steps": 7, "trials": 3, "regime": ["normal"]}
+    settings = resolve({"state_dtype": "bf16,fp32", "steps": 5}, preset, "p")
+    assert settings.axes["state_dtype"] == ["bf16", "fp32"] and settings.steps == 5
+    assert settings.trials == 3 and settings.axes["regime"] == ["normal"]
+
+
+def test_unknown_preset_key_names_it():
+    with pytest.raises(SweepError, match="--preset p: unknown key 'chunk_size'"):
+        resolve({}, {"chunk_size": [64]}, "p")
+
+
+def test_cases_list_the_rounding_modes_of_a_configuration_side_by_side_with_shared_inputs():
+    settings = resolve({"regime": "normal,stagnation", "state_dtype": "fp16", "nheads": "2,4"}, {}, "p")
+    cases = build_cases(settings, "torch")
+    assert [c.rounding for c in cases] == ["nearest", "stochastic"] * 4
+    for nearest, stochastic in zip(cases[::2], cases[1::2]):
+        assert nearest.configuration == stochastic.configuration
+        assert nearest.seed == stochastic.seed  # same inputs, so the modes compare like for like
+        assert nearest.trials == 1 and stochastic.trials == settings.trials
+    assert len({c.seed for c in cases}) == 4
+    other_kernel = build_cases(settings, "builtin")
+    assert [c.seed for c in other_kernel] == [c.seed for c in cases]
+
+
+def test_model_sets_the_widths():
+    settings = resolve({"model": "mamba2-2.7b,codestral-mamba-7b", "rounding": "nearest", "regime": "normal",
+                        "state_dtype": "fp16"}, {}, "p")
+    cases = build_cases(settings, "torch")
+    for case, name in zip(cases, ("mamba2-2.7b", "codestral-mamba-7b")):
+        widths = models.MODELS[name]
+        assert (case.nheads, case.headdim, case.dstate, case.ngroups) == (
+            widths.nheads, widths.headdim, widths.dstate, widths.ngroups)
+        assert case.model == widths.name and case.params()["model"] == widths.name
+
+
+def test_impossible_combinations_are_skipped_with_the_reason():
+    settings = resolve({"state_dtype": "fp32", "nheads": "3", "ngroups": "2"}, {}, "p")
+    reasons = {c.skip_reason for c in build_cases(settings, "torch")}
+    assert reasons == {"nheads 3 is not a multiple of ngroups 2"}
+    settings = resolve({"state_dtype": "fp32", "rounding": "stochastic"}, {}, "p")
+    assert all("fp32 state" in c.skip_reason for c in build_cases(settings, "torch"))

@@ -1,0 +1,135 @@
+"""Drift statistics: checkpoints, ulps, the growth-exponent fit, the bias z-test, tolerance crossing."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck.drift_stats import (
+    BIAS_FLOOR_ULP,
+    SignedErrorMoments,
+    crossing_step,
+    growth_exponent,
+    is_biased,
+    log_checkpoints,
+    ulp,
+)
+
+
+@given(st.integers(1, 100_000), st.integers(3, 32))
+def test_log_checkpoints_span_the_run(nsteps, count):
+    steps = log_checkpoints(nsteps, count)
+    assert steps[0] == 1 and steps[-1] == nsteps
+    assert steps == sorted(set(steps))
+    assert len(steps) <= max(count, 2) + 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_ulp_is_the_spacing_above_each_value(dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    # normals over many binades, subnormals, and zero
+    magnitudes = torch.exp2(torch.empty(200, dtype=torch.float64).uniform_(-30, 14, generator=g))
+    values = torch.cat([magnitudes, -magnitudes, torch.zeros(1, dtype=torch.float64)]).to(dtype)
+    spacing = torch.nextafter(values.abs(), torch.tensor(math.inf, dtype=dtype)).double() - values.abs().double()
+    assert torch.equal(ulp(values.double(), dtype), spacing)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    alpha=st.sampled_from([0.5, 1.0]),
+    scale=st.floats(1e-7, 1e-2),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_growth_exponent_recovers_noisy_power_laws(alpha, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    steps = log_checkpoints(4096)
+    noise = torch.exp(0.05 * torch.randn(len(steps), generator=g, dtype=torch.float64))
+    errors = [scale * n**alpha * float(e) for n, e in zip(steps, noise)]
+    assert growth_exponent(steps, errors) == pytest.approx(alpha, abs=0.03)
+
+
+def test_growth_exponent_needs_three_usable_points():
+    assert growth_exponent([1, 2, 4], [1e-3, math.nan, 0.0]) is None
+    assert growth_exponent([1, 2, 4], [1e-3, 2e-3, 4e-3]) == pytest.approx(1.0)
+
+
+def _moments(samples: torch.Tensor) -> SignedErrorMoments:
+    moments = SignedErrorMoments()
+    for chunk in samples.split(1000):  # accumulated store by store, as the runner does
+        moments.add(chunk)
+    return moments
+
+
+def _sr_errors(g, n, random_bits=None):
+    """Rounding errors (in ulps) of stochastic rounding of values with uniform fractions.
+
+    With `random_bits`, the round-up decision uses only that many random bits, as
+    `tests/broken_state_update_kernels.py:sr_3bit` does: up iff fraction + r / 2**bits >= 1.
+    """
+    fraction = torch.rand(n, generator=g, dtype=torch.float64)
+    if random_bits is None:
+        up = torch.rand(n, generator=g, dtype=torch.float64) < fraction
+    else:
+        r = torch.randint(0, 2**random_bits, (n,), generator=g).double() / 2**random_bits
+        up = fraction + r >= 1
+    return up.double() - fraction
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_bias_z_test_accepts_ideal_stochastic_rounding(seed):
+    g = torch.Generator().manual_seed(seed)
+    moments = _moments(_sr_errors(g, 100_000))
+    assert abs(moments.z) < 4.5
+    assert not is_biased(moments)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_bias_z_test_catches_three_random_bits_in_a_few_thousand_stores(seed):
+    # 3 random bits round up with probability floor(8 f) / 8: a bias of -1/16 ulp, against a
+    # per-store spread of ~0.38 ulp, so over 4000 stores z ~ -10 +- 1 (bounds at ~4.5 sigma).
+    g = torch.Generator().manual_seed(seed)
+    moments = _moments(_sr_errors(g, 4000, random_bits=3))
+    assert moments.mean == pytest.approx(-1 / 16, abs=0.03)
+    assert moments.z < -6
+    assert is_biased(moments)
+
+
+def test_bias_needs_material_size_as_well_as_significance():
+    # A deterministic offset far below BIAS_FLOOR_ULP (what fp32 arithmetic can do) is
+    # significant over many stores, yet not "biased".
+    g = torch.Generator().manual_seed(7)
+    tiny_offset = _sr_errors(g, 400_000) + BIAS_FLOOR_ULP / 8
+    moments = _moments(tiny_offset)
+    assert not is_biased(moments)
+    assert moments.z is not None
+
+
+def test_moments_ignore_nonfinite_samples_and_need_two():
+    moments = SignedErrorMoments()
+    moments.add(torch.tensor([math.nan, math.inf, 0.25]))
+    assert moments.count == 1 and moments.z is None
+    moments.add(torch.tensor([0.25]))
+    assert moments.z == math.inf  # constant nonzero errors: certain
+
+
+def test_crossing_observed_at_the_first_checkpoint_beyond_the_limit():
+    steps = [1, 2, 4, 8]
+    assert crossing_step(steps, [1, 1, 3, 1], [2, 2, 2, 2]) == (4, True)
+    assert crossing_step(steps, [1, math.nan, 1, 1], [2, 2, 2, 2]) == (2, True)
+
+
+def test_crossing_extrapolates_faster_growth_only():
+    steps = log_checkpoints(50)
+    limits = [1e-3 * n**0.5 for n in steps]
+    linear = [1e-4 * n for n in steps]  # meets 1e-3 sqrt(n) at n = 100
+    assert crossing_step(steps, linear, limits) == (100, False)
+    same_growth = [0.5e-3 * n**0.5 for n in steps]
+    assert crossing_step(steps, same_growth, limits) == (None, False)
+    beyond_horizon = [1e-9 * n**0.6 for n in steps]
+    assert crossing_step(steps, beyond_horizon, limits, horizon=1e9) == (None, False)
