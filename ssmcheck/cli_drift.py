@@ -119,7 +119,7 @@ def drift(
     )
     preset_name = preset or "default"
     try:
-        settings = drift_spec.resolve(cli, sweep.load_preset(preset_name, "drift"), preset_name)
+        settings = drift_spec.resolve(cli, sweep.load_preset(preset_name, "drift", env.device), preset_name)
     except SweepError as exc:
         _usage_error(str(exc))
     if philox_rounds < 1:

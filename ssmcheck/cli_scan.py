@@ -117,7 +117,7 @@ def scan(
     )
     preset_name = preset or "default"
     try:
-        settings = scan_spec.resolve(cli, sweep.load_preset(preset_name, "scan"), preset_name)
+        settings = scan_spec.resolve(cli, sweep.load_preset(preset_name, "scan", env.device), preset_name)
     except SweepError as exc:
         _usage_error(str(exc))
     if json_path is not None and not json_path.parent.is_dir():

@@ -3,6 +3,9 @@
 A sweep is a dict of axes (name -> list of values). Presets live in
 `configs/NAME.toml`, one table per command (`[scan]`, `[drift]`), each key an
 axis or option with the same name as the CLI option (dashes as underscores).
+A sub-table named after a device (`[drift.cuda]`, `[drift.cpu]`) overrides keys
+on that device only: the interpreter is orders of magnitude slower than a GPU,
+and a preset sized for one would be trivial or endless on the other.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ def preset_names() -> list[str]:
     return sorted(p.name[: -len(".toml")] for p in _configs_dir().iterdir() if p.name.endswith(".toml"))
 
 
-def load_preset(name: str, command: str) -> dict:
-    """The `[command]` table of configs/NAME.toml."""
+def load_preset(name: str, command: str, device: str | None = None) -> dict:
+    """The `[command]` table of configs/NAME.toml, with its `[command.DEVICE]` overrides applied."""
     path = _configs_dir() / f"{name}.toml"
     if not path.is_file():
         raise SweepError(f"--preset: unknown preset {name!r} (available: {', '.join(preset_names())})")
@@ -81,4 +84,7 @@ def load_preset(name: str, command: str) -> dict:
         raise SweepError(f"--preset {name}: configs/{name}.toml is not valid TOML: {exc}") from None
     if command not in data:
         raise SweepError(f"--preset {name}: configs/{name}.toml has no [{command}] table")
-    return data[command]
+    table = dict(data[command])
+    overrides = {d: table.pop(d) for d in ("cpu", "cuda") if d in table}
+    table.update(overrides.get(device, {}))
+    return table

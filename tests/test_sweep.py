@@ -52,3 +52,11 @@ def test_presets_exist_for_both_commands():
 def test_unknown_preset_lists_the_available_ones():
     with pytest.raises(sweep.SweepError, match="unknown preset 'nope'.*default"):
         sweep.load_preset("nope", "scan")
+
+
+def test_device_overrides_apply_only_on_that_device(tmp_path, monkeypatch):
+    (tmp_path / "p.toml").write_text("[drift]\nsteps = 32\ntrials = 2\n\n[drift.cuda]\nsteps = 1024\n")
+    monkeypatch.setattr(sweep, "_configs_dir", lambda: tmp_path)
+    assert sweep.load_preset("p", "drift", "cpu") == {"steps": 32, "trials": 2}
+    assert sweep.load_preset("p", "drift", "cuda") == {"steps": 1024, "trials": 2}
+    assert sweep.load_preset("p", "drift") == {"steps": 32, "trials": 2}
