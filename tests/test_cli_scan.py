@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ssmcheck import cli_scan
+from ssmcheck import cli_scan, runtime
 from ssmcheck.regimes import REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
@@ -37,7 +37,7 @@ def test_torch_kernel_passes_the_smoke_preset(tmp_path):
     result, report = scan("--preset", "smoke", "--kernel", "torch", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
     assert "7 cases: 7 pass" in result.stdout and "exit code 0" in result.stdout
-    assert "device cpu" in result.stdout and "torch" in result.stdout  # the environment, above the table
+    assert f"device {runtime.environment().device}" in result.stdout and "torch" in result.stdout  # the environment, above the table
     assert report["exit_code"] == 0 and report["summary"]["pass"] == 7
 
 

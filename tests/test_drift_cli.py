@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ssmcheck import cli_drift
+from ssmcheck import cli_drift, runtime
 from ssmcheck.drift_regimes import DRIFT_REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -36,7 +36,7 @@ def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = drift("--preset", "smoke")
     assert result.exit_code == 0, result.output
     assert "4 cases: 4 pass" in result.stdout and "exit code 0" in result.stdout
-    assert "kernel builtin" in result.stdout and "device cpu" in result.stdout
+    assert "kernel builtin" in result.stdout and f"device {runtime.environment().device}" in result.stdout
     # both rounding modes of one configuration: a side-by-side line
     assert "stagnation-fp16-b1-h1x16n16g1: stochastic rounding:" in result.stdout
     assert "less drift at step 16" in result.stdout
