@@ -1,7 +1,7 @@
 """The `ssmcheck` command line: parses options, hands plain data to the runners, renders reports.
 
 The CLI knows no numerics. Each command lives in its own module
-(`cli_scan`, `cli_drift`); this one assembles the app and maps failures to exit codes.
+(`cli_scan`, `cli_drift`, sharing `cli_common`); this one assembles the app and maps failures to exit codes.
 """
 
 from __future__ import annotations

@@ -6,44 +6,14 @@ results; knows no numerics. Usage errors are one line on stderr and exit 2.
 
 from __future__ import annotations
 
-import inspect
-import time
-from pathlib import Path
-
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from typer.core import TyperCommand
 
-from ssmcheck import models, runtime, sweep
+from ssmcheck import cli_common, models, sweep
+from ssmcheck.cli_common import EXIT_CODES, usage_error
 from ssmcheck.kernels import KernelSpecError
 from ssmcheck.regimes import REGIMES
 from ssmcheck.sweep import SweepError
-from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, ExitCode
-
-EXIT_CODES = (
-    "0 every case that ran passed; 1 a case failed tolerance; 2 usage error; 3 a case was non-finite; "
-    "4 a case raised; 5 nothing ran. The most severe applicable code wins: 3, then 4, then 1."
-)
-
-
-# The click that typer runs on: recent typer versions vendor their own copy.
-_UsageError = inspect.getmodule(TyperCommand.__mro__[1]).UsageError
-
-
-class OneLineUsageErrors(TyperCommand):
-    """Report a bad option or value as one line on stderr, exit 2 (no usage block, no traceback)."""
-
-    def parse_args(self, ctx, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except _UsageError as exc:
-            _usage_error(exc.format_message())
-
-
-def _usage_error(message: str):
-    typer.echo(f"Error: {message}", err=True)
-    raise typer.Exit(int(ExitCode.USAGE))
+from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 
 
 def _regime_lines(regimes: dict[str, str]) -> list[str]:
@@ -96,19 +66,14 @@ def scan(
     floor: float = typer.Option(None, help=f"Added to the allowed error (default {DEFAULT_FLOOR:g})."),
     rtol: float = typer.Option(None, help="Judge against this relative error instead of the baseline rule."),
     seed: int = typer.Option(None, help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
-    fail_on: str = typer.Option(None, "--fail-on", metavar="LIST", help="Which of nonfinite,tolerance,error may make the exit code nonzero (default: all)."),
-    json_path: Path = typer.Option(None, "--json", metavar="FILE", help="Write the JSON report here."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary line."),
-    device: str = typer.Option(None, help="cpu (Triton interpreter) or cuda (compiled). Default: cuda when available."),
+    fail_on: cli_common.FailOn = None,
+    json_path: cli_common.JsonPath = None,
+    quiet: cli_common.Quiet = False,
+    device: cli_common.Device = None,
 ) -> None:
-    try:
-        env = runtime.configure(device)  # before anything imports triton
-    except runtime.DeviceError as exc:
-        _usage_error(f"--device: {exc}")
+    env = cli_common.configure_device(device)  # before anything imports triton
     # Imported after configure: the runner reaches the kernels, which import triton.
     from ssmcheck import scan_json, scan_kernels, scan_runner, scan_spec, scan_table  # noqa: PLC0415
-    from ssmcheck.report import build_report, write_json  # noqa: PLC0415
-    from ssmcheck.verdict import exit_code, summarize  # noqa: PLC0415
 
     cli = dict(
         chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
@@ -119,50 +84,27 @@ def scan(
     try:
         settings = scan_spec.resolve(cli, sweep.load_preset(preset_name, "scan", env.device), preset_name)
     except SweepError as exc:
-        _usage_error(str(exc))
-    if json_path is not None and not json_path.parent.is_dir():
-        _usage_error(f"--json: no such directory {str(json_path.parent)!r}")
+        usage_error(str(exc))
+    cli_common.check_output_path("--json", json_path)
     try:
         kernel_under_test = scan_kernels.resolve(kernel)
     except KernelSpecError as exc:
-        _usage_error(str(exc))
+        usage_error(str(exc))
 
     cases = scan_spec.build_cases(settings, kernel)
-    out = Console(highlight=False)
-    if not out.is_terminal:  # logs and pipes: wide enough for the table, never truncated
-        out = Console(highlight=False, width=SCREEN_WIDTH)
-    if not quiet:
-        out.print(scan_table.environment_line(env, kernel, settings), markup=False)
-    start = time.perf_counter()
-    results = []
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), disable=quiet, transient=True,
-    ) as progress:
-        task = progress.add_task("scan", total=len(cases))
-        for case in cases:
-            progress.update(task, description=case.id)
-            results.append(scan_runner.run_case(
-                case, kernel_under_test, settings.tolerance, settings.reference, env.device
-            ))
-            progress.advance(task)
-    seconds = time.perf_counter() - start
+    out = cli_common.open_report(SCREEN_WIDTH, scan_table.header(env, kernel, settings), quiet)
 
-    statuses = [r.status for r in results]
-    counts = summarize(statuses)
-    code = exit_code(statuses, settings.fail_on)
+    def run(case, _advance):
+        return scan_runner.run_case(case, kernel_under_test, settings.tolerance, settings.reference, env.device)
+
+    results, seconds = cli_common.run_cases("scan", cases, run, quiet)
     if not quiet:
         scan_table.render(out, results)
-    out.print(scan_table.summary_line(counts, seconds, int(code)), markup=False)
-    if json_path is not None:
-        report = build_report("scan", env, [scan_json.case_json(r) for r in results], counts, int(code))
-        report["settings"] = {
-            "preset": preset_name, "reference": settings.reference, "tol_factor": settings.tolerance.tol_factor,
-            "floor": settings.tolerance.floor, "rtol": settings.tolerance.rtol, "seed": settings.seed,
-            "fail_on": list(settings.fail_on),
-        }
-        write_json(json_path, report)
-    raise typer.Exit(int(code))
+    cli_common.finish(out, "scan", env, results, scan_json.case_json, settings.fail_on, seconds, json_path, {
+        "preset": preset_name, "reference": settings.reference, "tol_factor": settings.tolerance.tol_factor,
+        "floor": settings.tolerance.floor, "rtol": settings.tolerance.rtol, "seed": settings.seed,
+        "fail_on": list(settings.fail_on),
+    })
 
 
 def regimes() -> None:
@@ -178,5 +120,5 @@ def regimes() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("scan", cls=OneLineUsageErrors, help=SCAN_HELP, no_args_is_help=False)(scan)
+    app.command("scan", cls=cli_common.OneLineUsageErrors, help=SCAN_HELP, no_args_is_help=False)(scan)
     app.command("regimes")(regimes)

@@ -10,8 +10,7 @@ from ssmcheck.drift_kernels import StateUpdateKernel
 from ssmcheck.drift_measure import DriftRun, KernelRaised, measure
 from ssmcheck.drift_spec import DriftCase
 from ssmcheck.drift_verdict import DriftVerdict, error_verdict, judge, skipped_verdict
-from ssmcheck.scan_spec import Tolerance
-from ssmcheck.verdict import Status
+from ssmcheck.verdict import Status, Tolerance
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
 BUILTIN, TORCH = "builtin", "torch"
+ROUNDING_IMPLS = ("software", "hardware")  # the built-in kernel's stochastic rounding (--rounding-impl)
 
 
 def torch_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

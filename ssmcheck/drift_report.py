@@ -21,27 +21,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck import __version__
+from ssmcheck import report
 from ssmcheck.drift import DriftResult
 from ssmcheck.drift_spec import DriftSettings
-from ssmcheck.report import format_error, sparkline
+from ssmcheck.report import STYLES, format_error, sparkline
 from ssmcheck.runtime import Environment
 from ssmcheck.verdict import Status
 
-STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red", Status.ERROR: "magenta",
-          Status.SKIPPED: "dim"}
-
 
 def header(env: Environment, kernel: str, settings: DriftSettings) -> str:
-    where = f"{env.device} ({'Triton interpreter' if env.interpreter else 'compiled'})"
-    if env.gpu:
-        where += f", {env.gpu}"
-    tol = settings.tolerance
-    rule = f"rtol {tol.rtol:g}" if tol.rtol is not None else f"{tol.tol_factor:g} x baseline + {tol.floor:g}"
     return (
-        f"ssmcheck {__version__} drift | device {where} | torch {env.torch} | triton {env.triton} | "
-        f"python {env.python}\nkernel {kernel} | steps {settings.steps} | trials {settings.trials} | "
-        f"tolerance {rule} | seed {settings.seed} | fail on {','.join(settings.fail_on)}"
+        f"{report.environment_line('drift', env)}\n"
+        f"kernel {kernel} | steps {settings.steps} | trials {settings.trials} | "
+        f"tolerance {report.tolerance_rule(settings.tolerance)} | seed {settings.seed} | fail on {','.join(settings.fail_on)}"
     )
 
 

@@ -14,17 +14,12 @@ import torch
 
 from ssmcheck import models, sweep
 from ssmcheck.drift_regimes import DRIFT_REGIMES, DecodeShape, regime_steps
-from ssmcheck.scan_spec import (  # shared with scan: same option names, same rule
-    Tolerance,
-    option_name,
-)
-from ssmcheck.sweep import SweepError
-from ssmcheck.verdict import DEFAULT_TOL_FACTOR, FAIL_ON
+from ssmcheck.models import WIDTHS
+from ssmcheck.ops.rounding.naive import MODES as ROUNDINGS
+from ssmcheck.sweep import SweepError, option_name
+from ssmcheck.verdict import DEFAULT_TOL_FACTOR, FAIL_ON, Tolerance
 
 STATE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-ROUNDINGS = ("nearest", "stochastic")
-ROUNDING_IMPLS = ("software", "hardware")
-WIDTHS = ("nheads", "headdim", "dstate", "ngroups")
 
 # axis -> (converter, allowed values or None)
 # (in the order cases are listed: the rounding modes of a configuration side by side)
@@ -53,10 +48,6 @@ class DriftSettings:
     seed: int
     tolerance: Tolerance
     fail_on: tuple[str, ...]
-
-
-def _as_text(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _positive_number(label: str, value) -> float:
@@ -93,7 +84,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
     axes = {}
     for key, (convert, allowed) in AXES.items():
         label, value = pick(key, AXIS_DEFAULTS[key])
-        axes[key] = sweep.parse_list(label, _as_text(value), convert, allowed) if value != [] else []
+        axes[key] = sweep.parse_axis(label, value, convert, allowed) if value != [] else []
     if axes["model"]:
         given = [option_name(w) for w in WIDTHS if cli.get(w) is not None]
         if given:
@@ -114,7 +105,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
             tol_factor=_positive_number(label_f, tol_factor),
             rtol=None if rtol is None else _positive_number(label_r, rtol),
         ),
-        fail_on=tuple(sweep.parse_list(label_o, _as_text(fail_on), allowed=tuple(FAIL_ON))),
+        fail_on=sweep.parse_fail_on(label_o, fail_on),
     )
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from ssmcheck.drift_measure import DriftRun
 from ssmcheck.drift_spec import DriftCase
 from ssmcheck.drift_stats import crossing_step, growth_exponent, is_biased
-from ssmcheck.scan_spec import Tolerance
-from ssmcheck.verdict import Status, tolerance_limit, within_tolerance
+from ssmcheck.verdict import Status, Tolerance, tolerance_limit, within_tolerance
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+WIDTHS = ("nheads", "headdim", "dstate", "ngroups")  # the widths a model sets (--model replaces these options)
+
 
 @dataclass(frozen=True)
 class ModelWidths:

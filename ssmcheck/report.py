@@ -14,8 +14,11 @@ from pathlib import Path
 
 from ssmcheck import __version__
 from ssmcheck.runtime import Environment
+from ssmcheck.verdict import Status, Tolerance
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
+STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red", Status.ERROR: "magenta",
+          Status.SKIPPED: "dim"}
 
 
 def build_report(
@@ -81,3 +84,25 @@ def format_error(value: float | None) -> str:
     if not math.isfinite(value):
         return str(value)
     return f"{value:.2e}"
+
+
+def environment_line(command: str, env: Environment) -> str:
+    """The first header line: version, command, device and library versions."""
+    where = f"{env.device} ({'Triton interpreter' if env.interpreter else 'compiled'})"
+    if env.gpu:
+        where += f", {env.gpu}"
+    return (
+        f"ssmcheck {__version__} {command} | device {where} | torch {env.torch} | triton {env.triton} | "
+        f"python {env.python}"
+    )
+
+
+def tolerance_rule(tolerance: Tolerance) -> str:
+    if tolerance.rtol is not None:
+        return f"rtol {tolerance.rtol:g}"
+    return f"{tolerance.tol_factor:g} x baseline + {tolerance.floor:g}"
+
+
+def summary_line(counts: dict[str, int], seconds: float, exit_code: int, prefix: str = "") -> str:
+    parts = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return f"{prefix}{sum(counts.values())} cases: {parts} in {seconds:.1f}s; exit code {exit_code}"

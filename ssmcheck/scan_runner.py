@@ -12,8 +12,8 @@ from ssmcheck import measure
 from ssmcheck.measure import ErrorStats, NonfiniteLocation
 from ssmcheck.regimes import REGIMES, ScanInputs
 from ssmcheck.scan_kernels import KernelUnderTest, call
-from ssmcheck.scan_spec import DTYPES, ScanCase, Tolerance
-from ssmcheck.verdict import Status, tolerance_limit, within_tolerance
+from ssmcheck.scan_spec import DTYPES, ScanCase
+from ssmcheck.verdict import Status, Tolerance, tolerance_limit, within_tolerance
 
 # Beyond this many tokens per row the float64 reference uses the chunked form
 # (tested against the sequential one to ~1e-12) instead of a Python loop over time.

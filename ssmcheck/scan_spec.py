@@ -17,14 +17,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssmcheck import models, sweep
+from ssmcheck.models import WIDTHS
+from ssmcheck.ops.rounding.naive import MODES as ROUNDINGS
 from ssmcheck.regimes import REGIMES, ScanShape
-from ssmcheck.sweep import SweepError
-from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, FAIL_ON
+from ssmcheck.sweep import SweepError, option_name
+from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, FAIL_ON, Tolerance
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-ROUNDINGS = ("nearest", "stochastic")
 REFERENCES = ("fp64", "fp32")
-WIDTHS = ("nheads", "headdim", "dstate", "ngroups")
 
 # axis -> (converter, allowed values or None)
 AXES = {
@@ -48,17 +48,6 @@ SETTINGS = ("reference", "tol_factor", "floor", "rtol", "seed", "fail_on")
 BUILTIN_CHUNK_SIZES = tuple(2**k for k in range(4, 9))  # what the built-in kernel supports
 
 
-def option_name(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    tol_factor: float = DEFAULT_TOL_FACTOR
-    floor: float = DEFAULT_FLOOR
-    rtol: float | None = None
-
-
 @dataclass(frozen=True)
 class ScanSettings:
     axes: dict[str, list]  # every axis in AXES; "chunk_size" may be [None]: each model's own
@@ -67,17 +56,6 @@ class ScanSettings:
     tolerance: Tolerance
     seed: int
     fail_on: tuple[str, ...]
-
-
-def _parse_axis(label: str, key: str, value) -> list:
-    convert, allowed = AXES[key]
-    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    return sweep.parse_list(label, text, convert, allowed)
-
-
-def _parse_fail_on(label: str, value) -> tuple[str, ...]:
-    text = ",".join(value) if isinstance(value, list) else str(value)
-    return tuple(sweep.parse_list(label, text, allowed=tuple(FAIL_ON)))
 
 
 def _number(label: str, value, *, minimum: float, strict: bool) -> float:
@@ -101,9 +79,9 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     axes = {}
     for key in AXES:
         if cli.get(key) is not None:
-            axes[key] = _parse_axis(option_name(key), key, cli[key])
+            axes[key] = sweep.parse_axis(option_name(key), cli[key], *AXES[key])
         elif key in preset:
-            axes[key] = _parse_axis(f"{where}: {key}", key, preset[key])
+            axes[key] = sweep.parse_axis(f"{where}: {key}", preset[key], *AXES[key])
         else:
             axes[key] = list(AXIS_DEFAULTS[key])
 
@@ -117,7 +95,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
                 if key not in AXES or key in ("regime", "model"):
                     raise SweepError(f"{where}: [scan.overrides.{regime}] cannot set {key!r}")
                 if cli.get(key) is None:  # the command line wins
-                    parsed[key] = _parse_axis(f"{where}: overrides.{regime}.{key}", key, value)
+                    parsed[key] = sweep.parse_axis(f"{where}: overrides.{regime}.{key}", value, *AXES[key])
             overrides.setdefault(regime, []).append(parsed)
     if any(cli.get(key) is not None for key in AXES):
         overrides = {regime: tables[:1] for regime, tables in overrides.items()}
@@ -153,7 +131,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     label, fail_on = setting("fail_on", list(FAIL_ON))
     return ScanSettings(
         axes=axes, overrides=overrides, reference=reference, tolerance=Tolerance(tol_factor, floor, rtol),
-        seed=seed, fail_on=_parse_fail_on(label, fail_on),
+        seed=seed, fail_on=sweep.parse_fail_on(label, fail_on),
     )
 
 

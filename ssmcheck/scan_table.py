@@ -1,4 +1,4 @@
-"""Rendering scan results for people: the environment line, the Rich table, notes and the summary line."""
+"""Rendering scan results for people: the header, the Rich table and notes (the summary line is report's)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck import __version__
-from ssmcheck.report import format_error, sparkline
+from ssmcheck import report
+from ssmcheck.report import STYLES, format_error, sparkline
 from ssmcheck.runtime import Environment
 from ssmcheck.scan_runner import CaseResult
 from ssmcheck.scan_spec import ScanSettings
 from ssmcheck.verdict import Status
 
-STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red", Status.ERROR: "magenta",
-          Status.SKIPPED: "dim"}
 
-
-def environment_line(env: Environment, kernel: str, settings: ScanSettings) -> str:
-    where = f"{env.device} ({'Triton interpreter' if env.interpreter else 'compiled'})"
-    if env.gpu:
-        where += f", {env.gpu}"
-    tol = settings.tolerance
-    rule = f"rtol {tol.rtol:g}" if tol.rtol is not None else f"{tol.tol_factor:g} x baseline + {tol.floor:g}"
+def header(env: Environment, kernel: str, settings: ScanSettings) -> str:
     return (
-        f"ssmcheck {__version__} scan | device {where} | torch {env.torch} | triton {env.triton} | "
-        f"python {env.python}\nkernel {kernel} | reference {settings.reference} | tolerance {rule} | "
+        f"{report.environment_line('scan', env)}\n"
+        f"kernel {kernel} | reference {settings.reference} | tolerance {report.tolerance_rule(settings.tolerance)} | "
         f"seed {settings.seed} | fail on {','.join(settings.fail_on)}"
     )
 
@@ -98,12 +90,6 @@ def notes(results: list[CaseResult]) -> list[str]:
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
     return lines
-
-
-def summary_line(counts: dict[str, int], seconds: float, exit_code: int) -> str:
-    total = sum(counts.values())
-    parts = ", ".join(f"{n} {status}" for status, n in counts.items())
-    return f"{total} cases: {parts} in {seconds:.1f}s; exit code {exit_code}"
 
 
 def render(console: Console, results: list[CaseResult]) -> None:

@@ -17,9 +17,16 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
+from ssmcheck.verdict import FAIL_ON
+
 
 class SweepError(ValueError):
     """A bad sweep option or preset; the message names it."""
+
+
+def option_name(key: str) -> str:
+    """The CLI option of a preset key: chunk_size -> --chunk-size."""
+    return "--" + key.replace("_", "-")
 
 
 def parse_list(option: str, text: str, convert=str, allowed=None) -> list:
@@ -37,6 +44,17 @@ def parse_list(option: str, text: str, convert=str, allowed=None) -> list:
             raise SweepError(f"{option}: invalid value {item!r} (choose from {', '.join(map(str, allowed))})")
         values.append(value)
     return list(dict.fromkeys(values))  # de-duplicate, keep order
+
+
+def parse_axis(label: str, value, convert=str, allowed=None) -> list:
+    """Parse an axis given as a TOML list (a preset) or as comma-separated text (the command line)."""
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return parse_list(label, text, convert, allowed)
+
+
+def parse_fail_on(label: str, value) -> tuple[str, ...]:
+    """Parse --fail-on (or a preset's fail_on): which of nonfinite, tolerance, error gate the exit code."""
+    return tuple(parse_axis(label, value, allowed=tuple(FAIL_ON)))
 
 
 def positive_int(text: str) -> int:

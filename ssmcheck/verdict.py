@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 class Status(str, enum.Enum):
@@ -36,6 +37,15 @@ FAIL_ON = {"nonfinite": Status.NONFINITE, "tolerance": Status.FAIL, "error": Sta
 # errors are a few ulps and vary with summation order, from flickering.
 DEFAULT_TOL_FACTOR = 2.0
 DEFAULT_FLOOR = 1e-5
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The parameters of the tolerance rule below, as a command's settings carry them."""
+
+    tol_factor: float = DEFAULT_TOL_FACTOR
+    floor: float = DEFAULT_FLOOR
+    rtol: float | None = None
 
 
 def within_tolerance(

@@ -1,9 +1,10 @@
-"""The JSON envelope and the sparkline."""
+"""The JSON envelope, the sparkline and the shared header and summary lines."""
 
 import json
 import math
 
 from ssmcheck import report, runtime
+from ssmcheck.verdict import Tolerance
 
 
 def test_envelope_keys_and_nonfinite_values(tmp_path):
@@ -24,3 +25,13 @@ def test_sparkline_spans_the_bars_and_marks_nonfinite():
     assert line[3] == "!"
     assert report.sparkline([]) == ""
     assert set(report.sparkline([2.0, 2.0, 2.0])) == {report.SPARK_BARS[0]}
+
+
+def test_header_and_summary_lines():
+    env = runtime.environment()
+    assert report.environment_line("drift", env).startswith(f"ssmcheck {report.__version__} drift | device {env.device} (")
+    assert report.tolerance_rule(Tolerance()) == "2 x baseline + 1e-05"
+    assert report.tolerance_rule(Tolerance(rtol=0.01)) == "rtol 0.01"
+    counts = {"pass": 2, "fail": 1}
+    assert report.summary_line(counts, 1.23, 1) == "3 cases: 2 pass, 1 fail in 1.2s; exit code 1"
+    assert report.summary_line(counts, 1.23, 1, prefix="drift: ").startswith("drift: 3 cases:")

@@ -22,6 +22,18 @@ def test_parse_list_rejects_values_outside_the_choices():
         sweep.parse_list("--dtype", "fp16,fp8", allowed=("fp32", "fp16", "bf16"))
 
 
+def test_parse_axis_takes_a_toml_list_or_comma_text():
+    assert sweep.parse_axis("--batch", [2, 4, 2], sweep.positive_int) == [2, 4]
+    assert sweep.parse_axis("--batch", "2,4", sweep.positive_int) == [2, 4]
+    assert sweep.option_name("state_dtype") == "--state-dtype"
+
+
+def test_parse_fail_on_names_the_categories():
+    assert sweep.parse_fail_on("--fail-on", ["tolerance", "error"]) == ("tolerance", "error")
+    with pytest.raises(sweep.SweepError, match="'warn'.*choose from nonfinite, tolerance, error"):
+        sweep.parse_fail_on("--fail-on", "nonfinite,warn")
+
+
 def test_product_order_and_size():
     cases = sweep.product({"a": [1, 2], "b": ["x", "y", "z"]})
     assert len(cases) == 6
