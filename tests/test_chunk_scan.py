@@ -156,6 +156,37 @@ def test_varlen_matches_reference(dtype, cu_seqlens, device):
                     D="channel", seed=len(cu_seqlens)), device)
 
 
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """Every float tensor allocated with torch.empty/empty_like starts as NaN.
+
+    The kernel allocates its intermediates (dt, cumulative decay, chunk states, C·Bᵀ) and its
+    stored, final and varlen states itself: poisoning the allocator makes an element that any
+    stage forgets to write (or reads before it is written) show up as NaN in an output.
+    """
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(seqlen=45, chunk_size=16),  # batch mode, a partial last chunk
+        Case(batch=1, seqlen=50, chunk_size=16, cu_seqlens=[0, 1, 7, 7, 30, 50]),  # mid-chunk, length 1, empty
+        Case(batch=1, seqlen=50, chunk_size=32, cu_seqlens=[0, 50], initial_states=False),  # a lone sequence
+        Case(seqlen=40, chunk_size=16, state_dtype=torch.float16, rounding="stochastic"),
+    ],
+    ids=["batch", "varlen", "lone", "fp16-states-sr"],
+)
+def test_every_buffer_element_is_written(case, poisoned_allocations, device):
+    check_case(case, device)  # asserts every output is finite and within the tolerance rule
+
+
 @pytest.mark.parametrize("ngroups", [1, 2, 4])
 @pytest.mark.parametrize("D", [None, "head", "channel"])
 def test_groups_and_skip_shapes(ngroups, D, device):
