@@ -10,6 +10,7 @@ import typer
 
 from ssmcheck import cli_common, models, sweep
 from ssmcheck.cli_common import EXIT_CODES, usage_error
+from ssmcheck.drift_regimes import DRIFT_REGIMES  # torch only, no triton: --help stays light
 from ssmcheck.kernels import KernelSpecError
 from ssmcheck.regimes import REGIMES
 from ssmcheck.sweep import SweepError
@@ -19,14 +20,6 @@ from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 def _regime_lines(regimes: dict[str, str]) -> list[str]:
     width = max(map(len, regimes))
     return [f"{name:<{width}}  {text}" for name, text in regimes.items()]
-
-
-def _drift_regimes() -> dict[str, str]:
-    try:
-        from ssmcheck.drift_regimes import DRIFT_REGIMES  # noqa: PLC0415 (optional: written alongside)
-    except ImportError:
-        return {}
-    return dict(DRIFT_REGIMES)
 
 
 SCAN_HELP = "\n\n".join([
@@ -112,11 +105,9 @@ def regimes() -> None:
     typer.echo("scan regimes (ssmcheck scan --regime):")
     for line in _regime_lines({n: r.explanation for n, r in REGIMES.items()}):
         typer.echo("  " + line)
-    drift = _drift_regimes()
-    if drift:
-        typer.echo("\ndrift regimes (ssmcheck drift --regime):")
-        for line in _regime_lines(drift):
-            typer.echo("  " + line)
+    typer.echo("\ndrift regimes (ssmcheck drift --regime):")
+    for line in _regime_lines(DRIFT_REGIMES):
+        typer.echo("  " + line)
 
 
 def register(app: typer.Typer) -> None:

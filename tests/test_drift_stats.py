@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ssmcheck.drift_stats import (
     BIAS_FLOOR_ULP,
+    BIAS_Z_LIMIT,
     SignedErrorMoments,
     crossing_step,
     growth_exponent,
@@ -100,14 +101,40 @@ def test_bias_z_test_catches_three_random_bits_in_a_few_thousand_stores(seed):
     assert is_biased(moments)
 
 
+def _offset_errors(g, n, mean):
+    """Errors (in ulps) of a constant offset `mean` plus noise 1/16 its size: z ~ 16 sqrt(n), whatever `mean`."""
+    return mean + (mean / 16) * torch.randn(n, generator=g, dtype=torch.float64)
+
+
 def test_bias_needs_material_size_as_well_as_significance():
-    # A deterministic offset far below BIAS_FLOOR_ULP (what fp32 arithmetic can do) is
-    # significant over many stores, yet not "biased".
+    # A deterministic offset below BIAS_FLOOR_ULP (what fp32 arithmetic can do) is overwhelmingly
+    # significant over many stores, yet not "biased": only the floor keeps it from being so.
     g = torch.Generator().manual_seed(7)
-    tiny_offset = _sr_errors(g, 400_000) + BIAS_FLOOR_ULP / 8
-    moments = _moments(tiny_offset)
-    assert not is_biased(moments)
-    assert moments.z is not None
+    below = _moments(_offset_errors(g, 100_000, 2.0**-12))
+    assert below.mean == pytest.approx(2.0**-12, rel=1e-2) and below.mean < BIAS_FLOOR_ULP
+    assert below.z > 100 * BIAS_Z_LIMIT
+    assert not is_biased(below)
+    assert not is_biased(_moments(-_offset_errors(g, 100_000, 2.0**-12)))  # toward zero alike
+
+
+def test_bias_above_the_floor_and_significant_is_biased():
+    # The converse: the same z with the mean 4x above the floor is biased, of either sign.
+    g = torch.Generator().manual_seed(7)
+    above = _moments(_offset_errors(g, 100_000, 4 * BIAS_FLOOR_ULP))
+    below = _moments(_offset_errors(torch.Generator().manual_seed(7), 100_000, 2.0**-12))
+    assert above.mean > BIAS_FLOOR_ULP
+    assert above.z == pytest.approx(below.z, rel=1e-6)  # the noise scales with the mean: same z
+    assert is_biased(above)
+    assert is_biased(_moments(-_offset_errors(g, 100_000, 4 * BIAS_FLOOR_ULP)))
+
+
+def test_bias_above_the_floor_needs_significance():
+    # A mean well above the floor but lost in noise (|z| below the limit) is not biased.
+    g = torch.Generator().manual_seed(7)
+    noise = torch.randn(1000, generator=g, dtype=torch.float64)
+    noisy = _moments(4 * BIAS_FLOOR_ULP + (noise - noise.mean()))  # mean exactly 2**-8 ulp, z ~ 0.1
+    assert abs(noisy.mean) > BIAS_FLOOR_ULP and abs(noisy.z) < BIAS_Z_LIMIT
+    assert not is_biased(noisy)
 
 
 def test_moments_ignore_nonfinite_samples_and_need_two():

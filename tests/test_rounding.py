@@ -73,7 +73,8 @@ def _interpret() -> bool:
 
 def _elementwise(x: torch.Tensor, dtype, seed: int = 0, stochastic: bool = True, philox_rounds: int = 10):
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    block = 1024
+    # The interpreter's cost is per program, not per element: big blocks there make 2**20 draws cheap.
+    block = min(2**16, max(1024, triton.next_power_of_2(x.numel()))) if _interpret() else 1024
     _elementwise_kernel[(triton.cdiv(x.numel(), block),)](
         x, out, x.numel(), seed, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic, N_ROUNDS=philox_rounds,
         INTERPRET=_interpret(), BLOCK=block)
@@ -211,40 +212,45 @@ def test_tiny_fp16_values_compare_all_128_bits():
 def _unbiased_cases(dtype) -> list[float]:
     if dtype == torch.float16:
         return [
-            1 + 2**-23,  # one fp32 ulp: 1/8192 of an fp16 ulp
+            1 + 2**-23,  # one fp32 ulp: 1/8192 of an fp16 ulp (the lowest of the 13 dropped bits)
             1 + 2**-11 + 2**-21,  # just over half an ulp
-            -3 * (1 + 2**-20),  # negative, 1/1024 of an ulp
+            -3 * (1 + 2**-20),  # negative, 3/2048 of an ulp
             0.3,  # an arbitrary fraction
             2.5 * 2**-24,  # fp16 subnormal range: half way between 2 and 3 * 2**-24
-            (1 + 2**-10) * 2**-20,  # subnormal range, 20 dropped bits, 1/1024 of the grid
+            (1 + 2**-10) * 2**-20,  # subnormal range, 19 dropped bits, 1/64 of the 2**-24 grid
             2**-30,  # below the smallest subnormal: rounds to 2**-24 with probability 2**-6
             3 * 2**-35,  # below 2**-33: takes the extra-words branch; probability 3 * 2**-11
             FP16_MAX + 8,  # overflow: inf (65536) with probability 1/4
         ]
     return [
-        1 + 2**-23,  # 1/65536 of a bf16 ulp
+        # 1/8192 of a bf16 ulp, exact in the 16 dropped bits. The lowest dropped bit (1 + 2**-23,
+        # 1/65536 of an ulp) would need 2**23 draws to see ~128 round-ups: too slow in the interpreter.
+        1 + 2**-20,
         1 + 2**-8 + 2**-20,  # just over half an ulp
-        -5 * (1 + 2**-18),
+        -5 * (1 + 2**-18),  # negative, 5/8192 of an ulp
         0.3,
         1.5 * 2**-133,  # bf16 subnormal (an fp32 subnormal): half way
         BF16_MAX + 2.0**119,  # overflow: inf (2**128) with probability 1/4
     ]
 
 
+MIN_EXPECTED_UPS = 128  # "never round up" then has z <= -sqrt(128) ~ -11, far beyond Z_LIMIT
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", LOW)
 def test_mean_is_unbiased(path, dtype):
-    values = _unbiased_cases(dtype)
-    n = 2**16 if _interpret() else 2**22
-    x, y = _draws(path, values, dtype, n, seed=2024)
-    p = _up_fraction(x[:, :1], dtype)[:, 0]
-    up = (y.double().abs() > x.double().abs()).sum(dim=1)
-    for i, value in enumerate(values):
-        expected = p[i].item()
-        if expected * n < 5:  # too rare to count in this sample: it must at least not be inflated
-            assert up[i].item() <= 5 + 10 * expected * n, value
-            continue
-        assert abs(_z(up[i].item(), n, expected)) < Z_LIMIT, (value, up[i].item() / n, expected)
+    base = 2**16 if _interpret() else 2**22
+    for i, value in enumerate(_unbiased_cases(dtype)):
+        expected = _up_fraction(torch.tensor([value]), dtype).item()
+        assert 0 < expected < 1, value
+        # Enough draws that the rare round-ups of a sub-ulp fraction are counted, not guessed at.
+        n = max(base, triton.next_power_of_2(math.ceil(MIN_EXPECTED_UPS / expected)))
+        x, y = _draws(path, [value], dtype, n, seed=2024 + i)
+        up = int((y.double().abs() > x.double().abs()).sum())
+        assert expected * n >= MIN_EXPECTED_UPS, value
+        assert up > 0, (value, n, expected)  # a kernel that never rounds these up fails here outright
+        assert abs(_z(up, n, expected)) < Z_LIMIT, (value, up / n, expected)
 
 
 def _truncated_bits_sr(x: torch.Tensor, dtype, bits: int, generator) -> torch.Tensor:
