@@ -2,7 +2,13 @@
 
 Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
-None takes a `rounding` keyword: `--rounding` declares what each is supposed to do.
+None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
+the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), which implement
+both modes themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
+
+A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
+tensor): the runner clones a fresh state for every trial and updates it in place, so call n of a
+trial is decode step n of that trial, whatever ran before (no module-level state to reset).
 """
 
 import torch
@@ -92,4 +98,66 @@ def plain_stochastic(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_sof
     dropped = _DROPPED_BITS[state.dtype]
     random_bits = torch.randint(0, 1 << dropped, new.shape, dtype=torch.int32, device=new.device)
     state.copy_(_round_magnitude_bits(new, state.dtype, random_bits))
+    return out
+
+
+# skips_one_store leaves the state untouched at this decode step of every trial (11 is not
+# one of the log-spaced checkpoints of a 32-step run, so only the lingering error is seen).
+SKIPPED_STORE_STEP = 11
+# inf_at_one_element stores inf here: (step, batch, head, channel, state index), every trial
+# (needs batch >= 3, nheads >= 2, headdim >= 5, dstate >= 6).
+INF_STEP, INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX = 7, 2, 1, 3, 5
+
+
+def _step_number(state) -> int:
+    """1 on the first call with this state tensor, 2 on the next, ..."""
+    calls = getattr(state, "_broken_kernel_calls", 0) + 1
+    state._broken_kernel_calls = calls
+    return calls
+
+
+def _store(state, new, rounding, seed):
+    """Store fp32 `new` into `state` rounded to nearest, or stochastically with every dropped bit
+    random (normals only), the bits drawn from a generator seeded with `seed`."""
+    if rounding == "stochastic" and state.dtype in _DROPPED_BITS:
+        generator = torch.Generator(device=new.device).manual_seed(seed)
+        random_bits = torch.randint(0, 1 << _DROPPED_BITS[state.dtype], new.shape, dtype=torch.int32,
+                                    device=new.device, generator=generator)
+        state.copy_(_round_magnitude_bits(new.contiguous(), state.dtype, random_bits))
+    else:
+        state.copy_(new.to(state.dtype))
+
+
+def stores_every_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                      rounding="nearest", seed=0):
+    """Correct in both modes, and counts its steps as skips_one_store does: its control."""
+    _step_number(state)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def skips_one_store(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                    rounding="nearest", seed=0):
+    """A race / early exit that drops one write-back: at step SKIPPED_STORE_STEP the state is left as
+    it was (out is still right for that step); every other store is correct in either mode."""
+    step = _step_number(state)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if step != SKIPPED_STORE_STEP:
+        _store(state, new, rounding, seed)
+    return out
+
+
+def inf_at_one_element(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                       rounding="nearest", seed=0):
+    """Correct, except that at step INF_STEP one element of the state, (INF_BATCH, INF_HEAD,
+    INF_CHANNEL, INF_STATE_INDEX), is stored as inf (a bad address, say), and two elements after
+    it in index order as NaN and -inf: the first non-finite element is the inf."""
+    step = _step_number(state)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    if step == INF_STEP:
+        state[INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX] = float("inf")
+        state[INF_BATCH, INF_HEAD, INF_CHANNEL + 1, 0] = float("nan")
+        state[-1, -1, -1, -1] = -float("inf")
     return out

@@ -4,18 +4,20 @@ Most runs use `--kernel torch` (the baseline as the kernel) or broken wrappers o
 (tests/broken_scan_kernels.py) at tiny widths; a few run the built-in Triton kernel.
 """
 
+import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
 from ssmcheck import cli_scan, runtime
 from ssmcheck.drift_regimes import DRIFT_REGIMES
-from ssmcheck.regimes import REGIMES
+from ssmcheck.regimes import REGIMES, ScanShape
 
 BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
 TINY = ["--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1"]
@@ -113,6 +115,41 @@ def test_a_state_leaking_across_varlen_boundaries_fails_only_where_there_are_bou
     failed = next(c for c in report["cases"] if c["status"] == "fail")
     assert failed["message"].startswith("y error") and "states" not in failed["message"]
     assert failed["error"]["ratio"] > 10 and failed["first_nonfinite"] is None
+
+    # Where the error is: the case's inputs again, and y in float64 with and without the boundaries.
+    p = failed["params"]
+    shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
+    inputs = REGIMES["ragged"].generate(shape, torch.bfloat16, p["seed"])
+    cu = inputs.cu_seqlens.tolist()
+    lengths = [b - a for a, b in itertools.pairwise(cu)]
+    assert f"varlen: {len(lengths)} sequences of {', '.join(map(str, lengths))} tokens" in failed["inputs"]
+    leak = (_y_float64(inputs, starts={0}) - _y_float64(inputs, starts=set(cu[:-1]))).abs()
+    assert leak[: cu[1]].max() == 0  # nothing precedes the first sequence
+    row, token, head, channel = failed["error"]["y_worst"]
+    assert row == 0 and cu[1] <= token < cu[-1]  # in a sequence after the first
+    # the worst element is where the leak is largest, and the leak is its error
+    assert leak[token, head, channel] >= 0.9 * leak.max()
+    assert abs(failed["error"]["y_max_abs"] - leak[token, head, channel]) < 0.05 * failed["error"]["y_max_abs"]
+
+
+def _y_float64(inputs, starts):
+    """y (tokens, nheads, headdim) of a ragged case's one packed row in float64, token by token, the
+    state reset to zero at each token in `starts` (ragged: no z, no initial states, no dt limit)."""
+    assert inputs.z is None and inputs.initial_states is None and inputs.dt_limit == (0.0, float("inf"))
+    assert inputs.dt_softplus
+    x, dt, B, C = (t[0].double() for t in (inputs.x, inputs.dt, inputs.B, inputs.C))
+    A, D, dt_bias = inputs.A.double(), inputs.D.double(), inputs.dt_bias.double()  # D: (nheads, headdim)
+    heads_per_group = x.shape[1] // B.shape[1]
+    state = torch.zeros(x.shape[1], x.shape[2], B.shape[2], dtype=torch.float64)
+    ys = []
+    for t in range(x.shape[0]):
+        if t in starts:
+            state = torch.zeros_like(state)
+        step = torch.nn.functional.softplus(dt[t] + dt_bias)  # (nheads,)
+        Bt, Ct = (v[t].repeat_interleave(heads_per_group, 0)[:, None, :] for v in (B, C))
+        state = state * torch.exp(step * A)[:, None, None] + (step[:, None] * x[t])[..., None] * Bt
+        ys.append((state * Ct).sum(-1) + D * x[t])
+    return torch.stack(ys)
 
 
 def test_an_error_a_little_too_large_fails_and_the_factor_decides(tmp_path):

@@ -51,6 +51,8 @@ FP16 = ["--state-dtype", "fp16"]
         (["--kernel", "torch", *FP16], 0),
         (["--kernel", f"{BROKEN}:truncating", "--regime", "normal", "--rounding", "nearest", *FP16], 1),
         (["--kernel", f"{BROKEN}:sr_3bit", "--regime", "stagnation", "--rounding", "stochastic", *FP16], 1),
+        # truncation declared as stochastic rounding: biased
+        (["--kernel", f"{BROKEN}:truncating", "--regime", "normal", "--rounding", "stochastic", *FP16], 1),
         (["--kernel", f"{BROKEN}:skips_last_head_store", "--regime", "normal", *FP16], 1),
         (["--kernel", f"{BROKEN}:forgets_decay", "--regime", "overflow", "--rounding", "nearest", *FP16], 3),
         (["--kernel", f"{BROKEN}:raises", "--regime", "normal", "--rounding", "nearest", *FP16], 4),
@@ -135,6 +137,36 @@ def test_nonfinite_case_reports_its_location_in_json(tmp_path):
     [case] = report["cases"]
     assert case["status"] == "nonfinite" and case["message"].startswith("non-finite state at step")
     assert set(case["first_nonfinite"]) == {"output", "step", "trial", "batch", "head", "channel", "state_index"}
+
+
+def test_an_inf_stored_at_a_known_element_is_located_exactly_in_json(tmp_path):
+    result, report = drift("--kernel", f"{BROKEN}:inf_at_one_element", "--regime", "normal", "--rounding",
+                           "nearest,stochastic", "--state-dtype", "fp16", *TINY, "--batch", "3",
+                           json_path=tmp_path / "r.json")
+    assert result.exit_code == 3, result.output
+    assert len(report["cases"]) == 2
+    for case in report["cases"]:
+        # broken_state_update_kernels: INF_STEP, INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX
+        assert case["status"] == "nonfinite"
+        assert case["first_nonfinite"] == {"output": "state", "step": 7, "trial": 0, "batch": 2, "head": 1,
+                                           "channel": 3, "state_index": 5}
+        assert case["message"] == "non-finite state at step 7 (trial 0, batch 2, head 1, channel 3, state index 5)"
+        assert case["checkpoints"][-1]["step"] == 7
+
+
+@pytest.mark.parametrize("state_dtype", ["fp16", "bf16"])
+def test_a_single_skipped_state_store_fails_in_both_modes(tmp_path, state_dtype):
+    args = ("--regime", "overflow", "--rounding", "nearest,stochastic", "--state-dtype", state_dtype, *TINY)
+    result, report = drift("--kernel", f"{BROKEN}:skips_one_store", *args, json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    assert "exit code 1" in result.stdout
+    assert [c["params"]["rounding"] for c in report["cases"]] == ["nearest", "stochastic"]
+    for case in report["cases"]:
+        assert case["status"] == "fail" and "state drift" in case["message"], case["message"]
+        assert case["first_nonfinite"] is None and case["ratio"] > 4
+    # the same kernel storing every step passes: the one skipped store is what fails
+    control, _ = drift("--kernel", f"{BROKEN}:stores_every_step", *args)
+    assert control.exit_code == 0, control.output
 
 
 def test_quiet_prints_only_the_summary():

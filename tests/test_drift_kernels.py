@@ -5,6 +5,9 @@ these run in well under a second each; the built-in Triton kernel runs through
 the interpreter on the CPU, so its runs are kept to a few steps of one small head.
 """
 
+import importlib.util
+import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -15,10 +18,14 @@ from hypothesis import strategies as st
 from ssmcheck import runtime
 from ssmcheck.drift import run_case
 from ssmcheck.drift_kernels import resolve_kernel
+from ssmcheck.drift_regimes import make_problem
 from ssmcheck.drift_spec import build_cases, resolve
 from ssmcheck.verdict import Status
 
 BROKEN = Path(__file__).parent / "broken_state_update_kernels.py"
+_spec = importlib.util.spec_from_file_location("broken_state_update_kernels", BROKEN)
+bk = importlib.util.module_from_spec(_spec)  # for the broken kernels' constants
+_spec.loader.exec_module(bk)
 SMALL = {"nheads": "2", "headdim": "16", "dstate": "16", "steps": 32, "trials": 2}
 
 
@@ -40,6 +47,9 @@ def broken(name: str) -> str:
         ("sr_3bit", "stagnation", "stochastic", Status.FAIL, "biased"),
         ("truncating", "normal", "nearest", Status.FAIL, "state drift"),
         ("truncating", "long", "nearest", Status.FAIL, "state drift"),
+        # declared stochastic, a truncating store is judged on its bias (always -1/2 ulp on average)
+        ("truncating", "normal", "stochastic", Status.FAIL, "biased"),
+        ("truncating", "stagnation", "stochastic", Status.FAIL, "biased"),
         ("skips_last_head_store", "normal", "nearest", Status.FAIL, "state drift"),
         ("skips_last_head_store", "overflow", "stochastic", Status.FAIL, "state drift"),
         ("forgets_decay", "overflow", "nearest", Status.NONFINITE, "non-finite state"),
@@ -57,14 +67,86 @@ def test_broken_kernels_are_flagged(name, regime, rounding, status, message, see
         assert message in result.verdict.message
 
 
-def test_nonfinite_state_is_located():
-    [result] = run(broken("forgets_decay"), regime="overflow", rounding="nearest", state_dtype="fp16", batch="2")
+def _first_overflow_without_decay(case, device):
+    """Independently of ssmcheck's measurement: (step, batch, head, channel, state index) of the first
+    element, in index order, that forgets_decay's state (the update without exp(dt * A), computed in
+    float64 and stored in the case's dtype) makes non-finite while the decaying float64 recurrence
+    stays finite."""
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
+    state = problem.initial_state.double()
+    truth = state.clone()
+    A = problem.A.double()
+    heads_per_group = case.nheads // case.ngroups
+    for n, step in enumerate(problem.steps(), start=1):
+        dt = torch.nn.functional.softplus(step.dt.double() + problem.dt_bias.double())  # (batch, nheads, headdim)
+        B = step.B.double().repeat_interleave(heads_per_group, dim=1)[:, :, None, :]
+        update = (dt * step.x.double())[..., None] * B
+        state = (state + update).to(case.dtype).double()
+        truth = truth * torch.exp(dt[..., None] * A) + update
+        if bool(torch.isfinite(state).all()):
+            continue
+        for b, h, p, i in itertools.product(*(range(size) for size in state.shape)):
+            if not math.isfinite(state[b, h, p, i]) and math.isfinite(truth[b, h, p, i]):
+                return n, b, h, p, i
+    return None
+
+
+@pytest.mark.parametrize("state_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("seed", [0, 7, 12345])
+def test_nonfinite_state_is_located_exactly_where_it_first_overflows(state_dtype, seed, device):
+    [result] = run(broken("forgets_decay"), regime="overflow", rounding="nearest", state_dtype=state_dtype,
+                   batch="2", seed=seed)
+    assert result.status is Status.NONFINITE, result.verdict.message
+    expected = _first_overflow_without_decay(result.case, device)
+    assert expected is not None
     where = result.run.first_nonfinite
-    case = result.case
-    assert where.output == "state" and 1 <= where.step <= case.steps and where.trial == 0
-    assert 0 <= where.batch < case.batch and 0 <= where.head < case.nheads
-    assert 0 <= where.channel < case.headdim and 0 <= where.state_index < case.dstate
+    assert (where.output, where.trial) == ("state", 0)
+    assert (where.step, where.batch, where.head, where.channel, where.state_index) == expected
     assert result.run.checkpoints[-1].step == where.step  # the run stops there
+    step, b, h, p, i = expected
+    assert result.verdict.message == (
+        f"non-finite state at step {step} (trial 0, batch {b}, head {h}, channel {p}, state index {i})"
+    )
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_an_inf_stored_at_a_known_element_is_located_there(rounding):
+    [result] = run(broken("inf_at_one_element"), regime="normal", rounding=rounding, state_dtype="fp16",
+                   batch="3")
+    assert result.status is Status.NONFINITE, result.verdict.message
+    where = result.run.first_nonfinite
+    assert (where.output, where.step, where.trial, where.batch, where.head, where.channel, where.state_index) == (
+        "state", bk.INF_STEP, 0, bk.INF_BATCH, bk.INF_HEAD, bk.INF_CHANNEL, bk.INF_STATE_INDEX)
+    assert result.run.checkpoints[-1].step == bk.INF_STEP and result.run.trials == 1  # the run stops there
+
+
+@pytest.mark.parametrize(
+    "regime, state_dtype",
+    # overflow: constant-sign updates, so one lost update is never averaged away (ratio >= ~9 in
+    # bf16); long: slow decay (fp16 only: in bf16 one lost step of it can hide in 2x the baseline)
+    [("overflow", "fp16"), ("overflow", "bf16"), ("long", "fp16")],
+)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**20))
+def test_a_single_skipped_state_store_fails_in_both_modes(regime, state_dtype, rounding, seed):
+    # The kernel implements both modes itself (it takes `rounding` and `seed`); its control, the same
+    # code storing every step, passes, so the failure is the one skipped store.
+    [control] = run(broken("stores_every_step"), regime=regime, rounding=rounding, state_dtype=state_dtype,
+                    seed=seed)
+    assert control.status is Status.PASS, control.verdict.message
+    [result] = run(broken("skips_one_store"), regime=regime, rounding=rounding, state_dtype=state_dtype,
+                   seed=seed)
+    assert result.status is Status.FAIL, result.verdict.message
+    assert "state drift" in result.verdict.message
+    # Same inputs and rounding bits: identical to the control until the skip (a step between
+    # checkpoints), and well beyond it at the next checkpoint (later, the lost update decays away).
+    steps = [c.step for c in result.run.checkpoints]
+    assert steps == [c.step for c in control.run.checkpoints] and bk.SKIPPED_STORE_STEP not in steps
+    pairs = list(zip(result.run.checkpoints, control.run.checkpoints))
+    assert all(b.state_rel == c.state_rel for b, c in pairs if b.step < bk.SKIPPED_STORE_STEP)
+    next_broken, next_control = next((b, c) for b, c in pairs if b.step > bk.SKIPPED_STORE_STEP)
+    assert next_broken.state_rel > 2 * next_control.state_rel, (next_broken, next_control)
 
 
 @pytest.mark.parametrize("name, rounding", [("plain_nearest", "nearest"), ("plain_stochastic", "stochastic")])
