@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from ssmcheck import __version__
+from ssmcheck import __version__, cli_drift, cli_scan
 
 app = typer.Typer(
     name="ssmcheck",
@@ -38,14 +38,11 @@ def root(
     """Diagnose the numerical stability of Mamba2 SSM kernels."""
 
 
-def _register() -> None:
-    # Imported here so that `ssmcheck --help` stays fast and imports no triton.
-    from ssmcheck import cli_drift, cli_scan  # noqa: PLC0415
-
-    cli_scan.register(app)
-    cli_drift.register(app)
+# Registered at import so that tests drive the very app users run. Neither module imports
+# triton: the commands configure the device first, then import the kernels.
+cli_scan.register(app)
+cli_drift.register(app)
 
 
 def main() -> None:
-    _register()
     app()

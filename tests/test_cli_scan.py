@@ -5,35 +5,24 @@ Most runs use `--kernel torch` (the baseline as the kernel) or broken wrappers o
 """
 
 import itertools
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
+from cli_invoke import invoke
 
-from ssmcheck import cli_scan, runtime
+from ssmcheck import runtime
 from ssmcheck.drift_regimes import DRIFT_REGIMES
 from ssmcheck.regimes import REGIMES, ScanShape
 
 BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
 TINY = ["--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1"]
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.callback()(lambda: None)
-cli_scan.register(app)
-
-
 def scan(*args, json_path=None):
     """Run `ssmcheck scan ARGS` (with --json when given); return (result, report or None)."""
-    argv = ["scan", *map(str, args)] + (["--json", str(json_path)] if json_path else [])
-    result = CliRunner().invoke(app, argv)
-    assert "Traceback" not in result.output, result.output
-    report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None
-    return result, report
+    return invoke("scan", *args, json_path=json_path)
 
 
 def test_torch_kernel_passes_the_smoke_preset(tmp_path):
@@ -300,7 +289,7 @@ def test_quiet_prints_only_the_summary():
     (["--floor", "-1"], "--floor"),
 ])
 def test_bad_options_are_one_line_usage_errors(args, named):
-    result = CliRunner().invoke(app, ["scan", *args])
+    result, _ = invoke("scan", *args)
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
@@ -309,7 +298,7 @@ def test_bad_options_are_one_line_usage_errors(args, named):
 
 
 def test_regimes_lists_and_explains_scan_and_drift_regimes():
-    result = CliRunner().invoke(app, ["regimes"])
+    result, _ = invoke("regimes")
     assert result.exit_code == 0
     for name, regime in REGIMES.items():
         assert name in result.stdout and regime.explanation[:30] in result.stdout
@@ -319,7 +308,7 @@ def test_regimes_lists_and_explains_scan_and_drift_regimes():
 
 
 def test_help_documents_options_regimes_and_exit_codes():
-    result = CliRunner().invoke(app, ["scan", "--help"], terminal_width=200)
+    result, _ = invoke("scan", "--help", terminal_width=200)
     assert result.exit_code == 0
     text = " ".join(result.stdout.split())
     for option in ("--kernel", "--preset", "--chunk-size", "--seqlen", "--dtype", "--batch", "--nheads",

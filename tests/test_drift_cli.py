@@ -4,32 +4,21 @@ Runs use `--kernel torch`, the broken kernels of tests/broken_state_update_kerne
 (plain PyTorch: fast) or, for the smoke preset, the built-in Triton kernel.
 """
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from cli_invoke import invoke
 
-from ssmcheck import cli_drift, runtime
+from ssmcheck import runtime
 from ssmcheck.drift_regimes import DRIFT_REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
 TINY = ["--nheads", "2", "--headdim", "8", "--dstate", "8", "--steps", "24"]
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.callback()(lambda: None)
-cli_drift.register(app)
-
-
 def drift(*args, json_path=None):
     """Run `ssmcheck drift ARGS` (with --json when given); return (result, report or None)."""
-    argv = ["drift", *map(str, args)] + (["--json", str(json_path)] if json_path else [])
-    result = CliRunner().invoke(app, argv)
-    assert "Traceback" not in result.output, result.output
-    report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None
-    return result, report
+    return invoke("drift", *args, json_path=json_path)
 
 
 def test_builtin_kernel_passes_the_smoke_preset():
@@ -194,7 +183,7 @@ def test_plot_draws_a_png(tmp_path):
 
 
 def test_help_explains_regimes_and_exit_codes():
-    result = CliRunner().invoke(app, ["drift", "--help"], terminal_width=200)
+    result, _ = invoke("drift", "--help", terminal_width=200)
     assert result.exit_code == 0
     for name in DRIFT_REGIMES:
         assert name in result.stdout

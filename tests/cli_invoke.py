@@ -1,0 +1,17 @@
+"""Running `ssmcheck COMMAND ARGS` in-process on the real app, as a user would."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ssmcheck.cli import app
+
+
+def invoke(*argv, json_path=None, **runner_options):
+    """Run the app (with --json when given); return (result, report or None). Never a traceback."""
+    argv = [*map(str, argv)] + (["--json", str(json_path)] if json_path else [])
+    result = CliRunner().invoke(app, argv, **runner_options)
+    assert "Traceback" not in result.output, result.output
+    report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None
+    return result, report
