@@ -10,6 +10,7 @@ import torch
 
 from ssmcheck import measure
 from ssmcheck.measure import ErrorStats, NonfiniteLocation
+from ssmcheck.report import tolerance_rule
 from ssmcheck.regimes import REGIMES, ScanInputs
 from ssmcheck.scan_kernels import KernelUnderTest, call
 from ssmcheck.scan_spec import DTYPES, ScanCase
@@ -169,9 +170,7 @@ def _verdict(result: CaseResult, tolerance: Tolerance) -> tuple[Status, str]:
         if not within_tolerance(err, base, tolerance.tol_factor, tolerance.floor, tolerance.rtol)
     ]
     if failed:
-        rule = (f"rtol {tolerance.rtol:g}" if tolerance.rtol is not None
-                else f"{tolerance.tol_factor:g} x baseline + {tolerance.floor:g}")
-        return Status.FAIL, "; ".join(failed) + f" ({rule})"
+        return Status.FAIL, "; ".join(failed) + f" ({tolerance_rule(tolerance)})"
     return Status.PASS, ""
 
 
