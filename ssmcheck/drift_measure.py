@@ -93,11 +93,15 @@ def _figures(state64, out, ref, ref_out) -> list[float]:
 
 
 def _first_nonfinite(state, out, ref, ref_out, step: int, trial: int) -> NonfiniteLocation | None:
-    for name, value, truth in (("state", state, ref), ("out", out, ref_out)):
-        bad = (~torch.isfinite(value) & torch.isfinite(truth)).flatten().nonzero()
-        if bad.numel():
-            index = torch.unravel_index(bad[0, 0], value.shape)
-            coords = [int(i) for i in index]
+    masks = [(name, ~torch.isfinite(value) & torch.isfinite(truth))
+             for name, value, truth in (("state", state, ref), ("out", out, ref_out))]
+    # Runs every decode step: one read-back decides; locating is only for the step that went bad.
+    if not torch.stack([bad.any() for _, bad in masks]).any().item():
+        return None
+    for name, bad in masks:
+        flat = bad.flatten().nonzero()
+        if flat.numel():
+            coords = [int(i) for i in torch.unravel_index(flat[0, 0], bad.shape)]
             return NonfiniteLocation(name, step, trial, *coords[:3], coords[3] if name == "state" else None)
     return None
 

@@ -41,34 +41,49 @@ def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(values, dtype=torch.float64), exponent - bits)
 
 
-@dataclass
 class SignedErrorMoments:
-    """Running count, sum and sum of squares of signed errors, for the bias z-test."""
+    """Running count, sum and sum of squares of signed errors, for the bias z-test.
 
-    count: int = 0
-    total: float = 0.0
-    total_sq: float = 0.0
+    `add` runs at every decode step, so the sums stay on the errors' device and are
+    read back only when a statistic is asked for: no wait on the device per step.
+    """
+
+    def __init__(self):
+        self._sums: torch.Tensor | None = None  # float64 (count, total, total of squares)
 
     def add(self, errors: torch.Tensor) -> None:
-        errors = errors[torch.isfinite(errors)].double()
-        self.count += errors.numel()
-        self.total += errors.sum().item()
-        self.total_sq += errors.square().sum().item()
+        errors = errors.double()
+        finite = torch.isfinite(errors)
+        kept = torch.where(finite, errors, 0.0)
+        sums = torch.stack([finite.sum().double(), kept.sum(), kept.square().sum()])
+        self._sums = sums if self._sums is None else self._sums + sums
+
+    def _read(self) -> tuple[int, float, float]:
+        if self._sums is None:
+            return 0, 0.0, 0.0
+        count, total, total_sq = self._sums.tolist()
+        return int(count), total, total_sq
+
+    @property
+    def count(self) -> int:
+        return self._read()[0]
 
     @property
     def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
+        count, total, _ = self._read()
+        return total / count if count else None
 
     @property
     def z(self) -> float | None:
         """The one-sample z statistic of the mean against zero (None with fewer than 2 samples)."""
-        if self.count < 2:
+        count, total, total_sq = self._read()
+        if count < 2:
             return None
-        mean = self.total / self.count
-        variance = max(self.total_sq / self.count - mean * mean, 0.0) * self.count / (self.count - 1)
+        mean = total / count
+        variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
         if variance == 0.0:
             return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
-        return mean / math.sqrt(variance / self.count)
+        return mean / math.sqrt(variance / count)
 
 
 def is_biased(moments: SignedErrorMoments) -> bool:
