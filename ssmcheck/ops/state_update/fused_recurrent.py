@@ -10,8 +10,9 @@ and stores the state back rounded to its dtype: to nearest, or stochastically.
 The output uses the unrounded fp32 state, as mamba's kernel does.
 
 The step is memory-bound: it moves the state twice and little else, so the
-kernel reads each state element once, with wide vector accesses, and keeps
-per-element arithmetic small. Parameters tied across a head (A of shape
+kernel reads each state element once, with wide vector accesses, keeps
+per-element arithmetic small, and issues every load before its first store
+(the time a program holds its slot on the SM is what limits the bytes in flight). Parameters tied across a head (A of shape
 (nheads,) expanded to (nheads, headdim, dstate), dt and dt_bias expanded over
 headdim, as Mamba2 passes them) are detected from their zero strides and read
 once per program, so exp(dt * A) is one scalar per head.
@@ -51,10 +52,17 @@ class LaunchConfig:
     num_warps: int
 
 
-def launch_config(headdim: int) -> LaunchConfig:
-    """16 channels per program on 2 warps: the fastest on the H200 for fp32, fp16 and software SR alike
-    (benchmarks/RESULTS.md, state update: 0.39-0.40 / 0.22 / 0.52 ms at batch 256)."""
-    return LaunchConfig(block_p=max(GROUPS, min(16, triton.next_power_of_2(headdim))), num_warps=2)
+def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype) -> LaunchConfig:
+    """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
+
+    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128, the
+    fastest of the configurations measured on the H200 in every mode, stochastic rounding
+    included (benchmarks/RESULTS.md, state update, launch configurations at batch 256). Small
+    one-warp programs keep the most state loads in flight per SM for the registers they hold.
+    """
+    row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
+    rows = max(1, 32 * 16 // row_bytes)
+    return LaunchConfig(block_p=max(GROUPS, min(GROUPS * rows, triton.next_power_of_2(headdim))), num_warps=1)
 
 
 @triton.jit
@@ -90,18 +98,46 @@ def _load_dt(dt_ptr, dt_bias_ptr, offset, bias_offset, mask, HAS_DT_BIAS: tl.con
 
 
 @triton.jit
-def _advance_group(group, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
-                   s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                   dt_head, dA_head, b_row, c_row,
-                   HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_PER_HEAD: tl.constexpr,
-                   A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row group `group` of the program's channels: (new fp32 state (R, BLOCK_N), x (R,), C . state (R,))."""
+def _load_state(group, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
+                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row group `group`'s state tile (R, BLOCK_N), as stored."""
+    R: tl.constexpr = BLOCK_P // 4
+    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    n = tl.arange(0, BLOCK_N)
+    # Each element is read once and written once: let the state stream past L2
+    # rather than evict B, C and the per-head parameters that every program reads.
+    return tl.load(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n,
+                   mask=(p < headdim)[:, None] & (n < dstate)[None, :], other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Row group `group`'s x, D and z (R,) in fp32; D and z are 0 where absent (and unused)."""
+    R: tl.constexpr = BLOCK_P // 4
+    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    rows = p < headdim
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
+    d = tl.zeros_like(x)
+    z = tl.zeros_like(x)
+    if HAS_D:
+        d = tl.load(D_ptr + h * d_h + p * d_p, mask=rows, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_p, mask=rows, other=0.0).to(tl.float32)
+    return x, d, z
+
+
+@triton.jit
+def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr,
+                   dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
+                   HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+                   DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
+                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row group `group`: (new fp32 state (R, BLOCK_N), output (R,) = (C . state + D * x) * silu(z))."""
     R: tl.constexpr = BLOCK_P // 4
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
-    mask = rows[:, None] & (n < dstate)[None, :]
-    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
     if DT_PER_HEAD:
         dt = dt_head
         dA = dA_head
@@ -112,30 +148,28 @@ def _advance_group(group, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr
             dA = _exp(dt * tl.load(A_ptr + h * a_h).to(tl.float32), INTERPRET)[:, None]
         dt = dt[:, None]
     if not A_PER_HEAD:
-        A = tl.load(A_ptr + h * a_h + p[:, None] * a_p + n[None, :] * a_n, mask=mask, other=0.0).to(tl.float32)
+        A = tl.load(A_ptr + h * a_h + p[:, None] * a_p + n[None, :] * a_n,
+                    mask=rows[:, None] & (n < dstate)[None, :], other=0.0).to(tl.float32)
         dA = _exp(dt * A, INTERPRET)
-    state = tl.load(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, mask=mask, other=0.0)
     state = state.to(tl.float32) * dA + (dt * x[:, None]) * b_row[None, :]
-    return state, x, tl.sum(state * c_row[None, :], axis=1)
+    y = tl.sum(state * c_row[None, :], axis=1)
+    if HAS_D:
+        y += x * d
+    if HAS_Z:
+        y *= z / (1.0 + tl.exp(-z))
+    return state, y
 
 
 @triton.jit
-def _store_group(group, pid_p, b, h, headdim, dstate, state, x, y, state_ptr, D_ptr, z_ptr, out_ptr,
-                 s_b, s_h, s_p, s_n, d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p,
-                 HAS_D: tl.constexpr, HAS_Z: tl.constexpr, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
-                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store row group `group`'s rounded state and its output D * x + C . state, gated by silu(z)."""
+def _store_group(group, pid_p, b, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                 OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store row group `group`'s rounded state and its output."""
     R: tl.constexpr = BLOCK_P // 4
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
     tl.store(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
-             mask=rows[:, None] & (n < dstate)[None, :])
-    if HAS_D:
-        y += x * tl.load(D_ptr + h * d_h + p * d_p, mask=rows, other=0.0).to(tl.float32)
-    if HAS_Z:
-        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_p, mask=rows, other=0.0).to(tl.float32)
-        y *= z / (1.0 + tl.exp(-z))
+             mask=rows[:, None] & (n < dstate)[None, :], cache_modifier=".cs")
     tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_nearest(y, OUT_DTYPE, INTERPRET), mask=rows)
 
 
@@ -162,6 +196,22 @@ def _state_update_kernel(
     pid_p = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
+    # Every load comes before the first store: the compiler cannot move a load above a
+    # store that might alias it, and each load left behind a store costs the program
+    # another memory latency (and none crosses the barrier of a layout conversion). The
+    # state tiles go first, so that their DRAM latency overlaps everything else.
+    t0 = _load_state(0, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t1 = _load_state(1, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t2 = _load_state(2, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t3 = _load_state(3, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    x0, d0, z0 = _load_channels(0, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                                z_p, HAS_D, HAS_Z, BLOCK_P)
+    x1, d1, z1 = _load_channels(1, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                                z_p, HAS_D, HAS_Z, BLOCK_P)
+    x2, d2, z2 = _load_channels(2, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                                z_p, HAS_D, HAS_Z, BLOCK_P)
+    x3, d3, z3 = _load_channels(3, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                                z_p, HAS_D, HAS_Z, BLOCK_P)
     g = h // heads_per_group
     n = tl.arange(0, BLOCK_N)
     b_row = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
@@ -176,22 +226,18 @@ def _state_update_kernel(
 
     # The program's BLOCK_P channels in four row groups, so that SR can give each
     # group its own word of one shared Philox call; every row is contiguous in dstate.
-    s0, x0, y0 = _advance_group(0, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
-                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
-                                INTERPRET, BLOCK_P, BLOCK_N)
-    s1, x1, y1 = _advance_group(1, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
-                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
-                                INTERPRET, BLOCK_P, BLOCK_N)
-    s2, x2, y2 = _advance_group(2, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
-                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
-                                INTERPRET, BLOCK_P, BLOCK_N)
-    s3, x3, y3 = _advance_group(3, pid_p, b, h, headdim, dstate, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr,
-                                s_b, s_h, s_p, s_n, x_b, x_h, x_p, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                                dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
-                                INTERPRET, BLOCK_P, BLOCK_N)
+    s0, y0 = _advance_group(0, t0, x0, d0, z0, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
+                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
+                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
+    s1, y1 = _advance_group(1, t1, x1, d1, z1, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
+                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
+                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
+    s2, y2 = _advance_group(2, t2, x2, d2, z2, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
+                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
+                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
+    s3, y3 = _advance_group(3, t3, x3, d3, z3, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
+                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
+                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
     if STOCHASTIC:
         # Counter: the flat index of (batch, head, channel, n) in group 0's rows.
         R: tl.constexpr = BLOCK_P // 4
@@ -203,14 +249,14 @@ def _state_update_kernel(
         s1 = round_nearest(s1, STATE_DTYPE, INTERPRET)
         s2 = round_nearest(s2, STATE_DTYPE, INTERPRET)
         s3 = round_nearest(s3, STATE_DTYPE, INTERPRET)
-    _store_group(0, pid_p, b, h, headdim, dstate, s0, x0, y0, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
-                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
-    _store_group(1, pid_p, b, h, headdim, dstate, s1, x1, y1, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
-                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
-    _store_group(2, pid_p, b, h, headdim, dstate, s2, x2, y2, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
-                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
-    _store_group(3, pid_p, b, h, headdim, dstate, s3, x3, y3, state_ptr, D_ptr, z_ptr, out_ptr, s_b, s_h, s_p, s_n,
-                 d_h, d_p, z_b, z_h, z_p, o_b, o_h, o_p, HAS_D, HAS_Z, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(0, pid_p, b, h, headdim, dstate, s0, y0, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(1, pid_p, b, h, headdim, dstate, s1, y1, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(2, pid_p, b, h, headdim, dstate, s2, y2, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(3, pid_p, b, h, headdim, dstate, s3, y3, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
 
 
 def _check(cond: bool, message: str) -> None:
@@ -267,7 +313,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if state.numel() == 0:
         return out
-    config = launch_config(headdim)
+    config = launch_config(headdim, dstate, state.dtype)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
     dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
