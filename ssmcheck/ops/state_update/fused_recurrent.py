@@ -52,14 +52,17 @@ class LaunchConfig:
     num_warps: int
 
 
-def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype) -> LaunchConfig:
+def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
     That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128, the
     fastest of the configurations measured on the H200 in every mode, stochastic rounding
     included (benchmarks/RESULTS.md, state update, launch configurations at batch 256). Small
     one-warp programs keep the most state loads in flight per SM for the registers they hold.
+    The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
+    if interpreter:
+        return LaunchConfig(block_p=max(GROUPS, min(64, triton.next_power_of_2(headdim))), num_warps=1)
     row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
     rows = max(1, 32 * 16 // row_bytes)
     return LaunchConfig(block_p=max(GROUPS, min(GROUPS * rows, triton.next_power_of_2(headdim))), num_warps=1)
@@ -313,7 +316,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if state.numel() == 0:
         return out
-    config = launch_config(headdim, dstate, state.dtype)
+    interpreter = runtime.environment().interpreter
+    config = launch_config(headdim, dstate, state.dtype, interpreter)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
     dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
@@ -329,7 +333,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
-        INTERPRET=runtime.environment().interpreter, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
+        INTERPRET=interpreter, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
         num_warps=config.num_warps,
     )
     return out
