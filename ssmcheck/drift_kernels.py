@@ -15,13 +15,12 @@ random bits from torch is reproducible and independent across trials.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from ssmcheck.kernels import load_callable
+from ssmcheck.kernels import keywords, load_callable
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
@@ -63,14 +62,6 @@ class StateUpdateKernel:
         )
 
 
-def _keywords(fn: Callable) -> set[str]:
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # builtins and some C extensions have no signature
-        return set()
-    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
 def resolve_kernel(spec: str, philox_rounds: int, rounding_impl: str) -> StateUpdateKernel:
     """The kernel named by --kernel. Raises kernels.KernelSpecError for a bad spec.
 
@@ -86,5 +77,5 @@ def resolve_kernel(spec: str, philox_rounds: int, rounding_impl: str) -> StateUp
     if spec == TORCH:
         return StateUpdateKernel(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
     fn = load_callable(spec)
-    keywords = _keywords(fn)
-    return StateUpdateKernel(spec, fn, takes_rounding="rounding" in keywords, takes_seed="seed" in keywords)
+    named = keywords(fn)
+    return StateUpdateKernel(spec, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)

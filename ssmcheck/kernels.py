@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,3 +44,14 @@ def load_callable(spec: str) -> Callable:
     if fn is None or not callable(fn):
         raise KernelSpecError(f"--kernel {spec!r}: {target} has no callable {name!r}")
     return fn
+
+
+def keywords(fn: Callable) -> frozenset[str]:
+    """The keywords `fn` names in its signature. A `**kwargs` catch-all names none: a wrapper
+    that forwards its keywords to a kernel with the plain mamba signature would pass ours on
+    to a call that rejects them."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C extensions have no signature
+        return frozenset()
+    return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))

@@ -7,13 +7,12 @@ state-spaces/mamba `mamba_chunk_scan_combined` signature (DESIGN §2).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.kernels import load_callable
+from ssmcheck.kernels import keywords, load_callable
 from ssmcheck.regimes import ScanInputs
 
 # Keywords beyond the mamba signature: how the chunk states are stored (issue #4).
@@ -25,16 +24,6 @@ class KernelUnderTest:
     name: str  # as given to --kernel
     fn: Callable
     takes_state_options: bool  # accepts state_dtype=, rounding=, seed=
-
-
-def _takes_state_options(fn: Callable) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return True
-    return set(STATE_OPTIONS) <= {p.name for p in params}
 
 
 def torch_kernel(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
@@ -62,7 +51,7 @@ def resolve(spec: str) -> KernelUnderTest:
         fn = torch_kernel
     else:
         fn = load_callable(spec)
-    return KernelUnderTest(spec, fn, _takes_state_options(fn))
+    return KernelUnderTest(spec, fn, set(STATE_OPTIONS) <= keywords(fn))
 
 
 class KernelOutputError(RuntimeError):

@@ -1,8 +1,11 @@
-"""--kernel MODULE:FUNCTION and path/to/file.py:FUNCTION."""
+"""--kernel MODULE:FUNCTION and path/to/file.py:FUNCTION, and which of our keywords a callable takes."""
+
+import functools
 
 import pytest
 
-from ssmcheck.kernels import KernelSpecError, load_callable
+from ssmcheck import drift_kernels, scan_kernels
+from ssmcheck.kernels import KernelSpecError, keywords, load_callable
 
 
 def test_module_function():
@@ -34,3 +37,48 @@ def test_file_that_raises_on_import(tmp_path):
     f.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(KernelSpecError, match="RuntimeError: boom"):
         load_callable(f"{f}:fn")
+
+
+def _explicit(state, x, *, rounding="nearest", seed=0):
+    return state
+
+
+def _catch_all(state, x, **kwargs):
+    return state
+
+
+@functools.wraps(_explicit)
+def _wrapped(*args, **kwargs):
+    return _explicit(*args, **kwargs)
+
+
+class _NoSignature:
+    __signature__ = "not a Signature"  # inspect.signature raises TypeError, as for some C extensions
+
+    def __call__(self, state, x, rounding="nearest"):
+        return state
+
+
+def test_keywords_are_the_names_a_signature_gives():
+    assert keywords(_explicit) == {"state", "x", "rounding", "seed"}
+    assert keywords(_wrapped) == {"state", "x", "rounding", "seed"}  # functools.wraps exposes the original
+    assert keywords(_catch_all) == {"state", "x"}  # **kwargs names nothing
+    assert keywords(_NoSignature()) == frozenset()
+
+
+def test_scan_and_drift_decide_alike(tmp_path):
+    f = tmp_path / "kernels_for_keywords.py"
+    f.write_text(
+        "def scan_named(x, dt, A, B, C, chunk_size, *, state_dtype=None, rounding='nearest', seed=0):\n    return x\n"
+        "def scan_catch_all(x, dt, A, B, C, chunk_size, **kwargs):\n    return x\n"
+        "def step_named(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *, rounding='nearest',"
+        " seed=0):\n    return x\n"
+        "def step_catch_all(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, **kwargs):\n"
+        "    return x\n"
+    )
+    assert scan_kernels.resolve(f"{f}:scan_named").takes_state_options
+    assert not scan_kernels.resolve(f"{f}:scan_catch_all").takes_state_options
+    named = drift_kernels.resolve_kernel(f"{f}:step_named", 10, "software")
+    assert named.takes_rounding and named.takes_seed
+    catch_all = drift_kernels.resolve_kernel(f"{f}:step_catch_all", 10, "software")
+    assert not catch_all.takes_rounding and not catch_all.takes_seed
