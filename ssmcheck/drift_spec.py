@@ -50,22 +50,6 @@ class DriftSettings:
     fail_on: tuple[str, ...]
 
 
-def _positive_number(label: str, value) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SweepError(f"{label}: invalid value {value!r} (expected a number > 0)") from None
-    if not number > 0 or number == float("inf"):
-        raise SweepError(f"{label}: invalid value {value!r} (expected a number > 0)")
-    return number
-
-
-def _count(label: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SweepError(f"{label}: invalid value {value!r} (expected an integer >= {minimum})")
-    return value
-
-
 def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
     """Merge command-line values (None where not given) over the preset's [drift] table."""
     where = f"--preset {preset_name}"
@@ -98,12 +82,12 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
     label_o, fail_on = pick("fail_on", SETTING_DEFAULTS["fail_on"])
     return DriftSettings(
         axes=axes,
-        steps=_count(label, steps, 1),
-        trials=_count(label_t, trials, 1),
-        seed=_count(label_s, seed, 0),
+        steps=sweep.parse_count(label, steps, 1),
+        trials=sweep.parse_count(label_t, trials, 1),
+        seed=sweep.parse_count(label_s, seed, 0),
         tolerance=Tolerance(
-            tol_factor=_positive_number(label_f, tol_factor),
-            rtol=None if rtol is None else _positive_number(label_r, rtol),
+            tol_factor=sweep.parse_number(label_f, tol_factor),
+            rtol=None if rtol is None else sweep.parse_number(label_r, rtol),
         ),
         fail_on=sweep.parse_fail_on(label_o, fail_on),
     )

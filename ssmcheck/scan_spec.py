@@ -58,17 +58,6 @@ class ScanSettings:
     fail_on: tuple[str, ...]
 
 
-def _number(label: str, value, *, minimum: float, strict: bool) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SweepError(f"{label}: invalid value {value!r} (expected a number)") from None
-    if number < minimum or (strict and number == minimum) or number != number:
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise SweepError(f"{label}: invalid value {value!r} (must be {bound})")
-    return number
-
-
 def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     """Merge command-line values (None where not given) over the preset's [scan] table."""
     where = f"--preset {preset_name}"
@@ -120,14 +109,13 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     if reference not in REFERENCES:
         raise SweepError(f"{label}: invalid value {reference!r} (choose from {', '.join(REFERENCES)})")
     label, tol_factor = setting("tol_factor", DEFAULT_TOL_FACTOR)
-    tol_factor = _number(label, tol_factor, minimum=0.0, strict=True)
+    tol_factor = sweep.parse_number(label, tol_factor)
     label, floor = setting("floor", DEFAULT_FLOOR)
-    floor = _number(label, floor, minimum=0.0, strict=False)
+    floor = sweep.parse_number(label, floor, strict=False)
     label, rtol = setting("rtol", None)
-    rtol = None if rtol is None else _number(label, rtol, minimum=0.0, strict=True)
+    rtol = None if rtol is None else sweep.parse_number(label, rtol)
     label, seed = setting("seed", 0)
-    if not isinstance(seed, int) or seed < 0:
-        raise SweepError(f"{label}: invalid value {seed!r} (expected an integer >= 0)")
+    seed = sweep.parse_count(label, seed, 0)
     label, fail_on = setting("fail_on", list(FAIL_ON))
     return ScanSettings(
         axes=axes, overrides=overrides, reference=reference, tolerance=Tolerance(tol_factor, floor, rtol),

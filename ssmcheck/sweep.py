@@ -57,6 +57,28 @@ def parse_fail_on(label: str, value) -> tuple[str, ...]:
     return tuple(parse_axis(label, value, allowed=tuple(FAIL_ON)))
 
 
+def parse_number(label: str, value, *, strict: bool = True) -> float:
+    """A finite number > 0 (>= 0 when not `strict`), from the command line or a preset.
+
+    Infinity is refused too: a tolerance of inf would pass every case without saying so.
+    """
+    expected = f"expected a finite number {'>' if strict else '>='} 0"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SweepError(f"{label}: invalid value {value!r} ({expected})") from None
+    if isinstance(value, bool) or not 0 <= number < float("inf") or (strict and number == 0):
+        raise SweepError(f"{label}: invalid value {value!r} ({expected})")
+    return number
+
+
+def parse_count(label: str, value, minimum: int) -> int:
+    """An integer >= minimum, from the command line or a preset (a TOML 2.0 or true is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SweepError(f"{label}: invalid value {value!r} (expected an integer >= {minimum})")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:

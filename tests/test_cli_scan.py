@@ -287,6 +287,9 @@ def test_quiet_prints_only_the_summary():
     (["--state-dtype", "fp8"], "--state-dtype"),
     (["--rounding", "up"], "--rounding"),
     (["--floor", "-1"], "--floor"),
+    (["--floor", "inf"], "--floor"),
+    (["--tol-factor", "inf"], "--tol-factor"),
+    (["--tol-factor", "nan"], "--tol-factor"),
 ])
 def test_bad_options_are_one_line_usage_errors(args, named):
     result, _ = invoke("scan", *args)

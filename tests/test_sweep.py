@@ -34,6 +34,35 @@ def test_parse_fail_on_names_the_categories():
         sweep.parse_fail_on("--fail-on", "nonfinite,warn")
 
 
+@given(st.floats(min_value=1e-300, max_value=1e300))
+def test_parse_number_takes_finite_positive_numbers(value):
+    assert sweep.parse_number("--tol-factor", value) == value
+    assert sweep.parse_number("--tol-factor", str(value)) == value
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -1, "-0.5", float("inf"), "inf", float("nan"), "abc", None, True])
+def test_parse_number_refuses_the_rest_and_names_the_option(value):
+    with pytest.raises(sweep.SweepError, match=r"^--tol-factor: invalid value .*expected a finite number > 0"):
+        sweep.parse_number("--tol-factor", value)
+
+
+def test_parse_number_not_strict_takes_zero():
+    assert sweep.parse_number("--floor", 0.0, strict=False) == 0.0
+    with pytest.raises(sweep.SweepError, match=">= 0"):
+        sweep.parse_number("--floor", -1e-9, strict=False)
+
+
+@pytest.mark.parametrize("value, minimum, ok", [
+    (0, 0, True), (3, 1, True), (0, 1, False), (-1, 0, False), (2.0, 1, False), ("3", 1, False), (True, 0, False),
+])
+def test_parse_count_takes_integers_from_the_minimum(value, minimum, ok):
+    if ok:
+        assert sweep.parse_count("--steps", value, minimum) == value
+    else:
+        with pytest.raises(sweep.SweepError, match=f"--steps: invalid value .*expected an integer >= {minimum}"):
+            sweep.parse_count("--steps", value, minimum)
+
+
 def test_product_order_and_size():
     cases = sweep.product({"a": [1, 2], "b": ["x", "y", "z"]})
     assert len(cases) == 6
