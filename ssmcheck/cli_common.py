@@ -38,9 +38,9 @@ FailOn = Annotated[str, typer.Option(
     help="Which of nonfinite,tolerance,error may make the exit code nonzero (default: all).",
 )]
 JsonPath = Annotated[Path, typer.Option("--json", metavar="FILE", help="Write the JSON report here.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the summary line.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Print only the summary line.")]
 Device = Annotated[str, typer.Option(
-    help="cpu (Triton interpreter) or cuda (compiled). Default: cuda when available.",
+    metavar="cpu|cuda", help="cpu (Triton interpreter) or cuda (compiled). Default: cuda when available.",
 )]
 
 

@@ -47,8 +47,8 @@ DRIFT_HELP = "\n\n".join([
 
 
 def drift(
-    kernel: str = typer.Option("builtin", help="builtin (Triton), torch (plain PyTorch in fp32, storing the state with the reference rounding), MODULE:FUNCTION or path/to/file.py:FUNCTION with the selective_state_update signature."),
-    preset: str = typer.Option(None, help="Load settings from configs/NAME.toml (smoke, default, thorough). Default: default."),
+    kernel: str = typer.Option("builtin", metavar="SPEC", help="builtin (Triton), torch (plain PyTorch in fp32, storing the state with the reference rounding), MODULE:FUNCTION or path/to/file.py:FUNCTION with the selective_state_update signature."),
+    preset: str = typer.Option(None, metavar="NAME", help="Load settings from configs/NAME.toml (smoke, default, thorough). Default: default."),
     state_dtype: str = typer.Option(None, "--state-dtype", metavar="LIST", help=f"{AXIS} fp16, bf16, fp32."),
     rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} nearest, stochastic: how the state is stored (for a kernel without a rounding keyword: what it is supposed to do)."),
     regime: str = typer.Option(None, metavar="LIST", help=f"{AXIS} " + ", ".join(DRIFT_REGIMES) + " (see below)."),
@@ -60,12 +60,12 @@ def drift(
     dstate: str = typer.Option(None, metavar="LIST", help=f"{AXIS} state size per channel."),
     ngroups: str = typer.Option(None, metavar="LIST", help=f"{AXIS} must divide nheads."),
     model: str = typer.Option(None, metavar="LIST", help="Real model widths instead of --nheads/--headdim/--dstate/--ngroups: " + ", ".join(m.name for m in models.MODELS.values()) + "."),
-    seed: int = typer.Option(None, help="Base seed (default 0); inputs derive from it, the regime and the shape; rounding seeds from those and the trial."),
-    tol_factor: float = typer.Option(None, "--tol-factor", help=f"Allowed multiple of the baseline's drift (default {DEFAULT_TOL_FACTOR:g})."),
-    rtol: float = typer.Option(None, help="Judge the drift against this relative error instead of the baseline rule."),
+    seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); inputs derive from it, the regime and the shape; rounding seeds from those and the trial."),
+    tol_factor: float = typer.Option(None, "--tol-factor", metavar="X", help=f"Allowed multiple of the baseline's drift (default {DEFAULT_TOL_FACTOR:g})."),
+    rtol: float = typer.Option(None, metavar="X", help="Judge the drift against this relative error instead of the baseline rule."),
     fail_on: cli_common.FailOn = None,
     philox_rounds: int = typer.Option(10, "--philox-rounds", metavar="N", help="Philox rounds of the built-in kernel's software stochastic rounding."),
-    rounding_impl: str = typer.Option("software", "--rounding-impl", help="Built-in kernel's stochastic rounding: software (Philox, any GPU and the interpreter) or hardware (PTX cvt.rs, sm_100+ only)."),
+    rounding_impl: str = typer.Option("software", "--rounding-impl", metavar="IMPL", help="Built-in kernel's stochastic rounding: software (Philox, any GPU and the interpreter) or hardware (PTX cvt.rs, sm_100+ only)."),
     json_path: cli_common.JsonPath = None,
     plot_path: Path = typer.Option(None, "--plot", metavar="FILE.png", help="Draw drift against step, log-log, one line per rounding mode (needs matplotlib: pip install ssmcheck\\[plot])."),
     quiet: cli_common.Quiet = False,

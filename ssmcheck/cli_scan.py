@@ -40,8 +40,8 @@ AXIS = "Sweep axis (comma-separated):"
 
 
 def scan(
-    kernel: str = typer.Option("builtin", help="builtin, torch (the baseline as the kernel), MODULE:FUNCTION or path/to/file.py:FUNCTION with the mamba_chunk_scan_combined signature."),
-    preset: str = typer.Option(None, help="Load the sweep from configs/NAME.toml (smoke, default, thorough). Default: default."),
+    kernel: str = typer.Option("builtin", metavar="SPEC", help="builtin, torch (the baseline as the kernel), MODULE:FUNCTION or path/to/file.py:FUNCTION with the mamba_chunk_scan_combined signature."),
+    preset: str = typer.Option(None, metavar="NAME", help="Load the sweep from configs/NAME.toml (smoke, default, thorough). Default: default."),
     chunk_size: str = typer.Option(None, "--chunk-size", metavar="LIST", help=f"{AXIS} e.g. 64,128,256."),
     seqlen: str = typer.Option(None, metavar="LIST", help=f"{AXIS} tokens per row (varlen regimes: mean tokens per sequence)."),
     dtype: str = typer.Option(None, metavar="LIST", help=f"{AXIS} fp32, fp16, bf16."),
@@ -54,11 +54,11 @@ def scan(
     regime: str = typer.Option(None, metavar="LIST", help=f"{AXIS} " + ", ".join(REGIMES) + " (see below)."),
     state_dtype: str = typer.Option(None, "--state-dtype", metavar="LIST", help=f"{AXIS} dtype of the stored chunk and final states: fp32 (default), fp16, bf16."),
     rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} how fp16/bf16 states are stored: nearest (default), stochastic."),
-    reference: str = typer.Option(None, help="fp64 (default): float64 sequential recurrence; fp32: the same in float32, as the peers' tests use."),
-    tol_factor: float = typer.Option(None, "--tol-factor", help=f"Allowed multiple of the baseline's error (default {DEFAULT_TOL_FACTOR:g})."),
-    floor: float = typer.Option(None, help=f"Added to the allowed error (default {DEFAULT_FLOOR:g})."),
-    rtol: float = typer.Option(None, help="Judge against this relative error instead of the baseline rule."),
-    seed: int = typer.Option(None, help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
+    reference: str = typer.Option(None, metavar="fp64|fp32", help="fp64 (default): float64 sequential recurrence; fp32: the same in float32, as the peers' tests use."),
+    tol_factor: float = typer.Option(None, "--tol-factor", metavar="X", help=f"Allowed multiple of the baseline's error (default {DEFAULT_TOL_FACTOR:g})."),
+    floor: float = typer.Option(None, metavar="X", help=f"Added to the allowed error (default {DEFAULT_FLOOR:g})."),
+    rtol: float = typer.Option(None, metavar="X", help="Judge against this relative error instead of the baseline rule."),
+    seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
     fail_on: cli_common.FailOn = None,
     json_path: cli_common.JsonPath = None,
     quiet: cli_common.Quiet = False,
