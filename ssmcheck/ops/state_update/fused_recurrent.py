@@ -12,10 +12,11 @@ The output uses the unrounded fp32 state, as mamba's kernel does.
 The step is memory-bound: it moves the state twice and little else, so the
 kernel reads each state element once, with wide vector accesses, keeps
 per-element arithmetic small, and issues every load before its first store
-(the time a program holds its slot on the SM is what limits the bytes in flight). Parameters tied across a head (A of shape
-(nheads,) expanded to (nheads, headdim, dstate), dt and dt_bias expanded over
-headdim, as Mamba2 passes them) are detected from their zero strides and read
-once per program, so exp(dt * A) is one scalar per head.
+(how long a program holds its slot on the SM limits the bytes in flight).
+Parameters tied across a head (A of shape (nheads,) expanded to (nheads,
+headdim, dstate), dt and dt_bias expanded over headdim, as Mamba2 passes
+them) are detected from their zero strides and read once per program, so
+exp(dt * A) is one scalar per head.
 
 Stochastic rounding draws one Philox call (four 32-bit words) per four state
 elements: the program's channels form four row groups, and element (r, n) of
@@ -64,7 +65,7 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpret
     if interpreter:
         return LaunchConfig(block_p=max(GROUPS, min(64, triton.next_power_of_2(headdim))), num_warps=1)
     row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
-    rows = max(1, 32 * 16 // row_bytes)
+    rows = max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes
     return LaunchConfig(block_p=max(GROUPS, min(GROUPS * rows, triton.next_power_of_2(headdim))), num_warps=1)
 
 
