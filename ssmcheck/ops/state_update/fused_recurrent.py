@@ -51,6 +51,7 @@ GROUPS = 4  # row groups per program: one Philox call serves an element of each
 class LaunchConfig:
     block_p: int  # channels (headdim rows) per program, a multiple of GROUPS
     num_warps: int
+    maxnreg: int | None = None  # a register cap for ptxas (benchmarks/state_update.py --sweep tries some)
 
 
 def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
@@ -335,6 +336,6 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
         INTERPRET=interpreter, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
-        num_warps=config.num_warps,
+        num_warps=config.num_warps, **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )
     return out
