@@ -15,3 +15,11 @@ def invoke(*argv, json_path=None, **runner_options):
     assert "Traceback" not in result.output, result.output
     report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None
     return result, report
+
+
+def assert_usage_error(result, named: str) -> None:
+    """Exit code 2 and one line on stderr, `Error: ...`, naming the bad option; nothing on stdout."""
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and lines[0].startswith("Error:"), result.stderr

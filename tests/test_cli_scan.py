@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_invoke import invoke
+from cli_invoke import assert_usage_error, invoke
 
 from ssmcheck import runtime
 from ssmcheck.drift_regimes import DRIFT_REGIMES
@@ -293,10 +293,7 @@ def test_quiet_prints_only_the_summary():
 ])
 def test_bad_options_are_one_line_usage_errors(args, named):
     result, _ = invoke("scan", *args)
-    assert result.exit_code == 2, result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0] and lines[0].startswith("Error:"), result.stderr
+    assert_usage_error(result, named)
     assert "Traceback" not in result.stderr
 
 

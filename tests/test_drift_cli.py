@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_invoke import invoke
+from cli_invoke import assert_usage_error, invoke
 
 from ssmcheck import runtime
 from ssmcheck.drift_regimes import DRIFT_REGIMES
@@ -90,9 +90,7 @@ def test_exit_codes(args, code):
 )
 def test_bad_options_are_one_line_usage_errors(args, named):
     result, _ = drift(*args)
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0] and lines[0].startswith("Error:"), result.stderr
+    assert_usage_error(result, named)
 
 
 def test_json_report_has_the_stable_keys(tmp_path):

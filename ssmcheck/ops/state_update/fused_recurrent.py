@@ -64,10 +64,11 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpret
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
     if interpreter:
-        return LaunchConfig(block_p=max(GROUPS, min(64, triton.next_power_of_2(headdim))), num_warps=1)
-    row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
-    rows = max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes
-    return LaunchConfig(block_p=max(GROUPS, min(GROUPS * rows, triton.next_power_of_2(headdim))), num_warps=1)
+        channels = 64
+    else:
+        row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
+        channels = GROUPS * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
+    return LaunchConfig(block_p=max(GROUPS, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
 
 
 @triton.jit
