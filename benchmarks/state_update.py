@@ -48,17 +48,23 @@ def inputs(batch: int, state_dtype, with_z: bool, seed: int = 0) -> dict:
     def randn(*shape):
         return torch.randn(*shape, generator=g, device="cuda")
 
-    return dict(
+    # Negate before expanding: `-t.expand(...)` would materialise A, and the kernel would take
+    # its untied path (an A load and an exp per state element), which Mamba2 never runs.
+    a_head = -torch.exp(torch.rand(h, generator=g, device="cuda") * 2.77)
+    args = dict(
         x=randn(batch, h, p).bfloat16(),
         dt=randn(batch, h).bfloat16()[..., None].expand(batch, h, p),
-        A=-torch.exp(torch.rand(h, generator=g, device="cuda") * 2.77)[:, None, None].expand(h, p, n),
+        A=a_head[:, None, None].expand(h, p, n),
         B=randn(batch, ng, n).bfloat16(),
         C=randn(batch, ng, n).bfloat16(),
         D=randn(h)[:, None].expand(h, p),
         z=randn(batch, h, p).bfloat16() if with_z else None,
         dt_bias=(randn(h) - 4.0)[:, None].expand(h, p),
         dt_softplus=True,
-    ), randn(batch, h, p, n).to(state_dtype)
+    )
+    tied = (args["A"].stride()[1:], args["dt"].stride(2), args["D"].stride(1), args["dt_bias"].stride(1))
+    assert tied == ((0, 0), 0, 0, 0), f"A, dt, D, dt_bias must be stride-0 views over the head, got strides {tied}"
+    return args, randn(batch, h, p, n).to(state_dtype)
 
 
 def step_bytes(batch: int, state_size: int, with_z: bool) -> int:

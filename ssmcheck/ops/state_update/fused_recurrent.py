@@ -199,9 +199,11 @@ def _state_update_kernel(
     STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
     N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # Heads vary faster than batch entries, so that consecutive programs walk the state
+    # (batch, nheads, headdim, dstate) in memory order: DRAM then streams as in a copy.
     pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     # Every load comes before the first store: the compiler cannot move a load above a
     # store that might alias it, and each load left behind a store costs the program
     # another memory latency (and none crosses the barrier of a layout conversion). The
@@ -326,7 +328,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
     d_strides = D.stride() if D is not None else (0, 0)
     dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
-    grid = (triton.cdiv(headdim, config.block_p), batch, nheads)
+    grid = (triton.cdiv(headdim, config.block_p), nheads, batch)
     _state_update_kernel[grid](
         state, x, dt, dt_bias_, A, B, C, D_, z_, out,
         seed, nheads, headdim, dstate, nheads // B.shape[1],
