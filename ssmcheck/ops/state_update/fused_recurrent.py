@@ -51,15 +51,15 @@ GROUPS = 4  # row groups per program: one Philox call serves an element of each
 class LaunchConfig:
     block_p: int  # channels (headdim rows) per program, a multiple of GROUPS
     num_warps: int
-    maxnreg: int | None = None  # a register cap for ptxas (benchmarks/state_update.py --sweep tries some)
 
 
 def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
-    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128, the
-    fastest of the configurations measured on the H200 in every mode, stochastic rounding
-    included (benchmarks/RESULTS.md, state update, launch configurations at batch 256). Small
+    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
+    every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
+    configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
+    configurations at batch 256). Small
     one-warp programs keep the most state loads in flight per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
@@ -339,6 +339,6 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
         INTERPRET=interpreter, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
-        num_warps=config.num_warps, **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
+        num_warps=config.num_warps,
     )
     return out
