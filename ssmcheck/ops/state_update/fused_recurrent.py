@@ -62,8 +62,8 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpret
     That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
     every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
     configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
-    configurations at batch 256). Small
-    one-warp programs keep the most state loads in flight per SM for the registers they hold.
+    configurations at batch 256). Small one-warp programs keep the most state loads in flight
+    per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
     if interpreter:
