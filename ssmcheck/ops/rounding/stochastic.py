@@ -192,24 +192,18 @@ def _stochastic_round_hardware(x, words, DTYPE: tl.constexpr):
     # The sm_100+ instruction cvt.rs, one random word per pair of elements. Callers
     # have passed `check_rounding`: this PTX does not assemble below sm_100.
     if DTYPE == tl.float16:
-        return tl.inline_asm_elementwise(
-            # d = {hi: convert(a), lo: convert(b)}: the pair's first element goes in the low half.
-            asm="cvt.rs.f16x2.f32 $0, $2, $1, $3;",
-            constraints="=r,r,r,r,r",
-            args=[x, words],
-            dtype=tl.float16,
-            is_pure=True,
-            pack=2,
-        )
+        CVT: tl.constexpr = "cvt.rs.f16x2.f32"
     else:
-        return tl.inline_asm_elementwise(
-            asm="cvt.rs.bf16x2.f32 $0, $2, $1, $3;",
-            constraints="=r,r,r,r,r",
-            args=[x, words],
-            dtype=tl.bfloat16,
-            is_pure=True,
-            pack=2,
-        )
+        CVT: tl.constexpr = "cvt.rs.bf16x2.f32"
+    return tl.inline_asm_elementwise(
+        # d = {hi: convert(a), lo: convert(b)}: the pair's first element goes in the low half.
+        asm=CVT + " $0, $2, $1, $3;",
+        constraints="=r,r,r,r,r",
+        args=[x, words],
+        dtype=DTYPE.value,
+        is_pure=True,
+        pack=2,
+    )
 
 
 @triton.jit
