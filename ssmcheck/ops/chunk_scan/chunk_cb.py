@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from .layout import ChunkTable
-from .numerics import mma, operand
+from .numerics import mma, operand, program_coords
 
 
 @triton.jit
@@ -17,12 +17,7 @@ def _chunk_cb_kernel(
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    nk = CHUNK // BLOCK_K
-    nm = CHUNK // BLOCK_M
-    kb = pid % nk
-    mb = (pid // nk) % nm
-    g = (pid // (nk * nm)) % ngroups
-    c = pid // (nk * nm * ngroups)
+    kb, mb, g, c = program_coords(pid, CHUNK // BLOCK_K, CHUNK // BLOCK_M, ngroups)
     tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
     n = tl.load(chunk_len_ptr + c)
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -14,7 +14,7 @@ import triton.language as tl
 from ssmcheck.ops.rounding.stochastic import round_nearest, triton_dtype
 
 from .layout import ChunkTable
-from .numerics import decay, mma, operand, split
+from .numerics import decay, mma, operand, program_coords, split
 
 
 @triton.jit
@@ -32,12 +32,8 @@ def _chunk_output_kernel(
 ):
     # Chunks vary slowest, so the programs of one chunk run together and share C and C·Bᵀ in L2.
     pid = tl.program_id(0)
-    nr = CHUNK // BLOCK_ROWS
-    np_ = tl.cdiv(headdim, BLOCK_P)
-    rb = pid % nr
-    pb = (pid // nr) % np_
-    h = (pid // (nr * np_)) % nheads
-    c = tl.cast(pid // (nr * np_ * nheads), tl.int64)
+    rb, pb, h, c = program_coords(pid, CHUNK // BLOCK_ROWS, tl.cdiv(headdim, BLOCK_P), nheads)
+    c = c.to(tl.int64)
     g = h // (nheads // ngroups)
     tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
     n = tl.load(chunk_len_ptr + c)

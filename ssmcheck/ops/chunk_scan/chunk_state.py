@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .layout import ChunkTable
-from .numerics import decay, mma, operand
+from .numerics import decay, mma, operand, program_coords
 
 
 @triton.jit
@@ -25,12 +25,8 @@ def _chunk_state_kernel(
 ):
     # Chunks vary slowest, so the programs of one chunk run together and share B in L2.
     pid = tl.program_id(0)
-    np_ = tl.cdiv(headdim, BLOCK_P)
-    nn = tl.cdiv(dstate, BLOCK_N)
-    nb = pid % nn
-    pb = (pid // nn) % np_
-    h = (pid // (nn * np_)) % nheads
-    c = tl.cast(pid // (nn * np_ * nheads), tl.int64)
+    nb, pb, h, c = program_coords(pid, tl.cdiv(dstate, BLOCK_N), tl.cdiv(headdim, BLOCK_P), nheads)
+    c = c.to(tl.int64)
     g = h // (nheads // ngroups)
     tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
     n = tl.load(chunk_len_ptr + c)

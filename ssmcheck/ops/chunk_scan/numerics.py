@@ -1,4 +1,4 @@
-"""Triton helpers shared by the chunk-scan stages: decay, softplus, matmul operands.
+"""Triton helpers shared by the chunk-scan stages: decay, softplus, matmul operands, program coordinates.
 
 They carry the numerical choices (and the interpreter work-arounds of DESIGN §6)
 in one place, so every stage rounds and guards the same way.
@@ -62,3 +62,8 @@ def mma(a, b, acc):
     else:
         return tl.dot(a, b, acc)
 
+
+@triton.jit
+def program_coords(pid, n0, n1, n2):
+    """Program `pid` of a flat grid as (i0, i1, i2, rest): i0 (of n0) varies fastest, then i1, i2; rest slowest."""
+    return pid % n0, (pid // n0) % n1, (pid // (n0 * n1)) % n2, pid // (n0 * n1 * n2)
