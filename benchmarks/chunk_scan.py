@@ -16,13 +16,13 @@ import argparse
 
 from record import append_section, commit, markdown_table
 
-from ssmcheck import runtime
+from ssmcheck.core import runtime
+from ssmcheck.core.formats import DTYPES
 
 # Peers' whole-pipeline medians (ms) in the same harness on the H200, DESIGN §7.
 PEERS = {"vLLM 0.33": {4096: 0.35, 16384: 0.81, 65536: 2.98},
          "mamba 2.3.2": {4096: 0.50, 16384: 1.02, 65536: 3.06}}
 SHAPE = dict(nheads=80, headdim=64, dstate=128, ngroups=1, chunk_size=256)
-STATE_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def inputs(seqlen: int, seed: int = 0) -> dict:
@@ -78,7 +78,7 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="4096,16384,65536", help="comma-separated sequence lengths")
-    parser.add_argument("--state-dtype", default="fp32", choices=STATE_DTYPES)
+    parser.add_argument("--state-dtype", default="fp32", choices=list(DTYPES))
     parser.add_argument("--stages", action="store_true", help="also time each pipeline stage alone")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
@@ -90,7 +90,7 @@ def main() -> None:
 
     from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined  # noqa: PLC0415
 
-    state_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[opts.state_dtype]
+    state_dtype = DTYPES[opts.state_dtype]
 
     def bench(fn) -> float:
         return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")

@@ -27,7 +27,8 @@ import math
 
 from record import append_section, commit, markdown_table
 
-from ssmcheck import runtime
+from ssmcheck.core import runtime
+from ssmcheck.core.formats import DTYPES
 
 SHAPE = dict(nheads=80, headdim=64, dstate=128, ngroups=1)
 # state-spaces/mamba 2.3.2 on the same H200 at batch 256 (DESIGN §7), ms.
@@ -118,11 +119,10 @@ def main() -> None:
 
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
-    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
 
     def time_step(batch: int, state_name: str, rounding: str, rep: int = 100) -> float:
-        args, state = inputs(batch, dtypes[state_name], opts.z)
+        args, state = inputs(batch, DTYPES[state_name], opts.z)
         check_step(args, state, rounding)
         nbytes = step_bytes(batch, state.element_size(), opts.z)
         buffers = [state] + [state.clone() for _ in range(min(63, math.ceil(4 * l2 / nbytes) - 1))]
@@ -164,7 +164,7 @@ def main() -> None:
             if ms is None:
                 rows.append([str(batch), state_name, rounding, "wrong"] + ["-"] * 5)
                 continue
-            nbytes = step_bytes(batch, dtypes[state_name].itemsize, opts.z)
+            nbytes = step_bytes(batch, DTYPES[state_name].itemsize, opts.z)
             floor = nbytes / peak / 1e6
             nearest = times[batch, state_name, "nearest"]
             sr_cost = f"{ms / nearest:.2f}x" if rounding == "stochastic" and nearest else "-"

@@ -5,7 +5,8 @@ real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:
 """
 
 
-from ssmcheck.ops.chunk_scan.naive import scan_baseline, scan_recurrent
+from ssmcheck.ops.chunk_scan.baseline import scan_baseline
+from ssmcheck.ops.chunk_scan.naive import scan_recurrent
 
 # nan_in_partial_last_chunk poisons the last chunk from this offset into it, in this head.
 NAN_OFFSET = 2

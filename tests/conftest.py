@@ -7,7 +7,7 @@ CUDA GPU, Triton's interpreter otherwise. Tests marked `gpu` run only with CUDA.
 import pytest
 import torch
 
-from ssmcheck import runtime
+from ssmcheck.core import runtime
 
 ENV = runtime.configure()
 

@@ -16,9 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ssmcheck.core.tolerance import tolerance_limit, within_tolerance
+from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
-from ssmcheck.ops.chunk_scan.naive import scan_baseline, scan_recurrent
-from ssmcheck.verdict import tolerance_limit, within_tolerance
+from ssmcheck.ops.chunk_scan.naive import scan_recurrent
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

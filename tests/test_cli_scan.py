@@ -13,9 +13,10 @@ import pytest
 import torch
 from cli_invoke import assert_usage_error, invoke
 
-from ssmcheck import runtime
-from ssmcheck.drift_regimes import DRIFT_REGIMES
-from ssmcheck.regimes import REGIMES, ScanShape
+from ssmcheck.core import runtime
+from ssmcheck.drift.regimes import DRIFT_REGIMES
+from ssmcheck.scan.inputs import ScanShape
+from ssmcheck.scan.regimes import REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
 TINY = ["--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1"]
@@ -171,7 +172,7 @@ def test_the_floor_is_added_to_the_allowed_error(tmp_path):
 
 
 MIXED_KERNEL = """
-from ssmcheck.ops.chunk_scan.naive import scan_baseline
+from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 
 
 def broken(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,

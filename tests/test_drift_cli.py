@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cli_invoke import assert_usage_error, invoke
 
-from ssmcheck import runtime
-from ssmcheck.drift_regimes import DRIFT_REGIMES
+from ssmcheck.core import runtime
+from ssmcheck.drift.regimes import DRIFT_REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
 TINY = ["--nheads", "2", "--headdim", "8", "--dstate", "8", "--steps", "24"]

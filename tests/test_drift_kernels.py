@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck import runtime
-from ssmcheck.drift import run_case
-from ssmcheck.drift_kernels import resolve_kernel
-from ssmcheck.drift_regimes import make_problem
-from ssmcheck.drift_spec import build_cases, resolve
-from ssmcheck.verdict import Status
+from ssmcheck.core import runtime
+from ssmcheck.core.status import Status
+from ssmcheck.drift.adapter import resolve as resolve_kernel
+from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.run import run_case
+from ssmcheck.drift.spec import build_cases, resolve
 
 BROKEN = Path(__file__).parent / "broken_state_update_kernels.py"
 _spec = importlib.util.spec_from_file_location("broken_state_update_kernels", BROKEN)
@@ -31,8 +31,9 @@ SMALL = {"nheads": "2", "headdim": "16", "dstate": "16", "steps": 32, "trials": 
 
 def run(kernel: str, **options):
     settings_ = resolve({**SMALL, **options}, {}, "test")
-    under_test = resolve_kernel(kernel, 10, "software")
-    device = runtime.environment().device
+    env = runtime.environment()
+    under_test = resolve_kernel(kernel, 10, "software", env.interpreter)
+    device = env.device
     return [run_case(c, under_test, settings_.tolerance, device) for c in build_cases(settings_, kernel)]
 
 

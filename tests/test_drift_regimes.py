@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.drift_regimes import (
+from ssmcheck.drift.regimes import (
     DRIFT_REGIMES,
     LONG_STEPS_FACTOR,
     DecodeShape,

@@ -2,14 +2,15 @@
 
 import pytest
 
-from ssmcheck import models, sweep
-from ssmcheck.drift_regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR
-from ssmcheck.drift_spec import build_cases, resolve
-from ssmcheck.sweep import SweepError
+from ssmcheck.core import models
+from ssmcheck.core.presets import load_preset
+from ssmcheck.core.sweep import SweepError
+from ssmcheck.drift.regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR
+from ssmcheck.drift.spec import build_cases, resolve
 
 
 def test_default_preset_covers_both_roundings_fp16_bf16_and_every_regime():
-    settings = resolve({}, sweep.load_preset("default", "drift"), "default")
+    settings = resolve({}, load_preset("default", "drift"), "default")
     cases = build_cases(settings, "builtin")
     assert {(c.state_dtype, c.rounding, c.regime) for c in cases} == {
         (d, r, g) for d in ("fp16", "bf16") for r in ("nearest", "stochastic") for g in DRIFT_REGIMES
@@ -20,7 +21,7 @@ def test_default_preset_covers_both_roundings_fp16_bf16_and_every_regime():
 
 @pytest.mark.parametrize("name", ["smoke", "default", "thorough"])
 def test_every_preset_resolves(name):
-    settings = resolve({}, sweep.load_preset(name, "drift"), name)
+    settings = resolve({}, load_preset(name, "drift"), name)
     assert build_cases(settings, "torch")
 
 

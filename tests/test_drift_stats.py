@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.drift_stats import (
+from ssmcheck.core.formats import ulp
+from ssmcheck.drift.stats import (
     BIAS_FLOOR_ULP,
     BIAS_Z_LIMIT,
     SignedErrorMoments,
@@ -15,7 +16,6 @@ from ssmcheck.drift_stats import (
     growth_exponent,
     is_biased,
     log_checkpoints,
-    ulp,
 )
 
 

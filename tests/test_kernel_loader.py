@@ -4,8 +4,9 @@ import functools
 
 import pytest
 
-from ssmcheck import drift_kernels, scan_kernels
-from ssmcheck.kernels import KernelSpecError, keywords, load_callable
+from ssmcheck.core.callables import KernelSpecError, keywords, load_callable
+from ssmcheck.drift import adapter as drift_adapter
+from ssmcheck.scan import adapter as scan_adapter
 
 
 def test_module_function():
@@ -76,9 +77,9 @@ def test_scan_and_drift_decide_alike(tmp_path):
         "def step_catch_all(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, **kwargs):\n"
         "    return x\n"
     )
-    assert scan_kernels.resolve(f"{f}:scan_named").takes_state_options
-    assert not scan_kernels.resolve(f"{f}:scan_catch_all").takes_state_options
-    named = drift_kernels.resolve_kernel(f"{f}:step_named", 10, "software")
+    assert scan_adapter.resolve(f"{f}:scan_named", interpreter=True).takes_state_options
+    assert not scan_adapter.resolve(f"{f}:scan_catch_all", interpreter=True).takes_state_options
+    named = drift_adapter.resolve(f"{f}:step_named", 10, "software", interpreter=True)
     assert named.takes_rounding and named.takes_seed
-    catch_all = drift_kernels.resolve_kernel(f"{f}:step_catch_all", 10, "software")
+    catch_all = drift_adapter.resolve(f"{f}:step_catch_all", 10, "software", interpreter=True)
     assert not catch_all.takes_rounding and not catch_all.takes_seed

@@ -8,8 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck import measure
-from ssmcheck.regimes import REGIMES, ScanInputs, ScanShape
+from ssmcheck.scan import measure
+from ssmcheck.scan.inputs import ScanInputs, ScanShape
+from ssmcheck.scan.regimes import REGIMES
 
 
 def _inputs(batch, seqlen, nheads=2, headdim=3, dstate=4, cu_seqlens=None, seed=0):

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.ops.chunk_scan.naive import scan_baseline, scan_chunked, scan_recurrent
+from ssmcheck.ops.chunk_scan.baseline import scan_baseline
+from ssmcheck.ops.chunk_scan.naive import scan_chunked, scan_recurrent
 
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 

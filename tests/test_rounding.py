@@ -17,7 +17,8 @@ import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck import runtime
+from ssmcheck.core import runtime
+from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
     _round_with_words,
@@ -67,17 +68,13 @@ def _harmonic_kernel(out_ptr, steps, seed, DTYPE: tl.constexpr, STOCHASTIC: tl.c
     tl.store(out_ptr + trial, s)
 
 
-def _interpret() -> bool:
-    return runtime.environment().interpreter
-
-
 def _elementwise(x: torch.Tensor, dtype, seed: int = 0, stochastic: bool = True, philox_rounds: int = 10):
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     # The interpreter's cost is per program, not per element: big blocks there make 2**20 draws cheap.
-    block = min(2**16, max(1024, triton.next_power_of_2(x.numel()))) if _interpret() else 1024
+    block = min(2**16, max(1024, triton.next_power_of_2(x.numel()))) if interpreting() else 1024
     _elementwise_kernel[(triton.cdiv(x.numel(), block),)](
         x, out, x.numel(), seed, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic, N_ROUNDS=philox_rounds,
-        INTERPRET=_interpret(), BLOCK=block)
+        INTERPRET=interpreting(), BLOCK=block)
     return out
 
 
@@ -240,7 +237,7 @@ MIN_EXPECTED_UPS = 128  # "never round up" then has z <= -sqrt(128) ~ -11, far b
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", LOW)
 def test_mean_is_unbiased(path, dtype):
-    base = 2**16 if _interpret() else 2**22
+    base = 2**16 if interpreting() else 2**22
     for i, value in enumerate(_unbiased_cases(dtype)):
         expected = _up_fraction(torch.tensor([value]), dtype).item()
         assert 0 < expected < 1, value
@@ -320,7 +317,7 @@ def test_nan_inf_zero_and_overflow(path, dtype):
 def _harmonic(dtype, steps: int, stochastic: bool, trials: int, DEVICE) -> torch.Tensor:
     out = torch.empty(trials, dtype=dtype, device=DEVICE)
     _harmonic_kernel[(1,)](out, steps, 17, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic,
-                           INTERPRET=_interpret(), TRIALS=trials)
+                           INTERPRET=interpreting(), TRIALS=trials)
     return out.double()
 
 
@@ -361,7 +358,7 @@ def test_invalid_options_are_refused(kwargs, message):
 
 
 def test_hardware_sr_is_refused_below_sm100():
-    if not _interpret() and torch.cuda.get_device_capability() >= (10, 0):
+    if not interpreting() and torch.cuda.get_device_capability() >= (10, 0):
         pytest.skip("this GPU has cvt.rs")
     with pytest.raises(ValueError, match="sm_100"):
         stochastic_round_tensor(torch.ones(4, device=DEVICE), torch.float16, 0, rounding_impl="hardware")

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from ssmcheck import runtime
+from ssmcheck.core import runtime
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:
@@ -18,7 +18,7 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
 def test_cpu_sets_interpreter_before_triton_import():
     r = _fresh(
         "import sys, os\n"
-        "from ssmcheck import runtime\n"
+        "from ssmcheck.core import runtime\n"
         "assert 'triton' not in sys.modules\n"
         "e = runtime.configure('cpu')\n"
         "assert os.environ['TRITON_INTERPRET'] == '1'\n"
@@ -30,7 +30,7 @@ def test_cpu_sets_interpreter_before_triton_import():
 
 
 def test_importing_the_package_does_not_import_triton():
-    r = _fresh("import sys, ssmcheck, ssmcheck.verdict, ssmcheck.sweep, ssmcheck.report; print('triton' in sys.modules)")
+    r = _fresh("import sys, ssmcheck, ssmcheck.cli, ssmcheck.core.status, ssmcheck.core.sweep, ssmcheck.core.report; print('triton' in sys.modules)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
 

@@ -7,8 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.ops.chunk_scan.naive import process_dt, scan_recurrent
-from ssmcheck.regimes import REGIMES, ScanShape
+from ssmcheck.ops.chunk_scan.naive import scan_recurrent
+from ssmcheck.ops.naive import process_dt
+from ssmcheck.scan.inputs import ScanShape
+from ssmcheck.scan.regimes import REGIMES
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -16,7 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck import runtime
+from ssmcheck.core import runtime
+from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
 from ssmcheck.ops.state_update.naive import state_update_step
 
@@ -213,7 +214,7 @@ def test_invalid_combinations_are_refused(state_dtype, kwargs, message):
 
 
 def test_hardware_sr_is_refused_below_sm100():
-    if not runtime.environment().interpreter and torch.cuda.get_device_capability() >= (10, 0):
+    if not interpreting() and torch.cuda.get_device_capability() >= (10, 0):
         pytest.skip("this GPU has cvt.rs")
     inp = _small()
     with pytest.raises(ValueError, match="sm_100"):

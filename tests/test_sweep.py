@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck import sweep
+from ssmcheck.core import presets, sweep
 
 
 def test_parse_list_converts_and_deduplicates():
@@ -83,21 +83,21 @@ def test_case_seed_depends_on_the_parameters():
 
 
 def test_presets_exist_for_both_commands():
-    names = sweep.preset_names()
+    names = presets.preset_names()
     assert {"smoke", "default", "thorough"} <= set(names)
     for name in ("smoke", "default", "thorough"):
-        assert isinstance(sweep.load_preset(name, "scan"), dict)
-        assert isinstance(sweep.load_preset(name, "drift"), dict)
+        assert isinstance(presets.load_preset(name, "scan"), dict)
+        assert isinstance(presets.load_preset(name, "drift"), dict)
 
 
 def test_unknown_preset_lists_the_available_ones():
     with pytest.raises(sweep.SweepError, match="unknown preset 'nope'.*default"):
-        sweep.load_preset("nope", "scan")
+        presets.load_preset("nope", "scan")
 
 
 def test_device_overrides_apply_only_on_that_device(tmp_path, monkeypatch):
     (tmp_path / "p.toml").write_text("[drift]\nsteps = 32\ntrials = 2\n\n[drift.cuda]\nsteps = 1024\n")
-    monkeypatch.setattr(sweep, "_configs_dir", lambda: tmp_path)
-    assert sweep.load_preset("p", "drift", "cpu") == {"steps": 32, "trials": 2}
-    assert sweep.load_preset("p", "drift", "cuda") == {"steps": 1024, "trials": 2}
-    assert sweep.load_preset("p", "drift") == {"steps": 32, "trials": 2}
+    monkeypatch.setattr(presets, "_configs_dir", lambda: tmp_path)
+    assert presets.load_preset("p", "drift", "cpu") == {"steps": 32, "trials": 2}
+    assert presets.load_preset("p", "drift", "cuda") == {"steps": 1024, "trials": 2}
+    assert presets.load_preset("p", "drift") == {"steps": 32, "trials": 2}

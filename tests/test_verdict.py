@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from ssmcheck.verdict import ExitCode, Status, exit_code, summarize, tolerance_limit, within_tolerance
+from ssmcheck.core.status import ExitCode, Status, exit_code, summarize
+from ssmcheck.core.tolerance import tolerance_limit, within_tolerance
 
 P, F, N, E, S = Status.PASS, Status.FAIL, Status.NONFINITE, Status.ERROR, Status.SKIPPED
 

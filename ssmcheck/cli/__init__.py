@@ -1,14 +1,15 @@
 """The `ssmcheck` command line: parses options, hands plain data to the runners, renders reports.
 
-The CLI knows no numerics. Each command lives in its own module
-(`cli_scan`, `cli_drift`, sharing `cli_common`); this one assembles the app and maps failures to exit codes.
+The CLI knows no numerics. Each command lives in its own module (`scan`, `drift`,
+`regimes`, sharing `common`); this one assembles the app.
 """
 
 from __future__ import annotations
 
 import typer
 
-from ssmcheck import __version__, cli_drift, cli_scan
+from ssmcheck import __version__
+from ssmcheck.cli import drift, regimes, scan
 
 app = typer.Typer(
     name="ssmcheck",
@@ -40,8 +41,9 @@ def root(
 
 # Registered at import so that tests drive the very app users run. Neither module imports
 # triton: the commands configure the device first, then import the kernels.
-cli_scan.register(app)
-cli_drift.register(app)
+scan.register(app)
+drift.register(app)
+regimes.register(app)
 
 
 def main() -> None:

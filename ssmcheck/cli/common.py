@@ -1,4 +1,4 @@
-"""What the commands (`cli_scan`, `cli_drift`) share: common options, usage errors, the device, the run, the report.
+"""What the commands (`scan`, `drift`) share: common options, usage errors, the device, the run, the report.
 
 Usage errors are one line on stderr and exit 2. Nothing here imports triton:
 `configure_device` decides how it will be imported.
@@ -23,9 +23,9 @@ from rich.progress import (
 )
 from typer.core import TyperCommand
 
-from ssmcheck import runtime
-from ssmcheck.report import build_report, summary_line, write_json
-from ssmcheck.verdict import ExitCode, exit_code, summarize
+from ssmcheck.core import runtime
+from ssmcheck.core.report import build_report, summary_line, write_json
+from ssmcheck.core.status import ExitCode, exit_code, summarize
 
 EXIT_CODES = (
     "0 every case that ran passed; 1 a case failed tolerance; 2 usage error; 3 a case was non-finite; "
@@ -56,6 +56,12 @@ class OneLineUsageErrors(TyperCommand):
             return super().parse_args(ctx, args)
         except _UsageError as exc:
             usage_error(exc.format_message())
+
+
+def regime_lines(regimes: dict[str, str]) -> list[str]:
+    """Regime names and explanations in two aligned columns, for help texts and `ssmcheck regimes`."""
+    width = max(map(len, regimes))
+    return [f"{name:<{width}}  {text}" for name, text in regimes.items()]
 
 
 def usage_error(message: str) -> NoReturn:

@@ -1,8 +1,8 @@
 """`ssmcheck drift`: decode-loop drift of a state-update kernel, per storage dtype and rounding mode.
 
-Parses options into plain settings (drift_spec), runs the decode loops case by
-case (drift.run_case) and renders the table, the rounding comparisons and the
-plot; knows no numerics. Usage errors are one line on stderr and exit 2 (cli_common).
+Parses options into plain settings (drift.spec), runs the decode loops case by
+case (drift.run) and renders the table, the rounding comparisons and the
+plot; knows no numerics. Usage errors are one line on stderr and exit 2 (cli.common).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from pathlib import Path
 
 import typer
 
-from ssmcheck import cli_common, models, sweep
-from ssmcheck.cli_common import EXIT_CODES, usage_error
-from ssmcheck.drift_regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR
-from ssmcheck.drift_stats import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
-from ssmcheck.kernels import KernelSpecError
-from ssmcheck.sweep import SweepError
-from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
+from ssmcheck.cli import common as cli_common
+from ssmcheck.cli.common import EXIT_CODES, usage_error
+from ssmcheck.core import models, presets
+from ssmcheck.core.callables import KernelSpecError
+from ssmcheck.core.sweep import SweepError
+from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
+from ssmcheck.drift.regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR  # torch only, no triton
+from ssmcheck.drift.stats import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
 
 SCREEN_WIDTH = 200
 AXIS = "Sweep axis: comma-separated list."
@@ -73,8 +74,9 @@ def drift(
 ) -> None:
     env = cli_common.configure_device(device)  # before anything imports triton
     # Imported after configure: the runner reaches the kernels, which import triton.
-    from ssmcheck import drift_kernels, drift_report, drift_spec, plot  # noqa: PLC0415
-    from ssmcheck.drift import run_case  # noqa: PLC0415
+    from ssmcheck.drift import adapter, plot, run, spec, table  # noqa: PLC0415
+    from ssmcheck.drift.json import case_json  # noqa: PLC0415
+    from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
 
     if plot_path is not None:
         try:
@@ -90,43 +92,41 @@ def drift(
     )
     preset_name = preset or "default"
     try:
-        settings = drift_spec.resolve(cli, sweep.load_preset(preset_name, "drift", env.device), preset_name)
+        settings = spec.resolve(cli, presets.load_preset(preset_name, "drift", env.device), preset_name)
     except SweepError as exc:
         usage_error(str(exc))
     if philox_rounds < 1:
         usage_error(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")
-    if rounding_impl not in drift_kernels.ROUNDING_IMPLS:
-        impls = ", ".join(drift_kernels.ROUNDING_IMPLS)
+    if rounding_impl not in ROUNDING_IMPLS:
+        impls = ", ".join(ROUNDING_IMPLS)
         usage_error(f"--rounding-impl: invalid value {rounding_impl!r} (choose from {impls})")
     if rounding_impl == "hardware":
-        if kernel != drift_kernels.BUILTIN:
+        if kernel != adapter.BUILTIN:
             usage_error("--rounding-impl hardware: applies to --kernel builtin only")
-        from ssmcheck.ops.rounding.stochastic import hardware_sr_unavailable  # noqa: PLC0415
-
-        reason = hardware_sr_unavailable()
+        reason = adapter.hardware_sr_unavailable(env.interpreter)
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             usage_error(f"--rounding-impl hardware: {reason}")
     try:
-        kernel_under_test = drift_kernels.resolve_kernel(kernel, philox_rounds, rounding_impl)
+        kernel_under_test = adapter.resolve(kernel, philox_rounds, rounding_impl, env.interpreter)
     except KernelSpecError as exc:
         usage_error(str(exc))
 
-    cases = drift_spec.build_cases(settings, kernel)
-    out = cli_common.open_report(SCREEN_WIDTH, drift_report.header(env, kernel, settings), quiet)
+    cases = spec.build_cases(settings, kernel)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings), quiet)
 
-    def run(case, advance):
-        return run_case(case, kernel_under_test, settings.tolerance, env.device, on_step=advance)
+    def run_one(case, advance):
+        return run.run_case(case, kernel_under_test, settings.tolerance, env.device, on_step=advance)
 
     def case_steps(case):
         return 0 if case.skip_reason is not None else case.steps * case.trials
 
-    results, seconds = cli_common.run_cases("drift", cases, run, quiet, unit="steps", size=case_steps)
+    results, seconds = cli_common.run_cases("drift", cases, run_one, quiet, unit="steps", size=case_steps)
     if not quiet:
-        drift_report.render(out, results)
+        table.render(out, results)
     if plot_path is not None and plot.plot_drift(results, plot_path) and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)
     tol = settings.tolerance
-    cli_common.finish(out, "drift", env, results, drift_report.case_json, settings.fail_on, seconds, json_path, {
+    cli_common.finish(out, "drift", env, results, case_json, settings.fail_on, seconds, json_path, {
         "preset": preset_name, "steps": settings.steps, "trials": settings.trials, "seed": settings.seed,
         "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "fail_on": list(settings.fail_on),
         "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,

@@ -1,4 +1,4 @@
-"""`ssmcheck scan` (chunk-scan sweeps with verdicts) and `ssmcheck regimes`.
+"""`ssmcheck scan`: chunk-scan sweeps with verdicts.
 
 Parses options into plain settings, hands cases to the runner, renders the
 results; knows no numerics. Usage errors are one line on stderr and exit 2.
@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import typer
 
-from ssmcheck import cli_common, models, sweep
-from ssmcheck.cli_common import EXIT_CODES, usage_error
-from ssmcheck.drift_regimes import DRIFT_REGIMES  # torch only, no triton: --help stays light
-from ssmcheck.kernels import KernelSpecError
-from ssmcheck.regimes import REGIMES
-from ssmcheck.sweep import SweepError
-from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
-
-
-def _regime_lines(regimes: dict[str, str]) -> list[str]:
-    width = max(map(len, regimes))
-    return [f"{name:<{width}}  {text}" for name, text in regimes.items()]
+from ssmcheck.cli import common as cli_common
+from ssmcheck.cli.common import EXIT_CODES, regime_lines, usage_error
+from ssmcheck.core import models, presets
+from ssmcheck.core.callables import KernelSpecError
+from ssmcheck.core.sweep import SweepError
+from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
+from ssmcheck.scan.regimes import REGIMES  # torch only, no triton: --help stays light
 
 
 SCAN_HELP = "\n\n".join([
@@ -30,7 +25,7 @@ SCAN_HELP = "\n\n".join([
     "a kernel that raises gives 'error'; impossible combinations are 'skipped' with the reason.",
     "Sweep axes take comma-separated lists; their cartesian product is the set of cases. With no options "
     "the 'default' preset (configs/default.toml) runs; an option given replaces the preset's axis.",
-    "Regimes:\n\n" + "\n\n".join(_regime_lines({n: r.explanation for n, r in REGIMES.items()})),
+    "Regimes:\n\n" + "\n\n".join(regime_lines({n: r.explanation for n, r in REGIMES.items()})),
     "Exit codes: " + EXIT_CODES,
 ])
 
@@ -66,7 +61,8 @@ def scan(
 ) -> None:
     env = cli_common.configure_device(device)  # before anything imports triton
     # Imported after configure: the runner reaches the kernels, which import triton.
-    from ssmcheck import scan_json, scan_kernels, scan_runner, scan_spec, scan_table  # noqa: PLC0415
+    from ssmcheck.scan import adapter, run, spec, table  # noqa: PLC0415
+    from ssmcheck.scan.json import case_json  # noqa: PLC0415
 
     cli = dict(
         chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
@@ -75,41 +71,30 @@ def scan(
     )
     preset_name = preset or "default"
     try:
-        settings = scan_spec.resolve(cli, sweep.load_preset(preset_name, "scan", env.device), preset_name)
+        settings = spec.resolve(cli, presets.load_preset(preset_name, "scan", env.device), preset_name)
     except SweepError as exc:
         usage_error(str(exc))
     cli_common.check_output_path("--json", json_path)
     try:
-        kernel_under_test = scan_kernels.resolve(kernel)
+        kernel_under_test = adapter.resolve(kernel, env.interpreter)
     except KernelSpecError as exc:
         usage_error(str(exc))
 
-    cases = scan_spec.build_cases(settings, kernel)
-    out = cli_common.open_report(SCREEN_WIDTH, scan_table.header(env, kernel, settings), quiet)
+    cases = spec.build_cases(settings, kernel)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings), quiet)
 
-    def run(case, _advance):
-        return scan_runner.run_case(case, kernel_under_test, settings.tolerance, settings.reference, env.device)
+    def run_one(case, _advance):
+        return run.run_case(case, kernel_under_test, settings.tolerance, settings.reference, env.device)
 
-    results, seconds = cli_common.run_cases("scan", cases, run, quiet)
+    results, seconds = cli_common.run_cases("scan", cases, run_one, quiet)
     if not quiet:
-        scan_table.render(out, results)
-    cli_common.finish(out, "scan", env, results, scan_json.case_json, settings.fail_on, seconds, json_path, {
+        table.render(out, results)
+    cli_common.finish(out, "scan", env, results, case_json, settings.fail_on, seconds, json_path, {
         "preset": preset_name, "reference": settings.reference, "tol_factor": settings.tolerance.tol_factor,
         "floor": settings.tolerance.floor, "rtol": settings.tolerance.rtol, "seed": settings.seed,
         "fail_on": list(settings.fail_on),
     })
 
 
-def regimes() -> None:
-    """List the input regimes of `scan` and `drift`, with what each one feeds the kernel."""
-    typer.echo("scan regimes (ssmcheck scan --regime):")
-    for line in _regime_lines({n: r.explanation for n, r in REGIMES.items()}):
-        typer.echo("  " + line)
-    typer.echo("\ndrift regimes (ssmcheck drift --regime):")
-    for line in _regime_lines(DRIFT_REGIMES):
-        typer.echo("  " + line)
-
-
 def register(app: typer.Typer) -> None:
     app.command("scan", cls=cli_common.OneLineUsageErrors, help=SCAN_HELP, no_args_is_help=False)(scan)
-    app.command("regimes")(regimes)

@@ -1,24 +1,18 @@
-"""The machine-readable report (JSON) and small text helpers shared by every command.
+"""The machine-readable report (JSON envelope) and the lines every command prints around its table.
 
 The JSON envelope is a stable contract:
     {"tool": "ssmcheck", "version", "command", "environment", "cases", "summary", "exit_code"}
-Each command fills "cases" with plain dicts of its own (documented in README.md).
+Each command fills "cases" with plain dicts of its own (its `json` module; documented in README.md).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 from ssmcheck import __version__
-from ssmcheck.runtime import Environment
-from ssmcheck.verdict import Status, Tolerance
-
-SPARK_BARS = "▁▂▃▄▅▆▇█"
-STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red", Status.ERROR: "magenta",
-          Status.SKIPPED: "dim"}
+from ssmcheck.core.runtime import Environment
 
 
 def build_report(
@@ -54,38 +48,6 @@ def write_json(path: Path | str, report: dict) -> None:
     Path(path).write_text(json.dumps(_json_safe(report), indent=2) + "\n")
 
 
-def sparkline(values: Sequence[float], log: bool = True) -> str:
-    """A unicode sparkline; log-scaled by default since errors span decades.
-
-    Non-finite values show as '!', and zeros (or negatives, when log-scaled) as ' '.
-    """
-    if not values:
-        return ""
-    finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
-    if not finite:
-        return "".join("!" if not math.isfinite(v) else " " for v in values)
-    scale = (lambda v: math.log10(v)) if log else (lambda v: v)
-    lo, hi = min(map(scale, finite)), max(map(scale, finite))
-    out = []
-    for v in values:
-        if not math.isfinite(v):
-            out.append("!")
-        elif log and v <= 0:
-            out.append(" ")
-        else:
-            level = 0 if hi == lo else round((scale(v) - lo) / (hi - lo) * (len(SPARK_BARS) - 1))
-            out.append(SPARK_BARS[level])
-    return "".join(out)
-
-
-def format_error(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if not math.isfinite(value):
-        return str(value)
-    return f"{value:.2e}"
-
-
 def environment_line(command: str, env: Environment) -> str:
     """The first header line: version, command, device and library versions."""
     where = f"{env.device} ({'Triton interpreter' if env.interpreter else 'compiled'})"
@@ -95,12 +57,6 @@ def environment_line(command: str, env: Environment) -> str:
         f"ssmcheck {__version__} {command} | device {where} | torch {env.torch} | triton {env.triton} | "
         f"python {env.python}"
     )
-
-
-def tolerance_rule(tolerance: Tolerance) -> str:
-    if tolerance.rtol is not None:
-        return f"rtol {tolerance.rtol:g}"
-    return f"{tolerance.tol_factor:g} x baseline + {tolerance.floor:g}"
 
 
 def summary_line(counts: dict[str, int], seconds: float, exit_code: int, prefix: str = "") -> str:

@@ -1,4 +1,4 @@
-"""Statuses, the tolerance rule and the exit codes: the contract CI scripts rely on.
+"""Statuses and exit codes: the contract CI scripts rely on.
 
 Shared by every command (`scan`, `drift`), so a status means the same thing
 everywhere and the exit code is computed in one place.
@@ -7,9 +7,7 @@ everywhere and the exit code is computed in one place.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 
 class Status(str, enum.Enum):
@@ -31,51 +29,6 @@ class ExitCode(enum.IntEnum):
 
 # --fail-on categories, and the status each one gates.
 FAIL_ON = {"nonfinite": Status.NONFINITE, "tolerance": Status.FAIL, "error": Status.ERROR}
-
-# Kernel error may be at most TOL_FACTOR x the same-precision baseline's error
-# plus FLOOR (both norm-wise relative). The floor keeps fp32 cases, whose
-# errors are a few ulps and vary with summation order, from flickering.
-DEFAULT_TOL_FACTOR = 2.0
-DEFAULT_FLOOR = 1e-5
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """The parameters of the tolerance rule below, as a command's settings carry them."""
-
-    tol_factor: float = DEFAULT_TOL_FACTOR
-    floor: float = DEFAULT_FLOOR
-    rtol: float | None = None
-
-
-def within_tolerance(
-    error: float,
-    baseline_error: float,
-    tol_factor: float = DEFAULT_TOL_FACTOR,
-    floor: float = DEFAULT_FLOOR,
-    rtol: float | None = None,
-) -> bool:
-    """FlashAttention's rule: error <= tol_factor * baseline_error + floor.
-
-    With `rtol`, the rule is replaced by the absolute bound error <= rtol.
-    A NaN error never passes.
-    """
-    if math.isnan(error):
-        return False
-    if rtol is not None:
-        return error <= rtol
-    return error <= tol_factor * baseline_error + floor
-
-
-def tolerance_limit(
-    baseline_error: float,
-    tol_factor: float = DEFAULT_TOL_FACTOR,
-    floor: float = DEFAULT_FLOOR,
-    rtol: float | None = None,
-) -> float:
-    """The largest error `within_tolerance` accepts, for messages and reports."""
-    return rtol if rtol is not None else tol_factor * baseline_error + floor
-
 
 def summarize(statuses: Iterable[Status]) -> dict[str, int]:
     counts = {s.value: 0 for s in Status}

@@ -1,11 +1,8 @@
-"""Sweep mechanics shared by the commands: option lists, presets, the cartesian product, seeds.
+"""Sweep mechanics shared by the commands: parsing option values, the cartesian product, seeds.
 
-A sweep is a dict of axes (name -> list of values). Presets live in
-`configs/NAME.toml`, one table per command (`[scan]`, `[drift]`), each key an
-axis or option with the same name as the CLI option (dashes as underscores).
-A sub-table named after a device (`[drift.cuda]`, `[drift.cpu]`) overrides keys
-on that device only: the interpreter is orders of magnitude slower than a GPU,
-and a preset sized for one would be trivial or endless on the other.
+A sweep is a dict of axes (name -> list of values), each named like its CLI
+option (dashes as underscores). Values come from the command line as
+comma-separated text or from a preset as TOML lists; both parse the same way.
 """
 
 from __future__ import annotations
@@ -13,11 +10,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import tomllib
-from importlib import resources
-from pathlib import Path
 
-from ssmcheck.verdict import FAIL_ON
+from ssmcheck.core.status import FAIL_ON
 
 
 class SweepError(ValueError):
@@ -99,32 +93,3 @@ def case_seed(seed: int, params: dict) -> int:
     """
     key = json.dumps({"seed": seed, **params}, sort_keys=True, default=str)
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-def _configs_dir():
-    """configs/ of a source checkout, else the copy installed as package data."""
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
-        return checkout / "configs"
-    return resources.files("ssmcheck.configs")
-
-
-def preset_names() -> list[str]:
-    return sorted(p.name[: -len(".toml")] for p in _configs_dir().iterdir() if p.name.endswith(".toml"))
-
-
-def load_preset(name: str, command: str, device: str | None = None) -> dict:
-    """The `[command]` table of configs/NAME.toml, with its `[command.DEVICE]` overrides applied."""
-    path = _configs_dir() / f"{name}.toml"
-    if not path.is_file():
-        raise SweepError(f"--preset: unknown preset {name!r} (available: {', '.join(preset_names())})")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise SweepError(f"--preset {name}: configs/{name}.toml is not valid TOML: {exc}") from None
-    if command not in data:
-        raise SweepError(f"--preset {name}: configs/{name}.toml has no [{command}] table")
-    table = dict(data[command])
-    overrides = {d: table.pop(d) for d in ("cpu", "cuda") if d in table}
-    table.update(overrides.get(device, {}))
-    return table

@@ -1,4 +1,4 @@
-"""The state-update kernels `ssmcheck drift` runs, and how each is called.
+"""The state-update kernel under test, behind one adapter: what it can do, how it is called, what it returned.
 
 `--kernel` is `builtin` (the Triton kernel), `torch` (a plain-PyTorch step
 computed in fp32 that stores the state with the reference rounding, i.e. the
@@ -6,11 +6,17 @@ same-precision implementation run as the kernel under test), or
 `MODULE:FUNCTION` / `path.py:FUNCTION` naming any callable with the
 state-spaces/mamba `selective_state_update` signature (DESIGN §2).
 
-A callable that takes a `rounding` keyword is told the mode (and `seed`, when
-it takes one: a new seed every step). One that does not is run as it is, and
-`--rounding` declares what it is supposed to do. Either way the runner seeds
-torch's generator at the start of every trial, so a callable drawing its
-random bits from torch is reproducible and independent across trials.
+The adapter owns:
+- capability discovery: a callable that takes a `rounding` keyword is told the
+  mode (and `seed`, when it takes one: a new seed every step); one that does
+  not is run as it is, and `--rounding` declares what it is supposed to do.
+  For the built-in kernel, whether hardware stochastic rounding can run here;
+- the call, with the mamba signature (the runner seeds torch's generator at the
+  start of every trial, so a callable drawing its random bits from torch is
+  reproducible and independent across trials);
+- output validation: out of the promised shape, dtype and device, and the
+  inputs unchanged after the call; anything else raises KernelRaised with one
+  line saying what was expected and what came back.
 """
 
 from __future__ import annotations
@@ -20,12 +26,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssmcheck.kernels import keywords, load_callable
+from ssmcheck.core.callables import keywords, load_callable
+from ssmcheck.core.formats import dtype_name
+from ssmcheck.core.tensors import same_bits
+from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
 BUILTIN, TORCH = "builtin", "torch"
-ROUNDING_IMPLS = ("software", "hardware")  # the built-in kernel's stochastic rounding (--rounding-impl)
+
+
+class KernelRaised(Exception):
+    """The kernel under test raised, returned something that is not its output, or changed its inputs."""
 
 
 def torch_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
@@ -42,40 +54,76 @@ def torch_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_s
 
 
 @dataclass(frozen=True)
-class StateUpdateKernel:
+class DriftAdapter:
     name: str  # the --kernel value
     fn: Callable
     takes_rounding: bool  # implements --rounding itself (has a `rounding` keyword)
     takes_seed: bool
-    options: dict = field(default_factory=dict)  # further keywords (builtin: philox_rounds, rounding_impl)
+    options: dict = field(default_factory=dict)  # further keywords (builtin: philox_rounds, rounding_impl, interpret)
 
-    def __call__(self, state, problem, step, rounding: str, seed: int):
-        """Run one step of `problem` (a DecodeProblem) on `state` in place; return out."""
+    def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str, seed: int,
+             where: str, check_inputs: bool = False) -> torch.Tensor:
+        """Run one step of `problem` on `state` in place; return out. Raises KernelRaised.
+
+        With `check_inputs`, also check that the call left its inputs unchanged (a copy per
+        input: the runner asks at the first step and the checkpoints, not every step).
+        """
         keywords = dict(self.options)
         if self.takes_rounding:
             keywords["rounding"] = rounding
         if self.takes_seed:
             keywords["seed"] = seed
-        return self.fn(
-            state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
-            problem.dt_softplus, **keywords,
+        inputs = {"x": step.x, "dt": step.dt, "A": problem.A, "B": step.B, "C": step.C, "D": problem.D,
+                  "dt_bias": problem.dt_bias}
+        before = {name: t.clone() for name, t in inputs.items()} if check_inputs else {}
+        try:
+            out = self.fn(
+                state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
+                problem.dt_softplus, **keywords,
+            )
+        except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
+            raise KernelRaised(f"{type(exc).__name__}: {exc} ({where})") from exc
+        _check_out(out, step.x, where)
+        for name, copy in before.items():
+            if not same_bits(copy, inputs[name]):
+                raise KernelRaised(f"the kernel wrote into its input {name}: inputs must be left unchanged ({where})")
+        return out
+
+
+def _check_out(out, x: torch.Tensor, where: str) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise KernelRaised(f"the kernel returned {type(out).__name__}, expected out of shape {tuple(x.shape)} ({where})")
+    if out.shape != x.shape:
+        raise KernelRaised(f"the kernel returned {tuple(out.shape)}, expected out of shape {tuple(x.shape)} ({where})")
+    if out.dtype != x.dtype:
+        raise KernelRaised(
+            f"out has dtype {dtype_name(out.dtype)}, expected {dtype_name(x.dtype)} (x's dtype) ({where})"
         )
+    if out.device != x.device:
+        raise KernelRaised(f"out is on {out.device}, expected {x.device} (where the inputs are) ({where})")
 
 
-def resolve_kernel(spec: str, philox_rounds: int, rounding_impl: str) -> StateUpdateKernel:
-    """The kernel named by --kernel. Raises kernels.KernelSpecError for a bad spec.
+def resolve(spec: str, philox_rounds: int, rounding_impl: str, interpreter: bool) -> DriftAdapter:
+    """The adapter of a --kernel value. Raises core.callables.KernelSpecError for a bad spec.
 
-    Imports the built-in kernel (and so triton): call runtime.configure first.
+    `builtin` imports the Triton kernel (and so triton): configure the runtime first.
     """
     if spec == BUILTIN:
         from ssmcheck.ops.state_update.fused_recurrent import selective_state_update  # noqa: PLC0415
 
-        return StateUpdateKernel(
+        return DriftAdapter(
             BUILTIN, selective_state_update, takes_rounding=True, takes_seed=True,
-            options={"philox_rounds": philox_rounds, "rounding_impl": rounding_impl},
+            options={"philox_rounds": philox_rounds, "rounding_impl": rounding_impl, "interpret": interpreter},
         )
     if spec == TORCH:
-        return StateUpdateKernel(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
+        return DriftAdapter(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
     fn = load_callable(spec)
     named = keywords(fn)
-    return StateUpdateKernel(spec, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
+    return DriftAdapter(spec, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
+
+
+def hardware_sr_unavailable(interpreter: bool) -> str | None:
+    """Why the built-in kernel's hardware stochastic rounding cannot run here (None: it can)."""
+    from ssmcheck.ops.rounding.stochastic import hardware_sr_unavailable as reason  # noqa: PLC0415
+
+    return reason(interpreter)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ssmcheck.drift import DriftResult
+from ssmcheck.drift.results import DriftResult
 
 INSTALL_HINT = "pip install ssmcheck[plot]"
 _COLOURS = {"nearest": "tab:red", "stochastic": "tab:blue"}

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core import formats
+
 DRIFT_REGIMES: dict[str, str] = {
     "normal": "trained-model ranges: A = -exp(U(log 1, log 16)), dt after softplus in [1e-3, 0.1], "
     "x/B/C unit scale",
@@ -34,9 +36,6 @@ DRIFT_REGIMES: dict[str, str] = {
 }
 
 LONG_STEPS_FACTOR = 4
-
-# fraction bits of each storage dtype: the ulp of 1.0 is 2**-bits
-_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,7 @@ _STAGNATION_DT = 0.01
 
 def _stagnation(shape, state_dtype, nsteps, generator):
     s = shape
-    eps = 2.0 ** -_MANTISSA_BITS[state_dtype]
+    eps = formats.eps(state_dtype)
     rate = _STAGNATION_NET_GROWTH * eps / (_STAGNATION_EQUILIBRIUM - 1.0)  # decay per step
     update = _STAGNATION_EQUILIBRIUM * rate  # mean dt * x * B
     A_head = -(rate / _STAGNATION_DT) * _uniform(generator, (s.nheads,), 0.8, 1.2)

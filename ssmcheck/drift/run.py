@@ -1,33 +1,45 @@
-"""Running and judging one drift case (the measurement is drift_measure's, the verdict drift_verdict's)."""
+"""Running one drift case: the kernel's decode loop beside the float64 reference and the baseline.
+
+Per trial, three states advance in lockstep over the same inputs:
+- the kernel's, in the storage dtype, updated in place by the kernel;
+- the reference: the float64 recurrence, never rounded;
+- the baseline: the float64 recurrence with the state rounded to the storage
+  dtype after every step in the declared mode (DESIGN §3), the drift that the
+  storage format itself explains.
+
+At log-spaced checkpoints the kernel and the baseline are measured against the
+reference. At every step the kernel's store is also measured on its own: the
+float64 update of the kernel's previous state is what an ideal kernel would
+round, so (stored - exact) in ulps, signed along the exact value, is the
+rounding error of that store, free of the drift accumulated before it. Its
+mean over all stores and trials is the bias the SR z-test judges.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from ssmcheck.drift_kernels import StateUpdateKernel
-from ssmcheck.drift_measure import DriftRun, KernelRaised, measure
-from ssmcheck.drift_spec import DriftCase
-from ssmcheck.drift_verdict import DriftVerdict, error_verdict, judge, skipped_verdict
-from ssmcheck.verdict import Status, Tolerance
+import torch
 
-
-@dataclass(frozen=True)
-class DriftResult:
-    case: DriftCase
-    verdict: DriftVerdict
-    seconds: float
-    run: DriftRun | None  # None when skipped or the kernel raised
-
-    @property
-    def status(self) -> Status:
-        return self.verdict.status
+from ssmcheck.core import sweep
+from ssmcheck.core.formats import ulp
+from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
+from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.results import DriftResult, DriftRun
+from ssmcheck.drift.spec import DriftCase
+from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
+from ssmcheck.drift.verdict import error_verdict, judge, skipped_verdict
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.state_update.naive import state_update_step
 
 
 def run_case(
     case: DriftCase,
-    kernel: StateUpdateKernel,
+    kernel: DriftAdapter,
     tolerance: Tolerance,
     device: str,
     on_step: Callable[[], None] = lambda: None,
@@ -37,7 +49,71 @@ def run_case(
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
     try:
-        run = measure(case, kernel, device, on_step)
+        run = decode(case, kernel, device, on_step)
     except KernelRaised as exc:
         return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None)
     return DriftResult(case, judge(case, run, tolerance), time.perf_counter() - start, run)
+
+
+@contextmanager
+def _one_cpu_thread(device: str) -> Iterator[None]:
+    """Decode-step tensors are small: on the CPU, torch's intra-op threads cost more in
+    synchronisation than they save (milliseconds per op once another process holds a core)."""
+    if device != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None]) -> DriftRun:
+    """Run the case's trials; raises KernelRaised when the kernel does."""
+    with _one_cpu_thread(device):
+        return _decode(case, kernel, device, on_step)
+
+
+def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None]) -> DriftRun:
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
+    fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
+    A64 = problem.A.double()
+    checkpoint_steps = set(log_checkpoints(problem.nsteps))
+    kernel_sums, baseline_sums = CheckpointSums(), CheckpointSums()
+    store_errors = SignedErrorMoments()
+    found = None
+    trials = 0
+    for trial in range(case.trials):
+        trials += 1
+        trial_seed = sweep.case_seed(case.seed, {"trial": trial})
+        torch.manual_seed(trial_seed)  # for callables that draw their random bits from torch
+        baseline_bits = torch.Generator(device=device).manual_seed(trial_seed)
+        state = problem.initial_state.clone()
+        ref = state.double()
+        baseline = ref.clone()
+        for n, step in enumerate(problem.steps(), start=1):
+            inputs64 = (step.x.double(), step.dt.double(), A64, step.B.double(), step.C.double())
+            ref, ref_out = state_update_step(ref, *inputs64, **fixed)
+            baseline_exact, baseline_out = state_update_step(baseline, *inputs64, **fixed)
+            baseline = round_to(baseline_exact, case.dtype, case.rounding, baseline_bits).double()
+
+            before = state.double()
+            seed = sweep.case_seed(trial_seed, {"step": n})
+            out = kernel.call(state, problem, step, case.rounding, seed, f"trial {trial}, step {n}",
+                              check_inputs=n == 1 or n in checkpoint_steps)
+            after = state.double()
+            exact, _ = state_update_step(before, *inputs64, **fixed)
+            store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, case.dtype))
+            on_step()
+
+            found = first_nonfinite(after, out, ref, ref_out, n, trial)
+            if found is not None or n in checkpoint_steps:
+                kernel_sums.add(n, figures(after, out, ref, ref_out))
+                baseline_sums.add(n, figures(baseline, baseline_out, ref, ref_out))
+            if found is not None:
+                break
+        if found is not None:
+            break
+    return DriftRun(kernel_sums.means(), baseline_sums.means(), store_errors, found, trials)

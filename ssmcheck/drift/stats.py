@@ -11,9 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-# fraction bits and smallest normal exponent of each storage dtype
-_FORMATS = {torch.float16: (10, -14), torch.bfloat16: (7, -126), torch.float32: (23, -126)}
-
 # Stochastic rounding is "biased" when the mean rounding error per store is both
 # statistically nonzero (|z| above BIAS_Z_LIMIT: ~6e-5 two-sided under the null)
 # and larger than BIAS_FLOOR_ULP. The floor is above what a kernel's own fp32
@@ -31,14 +28,6 @@ def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
     steps = {1, nsteps}
     steps.update(min(nsteps, max(1, round(ratio**i))) for i in range(count))
     return sorted(steps)
-
-
-def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of `dtype` at each of `values` (float64; at 0, the smallest subnormal)."""
-    bits, emin = _FORMATS[dtype]
-    _, exponent = torch.frexp(values.abs())  # |v| = m * 2**exponent, m in [0.5, 1); 0 for v = 0
-    exponent = torch.where(values == 0, emin, torch.clamp(exponent.to(torch.int64) - 1, min=emin))
-    return torch.ldexp(torch.ones_like(values, dtype=torch.float64), exponent - bits)
 
 
 class SignedErrorMoments:

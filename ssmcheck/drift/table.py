@@ -1,39 +1,27 @@
-"""Reporting drift results: the header, the Rich table, the rounding comparisons, notes, and the JSON cases.
-
-JSON case keys (always present; figures a case did not produce are null):
-    id, status, message, seconds,
-    params {kernel, state_dtype, rounding, regime, steps, batch, nheads, headdim, dstate, ngroups, model, seed, trials},
-    checkpoints [{step, state_rel, out_rel, bias}]   kernel vs float64 reference, mean over trials,
-    growth_exponent                                  alpha in state_rel ~ step**alpha,
-    bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
-    baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
-    ratio                                            worst kernel / baseline state drift over checkpoints,
-    crossing_step, crossing_observed                 where state_rel reaches the tolerance,
-    first_nonfinite {output, step, trial, batch, head, channel, state_index}.
-"""
+"""Rendering drift results for people: the header, the Rich table, the rounding comparisons and notes."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck import report
-from ssmcheck.drift import DriftResult
-from ssmcheck.drift_spec import DriftSettings
-from ssmcheck.report import STYLES, format_error, sparkline
-from ssmcheck.runtime import Environment
-from ssmcheck.verdict import Status
+from ssmcheck.core.render import STYLES, format_error, sparkline
+from ssmcheck.core.report import environment_line
+from ssmcheck.core.runtime import Environment
+from ssmcheck.core.status import Status
+from ssmcheck.core.tolerance import tolerance_rule
+from ssmcheck.drift.results import DriftResult
+from ssmcheck.drift.spec import DriftSettings
 
 
 def header(env: Environment, kernel: str, settings: DriftSettings) -> str:
     return (
-        f"{report.environment_line('drift', env)}\n"
+        f"{environment_line('drift', env)}\n"
         f"kernel {kernel} | steps {settings.steps} | trials {settings.trials} | "
-        f"tolerance {report.tolerance_rule(settings.tolerance)} | seed {settings.seed} | fail on {','.join(settings.fail_on)}"
+        f"tolerance {tolerance_rule(settings.tolerance)} | seed {settings.seed} | fail on {','.join(settings.fail_on)}"
     )
 
 
@@ -109,26 +97,3 @@ def render(console: Console, results: list[DriftResult]) -> None:
     console.print(results_table(results))
     for line in rounding_comparisons(results) + notes(results):
         console.print(line, markup=False, highlight=False)
-
-
-def case_json(result: DriftResult) -> dict:
-    run, v = result.run, result.verdict
-    return {
-        "id": result.case.id,
-        "status": result.status.value,
-        "message": v.message,
-        "seconds": round(result.seconds, 4),
-        "params": result.case.params(),
-        "checkpoints": [asdict(c) for c in run.checkpoints] if run else [],
-        "growth_exponent": v.growth_exponent,
-        "bias_z": v.bias_z,
-        "store_bias_ulp": v.store_bias_ulp,
-        "baseline": {
-            "checkpoints": [asdict(c) for c in run.baseline],
-            "growth_exponent": v.baseline_growth_exponent,
-        } if run else None,
-        "ratio": v.ratio,
-        "crossing_step": v.crossing_step,
-        "crossing_observed": v.crossing_observed,
-        "first_nonfinite": asdict(run.first_nonfinite) if run and run.first_nonfinite else None,
-    }

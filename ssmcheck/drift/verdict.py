@@ -4,32 +4,19 @@
 - fail: at some checkpoint the state drift exceeds the tolerance (tol_factor x
   the baseline's drift at that step + floor, or --rtol), or the output error
   pooled over the checkpoints exceeds the same rule against the baseline's, or,
-  with stochastic rounding, the stores are biased (drift_stats.is_biased);
+  with stochastic rounding, the stores are biased (stats.is_biased);
 - pass otherwise.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from ssmcheck.drift_measure import DriftRun
-from ssmcheck.drift_spec import DriftCase
-from ssmcheck.drift_stats import crossing_step, growth_exponent, is_biased
-from ssmcheck.verdict import Status, Tolerance, tolerance_limit, within_tolerance
-
-
-@dataclass(frozen=True)
-class DriftVerdict:
-    status: Status
-    message: str
-    ratio: float | None = None  # worst kernel / baseline state drift over the checkpoints
-    growth_exponent: float | None = None  # of the kernel's state drift
-    baseline_growth_exponent: float | None = None
-    bias_z: float | None = None  # z of the mean per-store rounding error
-    store_bias_ulp: float | None = None  # that mean, in ulps (negative: toward zero)
-    crossing_step: int | None = None  # where the drift reaches the tolerance (None: not within 1e12 steps)
-    crossing_observed: bool = False  # already reached at a checkpoint, not extrapolated
+from ssmcheck.core.status import Status
+from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
+from ssmcheck.drift.results import DriftRun, DriftVerdict
+from ssmcheck.drift.spec import DriftCase
+from ssmcheck.drift.stats import crossing_step, growth_exponent, is_biased
 
 
 def skipped_verdict(reason: str) -> DriftVerdict:

@@ -6,10 +6,10 @@ Keys are always present; figures a case did not produce (skipped, error) are nul
 
 from __future__ import annotations
 
-from ssmcheck.scan_runner import CaseResult
+from ssmcheck.scan.results import ScanResult
 
 
-def case_json(result: CaseResult) -> dict:
+def case_json(result: ScanResult) -> dict:
     kernel, base = result.kernel, result.baseline
     limits = result.limits or (None, None)
     return {

@@ -11,18 +11,11 @@ Everything is vectorised in float64 and read back in one transfer per figure:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 
-from ssmcheck.regimes import TokenMap
-
-
-@dataclass(frozen=True)
-class ErrorStats:
-    rel: float  # norm-wise relative error ||out - ref||_2 / ||ref||_2 (nan if out has NaN)
-    max_abs: float  # max |out - ref|
-    worst: tuple[int, ...]  # index (in out's shape) of the element with the max abs error
+from ssmcheck.scan.inputs import TokenMap
+from ssmcheck.scan.results import ErrorStats, NonfiniteToken
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
@@ -47,26 +40,6 @@ def _unravel(flat: int, shape) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-@dataclass(frozen=True)
-class NonfiniteLocation:
-    """The first non-finite element of an output where the reference is finite, and its spread."""
-
-    output: str  # "y" or "final_states"
-    sequence: int
-    token: int | None  # within its sequence (y only)
-    chunk: int | None  # token // chunk_size: the sequence's own chunking (y only)
-    head: int
-    channel: int
-    state_index: int | None  # (final states only)
-    count: int  # non-finite elements in the whole output
-    tokens: int | None  # distinct non-finite tokens (y only)
-    chunks: int | None  # distinct non-finite (sequence, chunk) pairs (y only)
-    inputs_finite: bool  # whether the inputs it depends on are all finite
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
 def nonfinite_mask(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(out) & torch.isfinite(ref)
 
@@ -89,28 +62,28 @@ def first_nonfinite_token(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, 
     return row, token, head, channel, (elements, ntokens, int(chunk_keys.unique().numel()))
 
 
-def locate_nonfinite_y(y, ref, tokens: TokenMap, chunk_size: int, inputs) -> NonfiniteLocation | None:
+def locate_nonfinite_y(y, ref, tokens: TokenMap, chunk_size: int, inputs) -> NonfiniteToken | None:
     """`inputs` is the case's ScanInputs (for whether the inputs at that token were finite)."""
     found = first_nonfinite_token(y, ref, tokens, chunk_size)
     if found is None:
         return None
     row, token, head, channel, (elements, ntokens, nchunks) = found
     position = int(tokens.position[row, token])
-    return NonfiniteLocation(
+    return NonfiniteToken(
         output="y", sequence=int(tokens.sequence[row, token]), token=position, chunk=position // chunk_size,
         head=head, channel=channel, state_index=None, count=elements, tokens=ntokens, chunks=nchunks,
         inputs_finite=inputs.finite_at(row, token, head),
     )
 
 
-def locate_nonfinite_states(states, ref, inputs) -> NonfiniteLocation | None:
+def locate_nonfinite_states(states, ref, inputs) -> NonfiniteToken | None:
     """For final states (nseq, nheads, headdim, dstate): the first non-finite one in index order."""
     bad = nonfinite_mask(states, ref).flatten()
     count = int(bad.sum())
     if not count:
         return None
     sequence, head, channel, state_index = _unravel(int(bad.nonzero()[0]), states.shape)
-    return NonfiniteLocation(
+    return NonfiniteToken(
         output="final_states", sequence=sequence, token=None, chunk=None, head=head, channel=channel,
         state_index=state_index, count=count, tokens=None, chunks=None,
         inputs_finite=inputs.finite_for_sequence(sequence, head),

@@ -1,125 +1,94 @@
-"""What `ssmcheck scan` runs: its settings (CLI options over a preset) and the list of cases.
+"""What `ssmcheck scan` runs: its table of axes and settings, the resolved settings, and the list of cases.
 
-A preset's `[scan]` table holds sweep axes and settings under the CLI option
-names (dashes as underscores), plus optional per-regime overrides: a table
-`[scan.overrides.REGIME]` replaces axes for that regime only (e.g. longer seqlens
-for `long`), and an array of tables `[[scan.overrides.REGIME]]` runs the union of
-several such sub-sweeps. An axis given on the command line replaces the preset's
-axis and removes it from the overrides; the second and later sub-sweeps of a
-regime add variety to a preset run and are dropped as soon as any sweep axis is
-given on the command line, so that an explicit sweep runs what it names.
+Options are read by core.spec like every command's: CLI over preset over the
+defaults below, with per-regime overrides (`[scan.overrides.REGIME]`, or an
+array of such tables for several sub-sweeps). Scan adds one rule: with
+`--model` and no `--chunk-size`, each model runs at its own chunk size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
+from ssmcheck.core import models, spec, sweep
+from ssmcheck.core.formats import DTYPES, ROUNDINGS
+from ssmcheck.core.spec import Axis, CommandTable, Setting
+from ssmcheck.core.status import FAIL_ON
+from ssmcheck.core.sweep import SweepError
+from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, Tolerance
+from ssmcheck.scan.inputs import ScanShape
+from ssmcheck.scan.regimes import REGIMES
 
-from ssmcheck import models, sweep
-from ssmcheck.models import WIDTHS
-from ssmcheck.ops.rounding.naive import MODES as ROUNDINGS
-from ssmcheck.regimes import REGIMES, ScanShape
-from ssmcheck.sweep import SweepError, option_name
-from ssmcheck.verdict import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, FAIL_ON, Tolerance
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 REFERENCES = ("fp64", "fp32")
 
-# axis -> (converter, allowed values or None)
-AXES = {
-    "regime": (str, tuple(REGIMES)),
-    "dtype": (str, tuple(DTYPES)),
-    "chunk_size": (sweep.positive_int, None),
-    "seqlen": (sweep.positive_int, None),
-    "batch": (sweep.positive_int, None),
-    **{w: (sweep.positive_int, None) for w in WIDTHS},
-    "state_dtype": (str, tuple(DTYPES)),
-    "rounding": (str, ROUNDINGS),
-    "model": (str.lower, tuple(models.MODELS)),
-}
-# Used when neither the command line nor the preset names an axis.
-AXIS_DEFAULTS = {
-    "regime": list(REGIMES), "dtype": list(DTYPES), "chunk_size": [64], "seqlen": [200], "batch": [2],
-    "nheads": [4], "headdim": [16], "dstate": [16], "ngroups": [1], "state_dtype": ["fp32"],
-    "rounding": ["nearest"], "model": [],
-}
-SETTINGS = ("reference", "tol_factor", "floor", "rtol", "seed", "fail_on")
-BUILTIN_CHUNK_SIZES = tuple(2**k for k in range(4, 9))  # what the built-in kernel supports
+
+def _choice(choices: tuple[str, ...]):
+    def parse(label: str, value) -> str:
+        if value not in choices:
+            raise SweepError(f"{label}: invalid value {value!r} (choose from {', '.join(choices)})")
+        return value
+
+    return parse
+
+
+TABLE = CommandTable(
+    command="scan",
+    axes={
+        "regime": Axis(str, tuple(REGIMES), tuple(REGIMES)),
+        "dtype": Axis(str, tuple(DTYPES), tuple(DTYPES)),
+        "chunk_size": Axis(sweep.positive_int, None, (64,)),
+        "seqlen": Axis(sweep.positive_int, None, (200,)),
+        "batch": Axis(sweep.positive_int, None, (2,)),
+        "nheads": Axis(sweep.positive_int, None, (4,)),
+        "headdim": Axis(sweep.positive_int, None, (16,)),
+        "dstate": Axis(sweep.positive_int, None, (16,)),
+        "ngroups": Axis(sweep.positive_int, None, (1,)),
+        "state_dtype": Axis(str, tuple(DTYPES), ("fp32",)),
+        "rounding": Axis(str, ROUNDINGS, ("nearest",)),
+        "model": Axis(str.lower, tuple(models.MODELS), ()),
+    },
+    settings={
+        "reference": Setting(_choice(REFERENCES), "fp64"),
+        "tol_factor": Setting(sweep.parse_number, DEFAULT_TOL_FACTOR),
+        "floor": Setting(lambda label, value: sweep.parse_number(label, value, strict=False), DEFAULT_FLOOR),
+        "rtol": Setting(lambda label, value: None if value is None else sweep.parse_number(label, value), None),
+        "seed": Setting(lambda label, value: sweep.parse_count(label, value, 0), 0),
+        "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
+    },
+    overrides=True,
+)
 
 
 @dataclass(frozen=True)
 class ScanSettings:
-    axes: dict[str, list]  # every axis in AXES; "chunk_size" may be [None]: each model's own
-    overrides: dict[str, list[dict[str, list]]]  # regime -> sub-sweeps, each the axes it replaces
+    spec: spec.Spec  # axes ("chunk_size" may be [None]: each model's own) and per-regime overrides
     reference: str
     tolerance: Tolerance
     seed: int
     fail_on: tuple[str, ...]
 
+    @property
+    def axes(self) -> dict[str, list]:
+        return self.spec.axes
+
+    @property
+    def overrides(self) -> dict[str, list[dict[str, list]]]:
+        return self.spec.overrides
+
 
 def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     """Merge command-line values (None where not given) over the preset's [scan] table."""
-    where = f"--preset {preset_name}"
-    unknown = set(preset) - set(AXES) - set(SETTINGS) - {"overrides"}
-    if unknown:
-        raise SweepError(f"{where}: unknown key {sorted(unknown)[0]!r} in [scan]")
-
-    axes = {}
-    for key in AXES:
-        if cli.get(key) is not None:
-            axes[key] = sweep.parse_axis(option_name(key), cli[key], *AXES[key])
-        elif key in preset:
-            axes[key] = sweep.parse_axis(f"{where}: {key}", preset[key], *AXES[key])
-        else:
-            axes[key] = list(AXIS_DEFAULTS[key])
-
-    overrides = {}
-    for regime, tables in preset.get("overrides", {}).items():
-        if regime not in REGIMES:
-            raise SweepError(f"{where}: [scan.overrides.{regime}] names no regime (choose from {', '.join(REGIMES)})")
-        for table in tables if isinstance(tables, list) else [tables]:
-            parsed = {}
-            for key, value in table.items():
-                if key not in AXES or key in ("regime", "model"):
-                    raise SweepError(f"{where}: [scan.overrides.{regime}] cannot set {key!r}")
-                if cli.get(key) is None:  # the command line wins
-                    parsed[key] = sweep.parse_axis(f"{where}: overrides.{regime}.{key}", value, *AXES[key])
-            overrides.setdefault(regime, []).append(parsed)
-    if any(cli.get(key) is not None for key in AXES):
-        overrides = {regime: tables[:1] for regime, tables in overrides.items()}
-
-    if axes["model"]:
-        given = [option_name(w) for w in WIDTHS if cli.get(w) is not None]
-        if given:
-            raise SweepError(f"--model sets the widths: drop {given[0]}")
+    resolved = spec.resolve(TABLE, cli, preset, preset_name)
+    if resolved.axes["model"]:
         if cli.get("chunk_size") is None:
-            axes["chunk_size"] = [None]  # each model's own chunk size
-        for tables in overrides.values():
-            for table in tables:
-                for key in (*WIDTHS, "chunk_size"):
-                    table.pop(key, None)
-
-    def setting(key, default):
-        if cli.get(key) is not None:
-            return option_name(key), cli[key]
-        return (f"{where}: {key}", preset[key]) if key in preset else (None, default)
-
-    label, reference = setting("reference", "fp64")
-    if reference not in REFERENCES:
-        raise SweepError(f"{label}: invalid value {reference!r} (choose from {', '.join(REFERENCES)})")
-    label, tol_factor = setting("tol_factor", DEFAULT_TOL_FACTOR)
-    tol_factor = sweep.parse_number(label, tol_factor)
-    label, floor = setting("floor", DEFAULT_FLOOR)
-    floor = sweep.parse_number(label, floor, strict=False)
-    label, rtol = setting("rtol", None)
-    rtol = None if rtol is None else sweep.parse_number(label, rtol)
-    label, seed = setting("seed", 0)
-    seed = sweep.parse_count(label, seed, 0)
-    label, fail_on = setting("fail_on", list(FAIL_ON))
+            resolved.axes["chunk_size"] = [None]  # each model's own chunk size
+        for tables in resolved.overrides.values():
+            for override in tables:
+                override.pop("chunk_size", None)
+    s = resolved.settings
     return ScanSettings(
-        axes=axes, overrides=overrides, reference=reference, tolerance=Tolerance(tol_factor, floor, rtol),
-        seed=seed, fail_on=sweep.parse_fail_on(label, fail_on),
+        spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
+        seed=s["seed"], fail_on=s["fail_on"],
     )
 
 
@@ -166,39 +135,21 @@ def _skip_reason(case: ScanCase) -> str | None:
         return f"nheads {case.nheads} is not a multiple of ngroups {case.ngroups}"
     if case.rounding == "stochastic" and case.state_dtype == "fp32":
         return "stochastic rounding needs an fp16 or bf16 state (--state-dtype): fp32 states are not rounded"
-    if case.kernel == "builtin" and case.chunk_size not in BUILTIN_CHUNK_SIZES:
-        return f"the built-in kernel takes power-of-two chunk sizes 16..256, not {case.chunk_size}"
     return REGIMES[case.regime].skip_reason(case.shape())
 
 
 def build_cases(settings: ScanSettings, kernel: str) -> list[ScanCase]:
-    """The cartesian product of the axes, regime by regime (and sub-sweep by sub-sweep), without
-    repeats, each case with its own seed and skip reason.
+    """The sweep's cases without repeats, each with its own seed and skip reason.
 
     The seed depends on every parameter but the kernel, so different kernels see the same inputs.
     """
     cases = {}
-    for regime in settings.axes["regime"]:
-        for override in settings.overrides.get(regime) or [{}]:
-            for params in _combinations({**settings.axes, **override, "regime": [regime]}):
-                seed = sweep.case_seed(settings.seed, params)
-                case = ScanCase(kernel=kernel, seed=seed, **params)
-                cases.setdefault(case.id, replace(case, skip_reason=_skip_reason(case)))
-    return list(cases.values())
-
-
-def _combinations(axes: dict[str, list]) -> list[dict]:
-    """The product of the axes, with a model's widths (and its chunk size, where None) filled in."""
-    names = axes.pop("model")
-    if not names:
-        return [{**combo, "model": None} for combo in sweep.product(axes)]
-    for w in WIDTHS:
-        axes.pop(w)
-    combos = []
-    for combo in sweep.product(axes):
-        for model in (models.MODELS[name] for name in names):
-            params = {**combo, **{w: getattr(model, w) for w in WIDTHS}, "model": model.name}
+    for params in spec.combinations(settings.spec):
+        model = params["model"]
+        if model is not None:
+            params["model"] = model.name
             if params["chunk_size"] is None:
                 params["chunk_size"] = model.chunk_size
-            combos.append(params)
-    return combos
+        case = ScanCase(kernel=kernel, seed=sweep.case_seed(settings.seed, params), **params)
+        cases.setdefault(case.id, replace(case, skip_reason=_skip_reason(case)))
+    return list(cases.values())

@@ -9,23 +9,24 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck import report
-from ssmcheck.report import STYLES, format_error, sparkline
-from ssmcheck.runtime import Environment
-from ssmcheck.scan_runner import CaseResult
-from ssmcheck.scan_spec import ScanSettings
-from ssmcheck.verdict import Status
+from ssmcheck.core.render import STYLES, format_error, sparkline
+from ssmcheck.core.report import environment_line
+from ssmcheck.core.runtime import Environment
+from ssmcheck.core.status import Status
+from ssmcheck.core.tolerance import tolerance_rule
+from ssmcheck.scan.results import ScanResult
+from ssmcheck.scan.spec import ScanSettings
 
 
 def header(env: Environment, kernel: str, settings: ScanSettings) -> str:
     return (
-        f"{report.environment_line('scan', env)}\n"
-        f"kernel {kernel} | reference {settings.reference} | tolerance {report.tolerance_rule(settings.tolerance)} | "
+        f"{environment_line('scan', env)}\n"
+        f"kernel {kernel} | reference {settings.reference} | tolerance {tolerance_rule(settings.tolerance)} | "
         f"seed {settings.seed} | fail on {','.join(settings.fail_on)}"
     )
 
 
-def _location(result: CaseResult) -> str:
+def _location(result: ScanResult) -> str:
     where = result.first_nonfinite
     if where is None:
         return ""
@@ -49,14 +50,14 @@ def _binned(values: list[float], width: int = SPARK_WIDTH) -> list[float]:
             for a, b in zip(edges, edges[1:])]
 
 
-def _drift(result: CaseResult) -> str:
+def _drift(result: ScanResult) -> str:
     if not result.per_chunk:
         return ""
     growth = "" if result.growth is None else f" x{result.growth:.2g}"
     return sparkline(_binned(result.per_chunk)) + growth
 
 
-def results_table(results: list[CaseResult]) -> Table:
+def results_table(results: list[ScanResult]) -> Table:
     table = Table(show_lines=False, header_style="bold", pad_edge=False)
     for name, justify in (("regime", "left"), ("dtype", "left"), ("chunk", "right"), ("seqlen", "right"),
                           ("batch", "right"), ("HxPxN/G", "left"), ("state", "left"), ("status", "left"),
@@ -83,7 +84,7 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def notes(results: list[CaseResult]) -> list[str]:
+def notes(results: list[ScanResult]) -> list[str]:
     """One line per failing, non-finite or erroring case, then skip reasons with their counts."""
     lines = [f"{r.status.value}: {r.case.id}: {_first_line(r.message)}" for r in results
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
@@ -92,7 +93,7 @@ def notes(results: list[CaseResult]) -> list[str]:
     return lines
 
 
-def render(console: Console, results: list[CaseResult]) -> None:
+def render(console: Console, results: list[ScanResult]) -> None:
     console.print(results_table(results))
     for line in notes(results):
         console.print(line, markup=False, highlight=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ssmcheck import runtime
+from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, check_rounding, triton_dtype
 
 from .chunk_cb import chunk_cb
@@ -81,11 +81,13 @@ def _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, roundi
 def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                         return_final_states=False, return_varlen_states=False, *,
-                        state_dtype=torch.float32, rounding="nearest", seed=0, out=None):
+                        state_dtype=torch.float32, rounding="nearest", seed=0, out=None,
+                        interpret: bool | None = None):
     """Returns out; (out, final_states); (out, varlen_states); or (out, final_states, varlen_states).
 
     out (batch, seqlen, nheads, headdim) in x.dtype (written into `out` when given);
     final_states (batch, nheads, headdim, dstate) and varlen_states (nseq, ...) in state_dtype.
+    `interpret`: whether Triton runs the kernels through its interpreter (None: as TRITON_INTERPRET says).
     """
     _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, rounding, seed)
     _check(not return_varlen_states or cu_seqlens is not None or seq_idx is not None,
@@ -103,7 +105,8 @@ def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     _check(batch == 1 or out.stride(0) == seqlen * out.stride(1), "out must have mergeable batch and seqlen dimensions")
     y = out.view(batch * seqlen, nheads, headdim)
 
-    interpret = runtime.environment().interpreter
+    if interpret is None:
+        interpret = interpreting()
     mm_dtype = triton_dtype(x.dtype)
     ntok = batch * seqlen
     x2 = x.reshape(ntok, nheads, headdim)

@@ -4,8 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcheck.ops.common import softplus
+
 from .layout import ChunkTable
-from .numerics import softplus
 
 
 @triton.jit

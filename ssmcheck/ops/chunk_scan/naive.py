@@ -1,30 +1,25 @@
-"""Reference chunk scans: the float64 ground truth and the same-precision baseline.
+"""Reference chunk scans: the float64 ground truth, and the SSD form the baseline shares.
 
 - `scan_recurrent`: the sequential recurrence of DESIGN §2, one token at a time (no
   chunking, so it shares no algorithm with the kernels under test).
 - `scan_chunked`: the chunked (SSD) form in float64, for long sequences.
-- `scan_baseline`: the SSD form in the kernel's dtype with the peers' usual fp32
-  accumulation choices: the error a straightforward implementation makes, which
-  the tolerance rule (DESIGN §3) scales.
+- `scan_ssd`: the SSD form with the places it rounds (`Arithmetic`) as a parameter:
+  `scan_chunked` rounds nowhere; the same-precision baseline (baseline.py) rounds
+  as a straightforward implementation in the kernel's dtype does.
 
-Conventions follow state-spaces/mamba `mamba_chunk_scan_combined`: dt += dt_bias,
-softplus if asked, clamp to dt_limit only when it is not (0, inf); head h reads
-group h // (nheads // ngroups); D is (nheads,) or (nheads, headdim); y *= silu(z).
+Conventions follow state-spaces/mamba `mamba_chunk_scan_combined` (ssmcheck/ops/naive.py).
 Varlen means batch 1 with cu_seqlens (nseq+1,): the state restarts at every
 sequence start from initial_states[s] (shape (nseq, ...)) or zero.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.ops.rounding.naive import round_to
-
-NO_DT_LIMIT = (0.0, math.inf)
+from ssmcheck.ops.naive import NO_DT_LIMIT, heads_of_groups, process_dt, skip_and_gate
 
 
 @dataclass
@@ -32,45 +27,6 @@ class ScanOutput:
     y: torch.Tensor  # (batch, seqlen, nheads, headdim)
     final_states: torch.Tensor  # (batch, nheads, headdim, dstate): state after each batch row's last token
     varlen_states: torch.Tensor | None  # (nseq, nheads, headdim, dstate) with cu_seqlens, else None
-
-
-def softplus(v: torch.Tensor) -> torch.Tensor:
-    """log(1 + exp(v)) without overflow or cancellation, for any v."""
-    return torch.clamp(v, min=0) + torch.log1p(torch.exp(-v.abs()))
-
-
-def process_dt(dt, dt_bias, dt_softplus, dt_limit, dtype) -> torch.Tensor:
-    """dt + dt_bias, softplus, then the dt_limit clamp (only when a limit is set), in `dtype`.
-
-    dt is (..., nheads); dt_bias is (nheads,).
-    """
-    dt = dt.to(dtype)
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dtype)
-    if dt_softplus:
-        dt = softplus(dt)
-    if tuple(dt_limit) != NO_DT_LIMIT:
-        dt = torch.clamp(dt, dt_limit[0], dt_limit[1])
-    return dt
-
-
-def heads_of_groups(t: torch.Tensor, nheads: int, dim: int = -2) -> torch.Tensor:
-    """Repeat the group axis `dim` of t (B or C, (..., ngroups, dstate) by default) to nheads:
-    head h reads group h // (nheads // ngroups)."""
-    ngroups = t.shape[dim]
-    if nheads % ngroups:
-        raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
-    return t.repeat_interleave(nheads // ngroups, dim=dim)
-
-
-def skip_and_gate(y, x, D, z, dtype) -> torch.Tensor:
-    """y + D*x, then y * silu(z); y, x, z (..., nheads, headdim); D (nheads,) or (nheads, headdim)."""
-    if D is not None:
-        Dd = D.to(dtype)
-        y = y + (Dd[:, None] if Dd.dim() == 1 else Dd) * x.to(dtype)
-    if z is not None:
-        y = y * torch.nn.functional.silu(z.to(dtype))
-    return y
 
 
 def _sequence_bounds(x, B, cu_seqlens, initial_states) -> list[int] | None:
@@ -148,7 +104,7 @@ def scan_recurrent(
 
 
 # ---------------------------------------------------------------------------
-# The chunked (SSD) form, shared by the float64 reference and the baseline.
+# The chunked (SSD) form, shared by the float64 reference and the baseline (baseline.py).
 #
 # Tokens are flattened to (batch*seqlen, ...) and cut into pieces: chunk_size
 # tokens from each sequence start (a batch row is one sequence), so chunks
@@ -161,7 +117,7 @@ _BLOCK_ELEMENTS = 2**24
 
 
 @dataclass(frozen=True)
-class _Arithmetic:
+class Arithmetic:
     """Where the SSD form rounds. The float64 reference rounds nowhere."""
 
     compute: torch.dtype  # elementwise work and matmul accumulation
@@ -208,7 +164,7 @@ def _pieces(bounds: list[tuple[int, int]], chunk_size: int) -> list[_Piece]:
     ]
 
 
-def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: _Arithmetic):
+def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic):
     """The SSD form over flattened tokens.
 
     x (T, nheads, headdim), dt (T, nheads) processed, A (nheads,), B/C (T, ngroups, dstate),
@@ -261,8 +217,8 @@ def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: _Arithmetic)
     return y, torch.stack(seq_states)
 
 
-def _scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
-              arith: _Arithmetic) -> ScanOutput:
+def scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+             arith: Arithmetic) -> ScanOutput:
     """Validate, flatten to sequences, run the SSD form, and shape the results like scan_recurrent."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -299,31 +255,6 @@ def scan_chunked(
     Same inputs and results as scan_recurrent; segment decays are summed directly,
     so it agrees with the recurrence to ~1e-12 relative in float64.
     """
-    arith = _Arithmetic(dtype, dtype, store_state=lambda s: s, exact_segments=True)
-    return _scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
-                     dt_limit, arith)
-
-
-def scan_baseline(
-    x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
-    dt_softplus=False, dt_limit=NO_DT_LIMIT, state_dtype=torch.float32, rounding="nearest", seed=0,
-) -> ScanOutput:
-    """The SSD form as a straightforward implementation in x.dtype computes it.
-
-    dt and the cumulative log-decays in fp32 (differences clamped at 0 and masked
-    before exp); every matmul operand rounded to x.dtype, products accumulated in
-    fp32; states passed in fp32 and stored in state_dtype (rounded in `rounding`
-    mode, stochastic draws from a generator seeded with `seed`); the stored
-    incoming state rounded to x.dtype before C·state; y returned in x.dtype,
-    states in state_dtype. Stochastic rounding into an fp32 state rounds nothing.
-    """
-    generator = torch.Generator(device=x.device).manual_seed(seed)
-
-    def store_state(s):
-        return round_to(s.to(torch.float32), state_dtype, rounding, generator)
-
-    arith = _Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False)
-    out = _scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+    arith = Arithmetic(dtype, dtype, store_state=lambda s: s, exact_segments=True)
+    return scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
                     dt_limit, arith)
-    out.y = out.y.to(x.dtype)
-    return out

@@ -1,4 +1,4 @@
-"""Triton helpers shared by the chunk-scan stages: decay, softplus, matmul operands, program coordinates.
+"""Triton helpers shared by the chunk-scan stages: decay, matmul operands, program coordinates.
 
 They carry the numerical choices (and the interpreter work-arounds of DESIGN §6)
 in one place, so every stage rounds and guards the same way.
@@ -27,18 +27,6 @@ def split(v):
     their small values, (hi_a - hi_b) + (lo_a - lo_b), in fp32 tile arithmetic."""
     hi = v.to(tl.float32)
     return hi, (v - hi.to(tl.float64)).to(tl.float32)
-
-
-@triton.jit
-def log1p(u):
-    # Accurate for tiny u too (Goldberg's trick): log(1+u) * u / ((1+u) - 1).
-    w = 1.0 + u
-    return tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
-
-
-@triton.jit
-def softplus(v):
-    return tl.maximum(v, 0.0) + log1p(tl.exp(-tl.abs(v)))
 
 
 @triton.jit

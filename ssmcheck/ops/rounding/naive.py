@@ -12,25 +12,9 @@ above 2**(emax+1) are inf. NaN and inf pass through. Subnormals are exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-MODES = ("nearest", "stochastic")
-
-
-@dataclass(frozen=True)
-class _Format:
-    mantissa_bits: int  # stored fraction bits
-    emin: int  # exponent of the smallest normal
-    emax: int  # exponent of the largest finite value
-
-
-_FORMATS = {
-    torch.float16: _Format(10, -14, 15),
-    torch.bfloat16: _Format(7, -126, 127),
-    torch.float32: _Format(23, -126, 127),
-}
+from ssmcheck.core.formats import FORMATS, ROUNDINGS
 
 
 def round_to(
@@ -42,15 +26,15 @@ def round_to(
     (x - a) / (b - a), the fraction computed exactly in float64 and compared with
     a float64 uniform draw from `generator` (on x's device).
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown rounding mode {mode!r}: choose one of {', '.join(MODES)}")
+    if mode not in ROUNDINGS:
+        raise ValueError(f"unknown rounding mode {mode!r}: choose one of {', '.join(ROUNDINGS)}")
     if x.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"round_to takes float32 or float64 input, got {x.dtype}")
-    if dtype not in _FORMATS:
+    if dtype not in FORMATS:
         raise ValueError(f"round_to rounds into float16, bfloat16 or float32, got {dtype}")
     if x.dtype == dtype:
         return x.clone()
-    fmt = _FORMATS[dtype]
+    fmt = FORMATS[dtype]
     xd = x.to(torch.float64)
     mag = xd.abs()
     # Exponent of |x| (frexp's mantissa is in [0.5, 1)), floored at emin: below it

@@ -38,11 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ssmcheck import runtime
+from ssmcheck.core.formats import DTYPES, ROUNDINGS
+from ssmcheck.ops.common import interpreting
 
-ROUNDINGS = ("nearest", "stochastic")
 ROUNDING_IMPLS = ("software", "hardware")
-STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HARDWARE_SR_CAPABILITY = (10, 0)
 DEFAULT_PHILOX_ROUNDS = 10
 
@@ -54,26 +53,36 @@ def triton_dtype(dtype: torch.dtype):
     return _TRITON_DTYPES[dtype]
 
 
-def hardware_sr_unavailable() -> str | None:
-    """Why hardware SR cannot run in this process, or None when it can."""
-    env = runtime.environment()
+def hardware_sr_unavailable(interpret: bool | None = None) -> str | None:
+    """Why hardware SR cannot run here (the interpreter, or a CUDA device below sm_100), or None when it can.
+
+    `interpret`: whether kernels run through Triton's interpreter (None: as TRITON_INTERPRET says);
+    otherwise the current CUDA device is asked.
+    """
+    if interpret is None:
+        interpret = interpreting()
     need = f"sm_{HARDWARE_SR_CAPABILITY[0]}{HARDWARE_SR_CAPABILITY[1]}"
-    if env.interpreter:
+    if interpret:
         return (
             f"hardware stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of {need} or newer; "
             "the Triton interpreter has none: use rounding_impl='software'"
         )
-    if torch.cuda.get_device_capability() < HARDWARE_SR_CAPABILITY:
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < HARDWARE_SR_CAPABILITY:
         return (
-            f"hardware stochastic rounding (PTX cvt.rs) needs {need} or newer; this device is {env.gpu}: "
-            "use rounding_impl='software'"
+            f"hardware stochastic rounding (PTX cvt.rs) needs {need} or newer; this device is "
+            f"{torch.cuda.get_device_name()} (sm_{major}{minor}): use rounding_impl='software'"
         )
     return None
 
 
-def check_rounding(dtype: torch.dtype, rounding: str, seed: int, philox_rounds: int, rounding_impl: str) -> None:
-    """Raise ValueError, with a one-line reason, for a combination no kernel here can honour."""
-    if dtype not in STORAGE_DTYPES:
+def check_rounding(dtype: torch.dtype, rounding: str, seed: int, philox_rounds: int, rounding_impl: str, *,
+                   interpret: bool | None = None) -> None:
+    """Raise ValueError, with a one-line reason, for a combination no kernel here can honour.
+
+    `interpret` is for hardware SR, which the interpreter cannot run (None: as TRITON_INTERPRET says).
+    """
+    if dtype not in DTYPES.values():
         raise ValueError(f"storage dtype {dtype} is not supported: use float32, float16 or bfloat16")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}: use one of {', '.join(ROUNDINGS)}")
@@ -89,7 +98,7 @@ def check_rounding(dtype: torch.dtype, rounding: str, seed: int, philox_rounds: 
     if not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     if rounding_impl == "hardware":
-        reason = hardware_sr_unavailable()
+        reason = hardware_sr_unavailable(interpret=interpret)
         if reason is not None:
             raise ValueError(reason)
 
@@ -290,15 +299,16 @@ def _stochastic_round_kernel(x_ptr, out_ptr, n, seed, DTYPE: tl.constexpr, N_ROU
 
 
 def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, philox_rounds: int = DEFAULT_PHILOX_ROUNDS,
-                            rounding_impl: str = "software") -> torch.Tensor:
+                            rounding_impl: str = "software", *, interpret: bool | None = None) -> torch.Tensor:
     """Stochastically round every element of an fp32 tensor into `dtype` (float16 or bfloat16).
 
     Blocks of 4 * 1024 elements (row-major) are split in four quarters that
     share Philox calls (`stochastic_round_x4`), as the state update's row groups do.
+    `interpret`: whether Triton runs the kernel through its interpreter (None: as TRITON_INTERPRET says).
     """
     if x.dtype != torch.float32:
         raise ValueError(f"stochastic_round_tensor takes a float32 tensor, got {x.dtype}")
-    check_rounding(dtype, "stochastic", seed, philox_rounds, rounding_impl)
+    check_rounding(dtype, "stochastic", seed, philox_rounds, rounding_impl, interpret=interpret)
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     n = x.numel()

@@ -36,8 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ssmcheck import runtime
-from ssmcheck.ops.chunk_scan.numerics import softplus
+from ssmcheck.ops.common import interpreting, softplus
 from ssmcheck.ops.rounding.stochastic import (
     DEFAULT_PHILOX_ROUNDS,
     check_rounding,
@@ -306,7 +305,7 @@ def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out):
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                            rounding="nearest", seed=0, philox_rounds=DEFAULT_PHILOX_ROUNDS,
-                           rounding_impl="software", out=None):
+                           rounding_impl="software", out=None, interpret: bool | None = None):
     """One decode step: updates `state` in place and returns out (batch, nheads, headdim) in x.dtype.
 
     state (batch, nheads, headdim, dstate) in fp32/fp16/bf16 (computed in fp32,
@@ -315,17 +314,19 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     ngroups, dstate); D, dt_bias (nheads, headdim). Any strides, including
     stride-0 expanded views. Stochastic rounding draws its bits from
     Philox(seed, element): pass a new seed every step. `out`, when given, is
-    written and returned.
+    written and returned. `interpret`: whether Triton runs the kernel through
+    its interpreter (None: as TRITON_INTERPRET says).
     """
+    if interpret is None:
+        interpret = interpreting()
     _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out)
-    check_rounding(state.dtype, rounding, seed, philox_rounds, rounding_impl)
+    check_rounding(state.dtype, rounding, seed, philox_rounds, rounding_impl, interpret=interpret)
     batch, nheads, headdim, dstate = state.shape
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if state.numel() == 0:
         return out
-    interpreter = runtime.environment().interpreter
-    config = launch_config(headdim, dstate, state.dtype, interpreter)
+    config = launch_config(headdim, dstate, state.dtype, interpret)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
     dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
@@ -341,7 +342,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
-        INTERPRET=interpreter, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
+        INTERPRET=interpret, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
         num_warps=config.num_warps,
     )
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ssmcheck.ops.chunk_scan.naive import NO_DT_LIMIT, heads_of_groups, process_dt, skip_and_gate
+from ssmcheck.ops.naive import NO_DT_LIMIT, heads_of_groups, process_dt, skip_and_gate
 
 
 def state_update_step(

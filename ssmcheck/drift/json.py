@@ -1,0 +1,42 @@
+"""One drift case as the plain dict of the JSON report.
+
+JSON case keys (always present; figures a case did not produce are null):
+    id, status, message, seconds,
+    params {kernel, state_dtype, rounding, regime, steps, batch, nheads, headdim, dstate, ngroups, model, seed, trials},
+    checkpoints [{step, state_rel, out_rel, bias}]   kernel vs float64 reference, mean over trials,
+    growth_exponent                                  alpha in state_rel ~ step**alpha,
+    bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
+    baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
+    ratio                                            worst kernel / baseline state drift over checkpoints,
+    crossing_step, crossing_observed                 where state_rel reaches the tolerance,
+    first_nonfinite {output, step, trial, batch, head, channel, state_index}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from ssmcheck.drift.results import DriftResult
+
+
+def case_json(result: DriftResult) -> dict:
+    run, v = result.run, result.verdict
+    return {
+        "id": result.case.id,
+        "status": result.status.value,
+        "message": v.message,
+        "seconds": round(result.seconds, 4),
+        "params": result.case.params(),
+        "checkpoints": [asdict(c) for c in run.checkpoints] if run else [],
+        "growth_exponent": v.growth_exponent,
+        "bias_z": v.bias_z,
+        "store_bias_ulp": v.store_bias_ulp,
+        "baseline": {
+            "checkpoints": [asdict(c) for c in run.baseline],
+            "growth_exponent": v.baseline_growth_exponent,
+        } if run else None,
+        "ratio": v.ratio,
+        "crossing_step": v.crossing_step,
+        "crossing_observed": v.crossing_observed,
+        "first_nonfinite": asdict(run.first_nonfinite) if run and run.first_nonfinite else None,
+    }

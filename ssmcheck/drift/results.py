@@ -1,0 +1,66 @@
+"""What a drift case produced, as plain data: checkpoints, the first non-finite value, the verdict.
+
+Kept apart from the runner, so the verdict, the table, the JSON and the plot
+read results without importing what produced them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ssmcheck.core.status import Status
+from ssmcheck.drift.spec import DriftCase
+from ssmcheck.drift.stats import SignedErrorMoments
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    state_rel: float  # ||state - ref|| / ||ref||, mean over trials
+    out_rel: float  # ||out - ref_out|| / ||ref_out||, mean over trials
+    bias: float  # mean of sign(ref) * (state - ref), over elements and trials, / rms(ref)
+
+
+@dataclass(frozen=True)
+class NonfiniteStep:
+    output: str  # "state" or "out"
+    step: int
+    trial: int
+    batch: int
+    head: int
+    channel: int
+    state_index: int | None  # None for out
+
+
+@dataclass(frozen=True)
+class DriftRun:
+    checkpoints: list[Checkpoint]  # the kernel against the reference
+    baseline: list[Checkpoint]  # the baseline against the reference
+    store_errors: SignedErrorMoments  # per-store rounding error of the kernel, ulps, along the exact value
+    first_nonfinite: NonfiniteStep | None
+    trials: int  # trials run
+
+
+@dataclass(frozen=True)
+class DriftVerdict:
+    status: Status
+    message: str
+    ratio: float | None = None  # worst kernel / baseline state drift over the checkpoints
+    growth_exponent: float | None = None  # of the kernel's state drift
+    baseline_growth_exponent: float | None = None
+    bias_z: float | None = None  # z of the mean per-store rounding error
+    store_bias_ulp: float | None = None  # that mean, in ulps (negative: toward zero)
+    crossing_step: int | None = None  # where the drift reaches the tolerance (None: not within 1e12 steps)
+    crossing_observed: bool = False  # already reached at a checkpoint, not extrapolated
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    case: DriftCase
+    verdict: DriftVerdict
+    seconds: float
+    run: DriftRun | None  # None when skipped or the kernel raised
+
+    @property
+    def status(self) -> Status:
+        return self.verdict.status

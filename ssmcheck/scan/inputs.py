@@ -1,0 +1,113 @@
+"""A scan case's inputs as plain data: the shape, the mamba_chunk_scan_combined arguments, and
+where each token lies in its sequence (for locating errors)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class ScanShape:
+    batch: int  # batch rows; for varlen regimes, the number of sequences packed into one row
+    seqlen: int  # tokens per row; for varlen regimes, the mean sequence length
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    chunk_size: int
+
+
+@dataclass(frozen=True)
+class TokenMap:
+    """Where each (row, token) of the kernel's input lies in its own sequence."""
+
+    sequence: torch.Tensor  # (batch, seqlen) int64: sequence index
+    position: torch.Tensor  # (batch, seqlen) int64: token index within that sequence
+    order: torch.Tensor  # (batch, seqlen) int64: rank in token order (packed position, or token-major over rows)
+
+
+@dataclass(frozen=True)
+class ScanInputs:
+    """Arguments of a mamba_chunk_scan_combined call (DESIGN §2)."""
+
+    x: torch.Tensor  # (batch, seqlen, nheads, headdim)
+    dt: torch.Tensor  # (batch, seqlen, nheads)
+    A: torch.Tensor  # (nheads,)
+    B: torch.Tensor  # (batch, seqlen, ngroups, dstate)
+    C: torch.Tensor  # (batch, seqlen, ngroups, dstate)
+    D: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+    initial_states: torch.Tensor | None = None  # (batch or nseq, nheads, headdim, dstate)
+    cu_seqlens: torch.Tensor | None = None  # (nseq + 1,) int32: varlen when given (batch is 1)
+    dt_softplus: bool = False
+    dt_limit: tuple[float, float] = (0.0, math.inf)
+    note: str = ""  # what the regime built, for messages
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def nsequences(self) -> int:
+        return len(self.cu_seqlens) - 1 if self.varlen else self.x.shape[0]
+
+    @property
+    def seq_idx(self) -> torch.Tensor | None:
+        """(1, seqlen) int32 sequence index of every token, derived from cu_seqlens."""
+        if not self.varlen:
+            return None
+        return self.token_map().sequence.to(torch.int32)
+
+    def to(self, device: str | torch.device) -> ScanInputs:
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments shared by kernels and references (everything but x, dt, A, B, C)."""
+        return dict(
+            D=self.D, z=self.z, dt_bias=self.dt_bias, initial_states=self.initial_states,
+            cu_seqlens=self.cu_seqlens, dt_softplus=self.dt_softplus, dt_limit=self.dt_limit,
+        )
+
+    def token_map(self) -> TokenMap:
+        rows, seqlen = self.x.shape[:2]
+        device = self.x.device
+        t = torch.arange(seqlen, device=device)
+        if self.varlen:
+            cu = self.cu_seqlens.to(device=device, dtype=torch.int64)
+            sequence = torch.searchsorted(cu[1:], t, right=True)
+            position = t - cu[sequence]
+            return TokenMap(sequence[None], position[None], t[None])
+        b = torch.arange(rows, device=device)[:, None]
+        return TokenMap(b.expand(rows, seqlen), t.expand(rows, seqlen), t * rows + b)
+
+    def finite_at(self, row: int, token: int, head: int) -> bool:
+        """Whether every input that reaches (row, token, head) is finite."""
+        sequence = int(self.token_map().sequence[row, token])
+        return self._finite(row, slice(token, token + 1), head, sequence)
+
+    def finite_for_sequence(self, sequence: int, head: int) -> bool:
+        """Whether every input of one sequence (for one head) is finite: what its final state depends on."""
+        if self.varlen:
+            lo, hi = int(self.cu_seqlens[sequence]), int(self.cu_seqlens[sequence + 1])
+            return self._finite(0, slice(lo, hi), head, sequence)
+        return self._finite(sequence, slice(None), head, sequence)
+
+    def _finite(self, row: int, tokens: slice, head: int, sequence: int) -> bool:
+        group = head // (self.x.shape[2] // self.B.shape[2])
+        parts = [self.x[row, tokens, head], self.dt[row, tokens, head], self.A[head],
+                 self.B[row, tokens, group], self.C[row, tokens, group]]
+        if self.z is not None:
+            parts.append(self.z[row, tokens, head])
+        parts += [p[head] for p in (self.D, self.dt_bias) if p is not None]
+        if self.initial_states is not None:
+            parts.append(self.initial_states[sequence, head])
+        return all(bool(torch.isfinite(p).all()) for p in parts)

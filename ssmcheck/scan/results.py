@@ -1,0 +1,87 @@
+"""What a scan case produced, as plain data: the figures measured and the verdict reached.
+
+Kept apart from the runner (as pytest keeps its reports apart from its runner),
+so the verdict, the table, the JSON and any later consumer read results without
+importing what produced them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ssmcheck.core.status import Status
+from ssmcheck.scan.spec import ScanCase
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    rel: float  # norm-wise relative error ||out - ref||_2 / ||ref||_2 (nan if out has NaN)
+    max_abs: float  # max |out - ref|
+    worst: tuple[int, ...]  # index (in out's shape) of the element with the max abs error
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Errors of one implementation (kernel or baseline) against the reference."""
+
+    y: ErrorStats
+    states: ErrorStats
+
+
+@dataclass(frozen=True)
+class NonfiniteToken:
+    """The first non-finite element of a scan output where the reference is finite, and its spread."""
+
+    output: str  # "y" or "final_states"
+    sequence: int
+    token: int | None  # within its sequence (y only)
+    chunk: int | None  # token // chunk_size: the sequence's own chunking (y only)
+    head: int
+    channel: int
+    state_index: int | None  # (final states only)
+    count: int  # non-finite elements in the whole output
+    tokens: int | None  # distinct non-finite tokens (y only)
+    chunks: int | None  # distinct non-finite (sequence, chunk) pairs (y only)
+    inputs_finite: bool  # whether the inputs it depends on are all finite
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScanVerdict:
+    status: Status
+    message: str = ""
+    limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
+
+
+@dataclass
+class ScanResult:
+    case: ScanCase
+    status: Status
+    message: str = ""
+    seconds: float = 0.0  # the whole case: inputs, kernel, reference, baseline, measurements
+    kernel_seconds: float | None = None
+    inputs_note: str = ""
+    kernel: Comparison | None = None
+    baseline: Comparison | None = None
+    limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
+    first_nonfinite: NonfiniteToken | None = None  # in y, else in the final states
+    first_nonfinite_state: NonfiniteToken | None = None
+    per_chunk: list[float] = field(default_factory=list)
+    growth: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """Kernel error over baseline error, for y."""
+        return _ratio(self.kernel.y.rel, self.baseline.y.rel) if self.kernel and self.baseline else None
+
+    @property
+    def state_ratio(self) -> float | None:
+        return _ratio(self.kernel.states.rel, self.baseline.states.rel) if self.kernel and self.baseline else None
+
+
+def _ratio(error: float, baseline: float) -> float:
+    if baseline > 0:
+        return error / baseline
+    return 0.0 if error == 0 else float("inf")
