@@ -1,6 +1,11 @@
 """--kernel MODULE:FUNCTION and path/to/file.py:FUNCTION, and which of our keywords a callable takes."""
 
 import functools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +16,34 @@ from ssmcheck.scan import adapter as scan_adapter
 
 def test_module_function():
     assert load_callable("math:sqrt")(4.0) == 2.0
+
+
+def test_module_in_the_current_directory_with_the_installed_script(tmp_path):
+    """The installed `ssmcheck` script has its own folder as sys.path[0], not the current directory (as
+    `python -m` has): a script file outside the user's folder stands in for it."""
+    user, bin_dir = tmp_path / "user", tmp_path / "bin"
+    user.mkdir()
+    bin_dir.mkdir()
+    (user / "mykernels.py").write_text(textwrap.dedent("""
+        from ssmcheck.scan.adapter import torch_kernel
+
+        def fn(*args, **kwargs):
+            return torch_kernel(*args, **kwargs)
+    """))
+    (bin_dir / "ssmcheck").write_text("from ssmcheck.cli import main\nmain()\n")
+    argv = ["scan", "--kernel", "mykernels:fn", "--preset", "smoke", "--regime", "normal", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, str(bin_dir / "ssmcheck"), *argv], cwd=user, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_importing_a_module_leaves_sys_path_as_it_was(tmp_path, monkeypatch):
+    (tmp_path / "mykernels_path_check.py").write_text("def fn():\n    return 7\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    assert load_callable("mykernels_path_check:fn")() == 7
+    assert sys.path == before
 
 
 def test_file_function(tmp_path):

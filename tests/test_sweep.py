@@ -17,6 +17,17 @@ def test_parse_list_names_the_option_and_value(text):
         sweep.parse_list("--chunk-size", text, sweep.positive_int)
 
 
+@pytest.mark.parametrize("text", ["40,,", ",40", "40, ,8", ","])
+def test_parse_list_refuses_an_empty_item(text):
+    with pytest.raises(sweep.SweepError, match=r"^--seqlen: an empty item was given in "):
+        sweep.parse_list("--seqlen", text, sweep.positive_int)
+
+
+def test_a_preset_list_with_an_empty_item_is_refused_too():
+    with pytest.raises(sweep.SweepError, match="empty item"):
+        sweep.parse_axis("--preset p: dtype", ["bf16", ""])
+
+
 def test_parse_list_rejects_values_outside_the_choices():
     with pytest.raises(sweep.SweepError, match="'fp8'.*choose from fp32, fp16, bf16"):
         sweep.parse_list("--dtype", "fp16,fp8", allowed=("fp32", "fp16", "bf16"))

@@ -9,17 +9,18 @@ from __future__ import annotations
 import typer
 
 from ssmcheck import __version__
-from ssmcheck.cli import drift, regimes, scan
+from ssmcheck.cli import compare, drift, regimes, scan
+from ssmcheck.cli.common import EXIT_CODES
 
 app = typer.Typer(
     name="ssmcheck",
     help=(
         "Diagnose the numerical stability of Mamba2 SSM kernels (chunk scan and state update) "
         "against a float64 ground truth.\n\n"
-        "Exit codes: 0 every case that ran passed; 1 a case failed tolerance; 2 usage error; "
-        "3 a case was non-finite; 4 a case raised; 5 nothing ran."
+        "Exit codes: " + EXIT_CODES
     ),
     no_args_is_help=False,
+    invoke_without_command=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -34,9 +35,13 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", metavar="", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Diagnose the numerical stability of Mamba2 SSM kernels."""
+    if ctx.invoked_subcommand is None:  # bare `ssmcheck`: say what it can do
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
 
 
 # Registered at import so that tests drive the very app users run. Neither module imports
@@ -44,6 +49,7 @@ def root(
 scan.register(app)
 drift.register(app)
 regimes.register(app)
+compare.register(app)
 
 
 def main() -> None:

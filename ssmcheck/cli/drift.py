@@ -12,10 +12,10 @@ from pathlib import Path
 import typer
 
 from ssmcheck.cli import common as cli_common
+from ssmcheck.cli import session
 from ssmcheck.cli.common import EXIT_CODES, usage_error
-from ssmcheck.core import models, presets
+from ssmcheck.core import models
 from ssmcheck.core.callables import KernelSpecError
-from ssmcheck.core.sweep import SweepError
 from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 from ssmcheck.drift.regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR  # torch only, no triton
 from ssmcheck.drift.stats import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
@@ -48,8 +48,8 @@ DRIFT_HELP = "\n\n".join([
 
 
 def drift(
-    kernel: str = typer.Option("builtin", metavar="SPEC", help="builtin (Triton), torch (plain PyTorch in fp32, storing the state with the reference rounding), MODULE:FUNCTION or path/to/file.py:FUNCTION with the selective_state_update signature."),
-    preset: str = typer.Option(None, metavar="NAME", help="Load settings from configs/NAME.toml (smoke, default, thorough). Default: default."),
+    kernel: str = typer.Option(None, metavar="SPEC", help="builtin (Triton; default), torch (plain PyTorch in fp32, storing the state with the reference rounding), MODULE:FUNCTION or path/to/file.py:FUNCTION with the selective_state_update signature."),
+    preset: str = typer.Option(None, metavar="NAME|FILE", help="The settings: configs/NAME.toml (smoke, default, thorough) or a TOML file. Default: [tool.ssmcheck.drift] preset in pyproject.toml, else default. pyproject.toml's [tool.ssmcheck.drift] keys apply over it, the command line over both."),
     state_dtype: str = typer.Option(None, "--state-dtype", metavar="LIST", help=f"{AXIS} fp16, bf16, fp32."),
     rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} nearest, stochastic: how the state is stored (for a kernel without a rounding keyword: what it is supposed to do)."),
     regime: str = typer.Option(None, metavar="LIST", help=f"{AXIS} " + ", ".join(DRIFT_REGIMES) + " (see below)."),
@@ -67,15 +67,23 @@ def drift(
     fail_on: cli_common.FailOn = None,
     philox_rounds: int = typer.Option(10, "--philox-rounds", metavar="N", help="Philox rounds of the built-in kernel's software stochastic rounding."),
     rounding_impl: str = typer.Option("software", "--rounding-impl", metavar="IMPL", help="Built-in kernel's stochastic rounding: software (Philox, any GPU and the interpreter) or hardware (PTX cvt.rs, sm_100+ only)."),
+    case_id: cli_common.CaseId = None,
+    from_report: cli_common.FromReport = None,
+    isolate: cli_common.Isolate = False,
+    case_timeout: cli_common.CaseTimeout = None,
     json_path: cli_common.JsonPath = None,
+    jsonl_path: cli_common.JsonlPath = None,
+    junit_path: cli_common.JunitPath = None,
+    summary_path: cli_common.SummaryPath = None,
     plot_path: Path = typer.Option(None, "--plot", metavar="FILE.png", help="Draw drift against step, log-log, one line per rounding mode (needs matplotlib: pip install ssmcheck\\[plot])."),
     quiet: cli_common.Quiet = False,
     device: cli_common.Device = None,
 ) -> None:
     env = cli_common.configure_device(device)  # before anything imports triton
     # Imported after configure: the runner reaches the kernels, which import triton.
-    from ssmcheck.drift import adapter, plot, run, spec, table  # noqa: PLC0415
+    from ssmcheck.drift import adapter, plot, spec, table  # noqa: PLC0415
     from ssmcheck.drift.json import case_json  # noqa: PLC0415
+    from ssmcheck.drift.run import DriftRunner  # noqa: PLC0415
     from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
 
     if plot_path is not None:
@@ -83,18 +91,16 @@ def drift(
             plot.require_matplotlib()
         except plot.PlotUnavailable as exc:
             usage_error(str(exc))
-    cli_common.check_output_path("--json", json_path)
-    cli_common.check_output_path("--plot", plot_path)
     cli = dict(
         state_dtype=state_dtype, rounding=rounding, regime=regime, steps=steps, trials=trials, batch=batch,
         nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, model=model, seed=seed,
         tol_factor=tol_factor, rtol=rtol, fail_on=fail_on,
     )
-    preset_name = preset or "default"
-    try:
-        settings = spec.resolve(cli, presets.load_preset(preset_name, "drift", env.device), preset_name)
-    except SweepError as exc:
-        usage_error(str(exc))
+    sweep = cli_common.resolve_sweep("drift", spec, cli, preset, env.device, case_id, from_report)
+    settings, kernel = sweep.settings, kernel or sweep.kernel or adapter.BUILTIN
+    files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
+    session.check_writable("--plot", plot_path)
+    timeout = cli_common.case_timeout(isolate, case_timeout)
     if philox_rounds < 1:
         usage_error(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")
     if rounding_impl not in ROUNDING_IMPLS:
@@ -107,30 +113,33 @@ def drift(
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             usage_error(f"--rounding-impl hardware: {reason}")
     try:
-        kernel_under_test = adapter.resolve(kernel, philox_rounds, rounding_impl, env.interpreter)
+        adapter.resolve(kernel, philox_rounds, rounding_impl, env.interpreter)
     except KernelSpecError as exc:
         usage_error(str(exc))
 
-    cases = spec.build_cases(settings, kernel)
-    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings), quiet)
-
-    def run_one(case, advance):
-        return run.run_case(case, kernel_under_test, settings.tolerance, env.device, on_step=advance)
+    cases = sweep.cases(kernel)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings) + sweep.header_note, quiet)
+    runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds, rounding_impl)
+    tol = settings.tolerance
+    view = session.CommandView(
+        "drift", env, {
+            "preset": sweep.preset, "config_files": sweep.files, "steps": settings.steps, "trials": settings.trials,
+            "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
+            "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
+        },
+        settings.fail_on, case_json, table.case_line, table.render, prefix="drift: ",
+    )
 
     def case_steps(case):
         return 0 if case.skip_reason is not None else case.steps * case.trials
 
-    results, seconds = cli_common.run_cases("drift", cases, run_one, quiet, unit="steps", size=case_steps)
-    if not quiet:
-        table.render(out, results)
+    results, code, _ = session.run_sweep(
+        view, cases, runner, out, files, quiet=quiet, isolate=isolate, case_timeout=timeout, unit="steps",
+        size=case_steps,
+    )
     if plot_path is not None and plot.plot_drift(results, plot_path) and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)
-    tol = settings.tolerance
-    cli_common.finish(out, "drift", env, results, case_json, settings.fail_on, seconds, json_path, {
-        "preset": preset_name, "steps": settings.steps, "trials": settings.trials, "seed": settings.seed,
-        "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "fail_on": list(settings.fail_on),
-        "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
-    }, prefix="drift: ")
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

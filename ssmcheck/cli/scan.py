@@ -9,10 +9,10 @@ from __future__ import annotations
 import typer
 
 from ssmcheck.cli import common as cli_common
+from ssmcheck.cli import session
 from ssmcheck.cli.common import EXIT_CODES, regime_lines, usage_error
-from ssmcheck.core import models, presets
+from ssmcheck.core import models
 from ssmcheck.core.callables import KernelSpecError
-from ssmcheck.core.sweep import SweepError
 from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 from ssmcheck.scan.regimes import REGIMES  # torch only, no triton: --help stays light
 
@@ -35,8 +35,8 @@ AXIS = "Sweep axis (comma-separated):"
 
 
 def scan(
-    kernel: str = typer.Option("builtin", metavar="SPEC", help="builtin, torch (the baseline as the kernel), MODULE:FUNCTION or path/to/file.py:FUNCTION with the mamba_chunk_scan_combined signature."),
-    preset: str = typer.Option(None, metavar="NAME", help="Load the sweep from configs/NAME.toml (smoke, default, thorough). Default: default."),
+    kernel: str = typer.Option(None, metavar="SPEC", help="builtin (default), torch (the baseline as the kernel), MODULE:FUNCTION or path/to/file.py:FUNCTION with the mamba_chunk_scan_combined signature."),
+    preset: str = typer.Option(None, metavar="NAME|FILE", help="The sweep: configs/NAME.toml (smoke, default, thorough) or a TOML file. Default: [tool.ssmcheck.scan] preset in pyproject.toml, else default. pyproject.toml's [tool.ssmcheck.scan] keys apply over it, the command line over both."),
     chunk_size: str = typer.Option(None, "--chunk-size", metavar="LIST", help=f"{AXIS} e.g. 64,128,256."),
     seqlen: str = typer.Option(None, metavar="LIST", help=f"{AXIS} tokens per row (varlen regimes: mean tokens per sequence)."),
     dtype: str = typer.Option(None, metavar="LIST", help=f"{AXIS} fp32, fp16, bf16."),
@@ -55,45 +55,66 @@ def scan(
     rtol: float = typer.Option(None, metavar="X", help="Judge against this relative error instead of the baseline rule."),
     seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
     fail_on: cli_common.FailOn = None,
+    case_id: cli_common.CaseId = None,
+    from_report: cli_common.FromReport = None,
+    isolate: cli_common.Isolate = False,
+    case_timeout: cli_common.CaseTimeout = None,
     json_path: cli_common.JsonPath = None,
+    jsonl_path: cli_common.JsonlPath = None,
+    junit_path: cli_common.JunitPath = None,
+    summary_path: cli_common.SummaryPath = None,
     quiet: cli_common.Quiet = False,
     device: cli_common.Device = None,
 ) -> None:
     env = cli_common.configure_device(device)  # before anything imports triton
     # Imported after configure: the runner reaches the kernels, which import triton.
-    from ssmcheck.scan import adapter, run, spec, table  # noqa: PLC0415
+    from ssmcheck.scan import adapter, spec, table  # noqa: PLC0415
     from ssmcheck.scan.json import case_json  # noqa: PLC0415
+    from ssmcheck.scan.run import ScanRunner  # noqa: PLC0415
 
     cli = dict(
         chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
         dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
     )
-    preset_name = preset or "default"
-    try:
-        settings = spec.resolve(cli, presets.load_preset(preset_name, "scan", env.device), preset_name)
-    except SweepError as exc:
-        usage_error(str(exc))
-    cli_common.check_output_path("--json", json_path)
+    sweep = cli_common.resolve_sweep("scan", spec, cli, preset, env.device, case_id, from_report)
+    settings, kernel = sweep.settings, kernel or sweep.kernel or adapter.BUILTIN
+    files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
+    timeout = cli_common.case_timeout(isolate, case_timeout)
     try:
         kernel_under_test = adapter.resolve(kernel, env.interpreter)
     except KernelSpecError as exc:
         usage_error(str(exc))
+    _check_chunk_sizes(settings, kernel_under_test)
 
-    cases = spec.build_cases(settings, kernel)
-    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings), quiet)
+    cases = sweep.cases(kernel)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings) + sweep.header_note, quiet)
+    runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device, env.interpreter)
+    view = session.CommandView(
+        "scan", env, {
+            "preset": sweep.preset, "config_files": sweep.files, "reference": settings.reference,
+            "tol_factor": settings.tolerance.tol_factor, "floor": settings.tolerance.floor,
+            "rtol": settings.tolerance.rtol, "seed": settings.seed, "fail_on": list(settings.fail_on),
+        },
+        settings.fail_on, case_json, table.case_line, table.render,
+    )
+    _, code, _ = session.run_sweep(view, cases, runner, out, files, quiet=quiet, isolate=isolate,
+                                   case_timeout=timeout)
+    raise typer.Exit(code)
 
-    def run_one(case, _advance):
-        return run.run_case(case, kernel_under_test, settings.tolerance, settings.reference, env.device)
 
-    results, seconds = cli_common.run_cases("scan", cases, run_one, quiet)
-    if not quiet:
-        table.render(out, results)
-    cli_common.finish(out, "scan", env, results, case_json, settings.fail_on, seconds, json_path, {
-        "preset": preset_name, "reference": settings.reference, "tol_factor": settings.tolerance.tol_factor,
-        "floor": settings.tolerance.floor, "rtol": settings.tolerance.rtol, "seed": settings.seed,
-        "fail_on": list(settings.fail_on),
-    })
+def _check_chunk_sizes(settings, kernel_under_test) -> None:
+    """A chunk size the kernel cannot take is a usage error, named where it came from."""
+    allowed = kernel_under_test.chunk_sizes
+    if allowed is None:
+        return
+    sources = [("--chunk-size" if "chunk_size" in settings.spec.cli_axes else "chunk_size", settings.axes["chunk_size"])]
+    sources += [(f"overrides.{regime}.chunk_size", o["chunk_size"])
+                for regime, tables in settings.overrides.items() for o in tables if "chunk_size" in o]
+    for label, sizes in sources:
+        bad = [c for c in sizes if c is not None and c not in allowed]
+        if bad:
+            usage_error(f"{label}: invalid value {bad[0]} ({kernel_under_test.chunk_size_rule})")
 
 
 def register(app: typer.Typer) -> None:

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,13 +39,31 @@ def load_callable(spec: str) -> Callable:
             raise KernelSpecError(f"--kernel {spec!r}: importing {target} raised {type(exc).__name__}: {exc}") from exc
     else:
         try:
-            module = importlib.import_module(target)
+            with _cwd_on_path():
+                module = importlib.import_module(target)
         except Exception as exc:
             raise KernelSpecError(f"--kernel {spec!r}: cannot import {target}: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise KernelSpecError(f"--kernel {spec!r}: {target} has no callable {name!r}")
     return fn
+
+
+@contextlib.contextmanager
+def _cwd_on_path():
+    """The current directory first on sys.path while a MODULE spec is imported, as `python -m ssmcheck` has it.
+
+    The installed `ssmcheck` script has its own folder there instead, so `--kernel mykernels:fn`
+    would not find ./mykernels.py. The entry is removed afterwards so that nothing imported
+    later (the drift plot's matplotlib, say) is shadowed by a file of the user's directory;
+    the user's module has imported its own siblings by then.
+    """
+    entry = os.getcwd()
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        sys.path.remove(entry)
 
 
 def keywords(fn: Callable) -> frozenset[str]:

@@ -1,7 +1,8 @@
 """The machine-readable report (JSON envelope) and the lines every command prints around its table.
 
 The JSON envelope is a stable contract:
-    {"tool": "ssmcheck", "version", "command", "environment", "cases", "summary", "exit_code"}
+    {"tool": "ssmcheck", "version", "command", "environment", "cases", "summary", "exit_code",
+     "interrupted", "interrupted_by"}
 Each command fills "cases" with plain dicts of its own (its `json` module; documented in README.md).
 """
 
@@ -21,7 +22,10 @@ def build_report(
     cases: list[dict],
     summary: dict[str, int],
     exit_code: int,
+    interrupted: str | None = None,
 ) -> dict:
+    """The envelope. `interrupted` names what stopped the sweep (SIGINT, SIGTERM, SIGPIPE): the
+    report then holds only the cases that finished, and `exit_code` is the interruption's."""
     return {
         "tool": "ssmcheck",
         "version": __version__,
@@ -30,22 +34,24 @@ def build_report(
         "cases": cases,
         "summary": summary,
         "exit_code": int(exit_code),
+        "interrupted": interrupted is not None,
+        "interrupted_by": interrupted,
     }
 
 
-def _json_safe(value):
+def json_safe(value):
     """JSON has no NaN/Inf: write them as the strings "nan", "inf", "-inf"."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write_json(path: Path | str, report: dict) -> None:
-    Path(path).write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    Path(path).write_text(json.dumps(json_safe(report), indent=2) + "\n")
 
 
 def environment_line(command: str, env: Environment) -> str:

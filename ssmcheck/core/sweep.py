@@ -24,10 +24,12 @@ def option_name(key: str) -> str:
 
 
 def parse_list(option: str, text: str, convert=str, allowed=None) -> list:
-    """Parse a comma-separated option value, e.g. --chunk-size 64,128."""
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
+    """Parse a comma-separated option value, e.g. --chunk-size 64,128. An empty item (`40,,`) is refused."""
+    items = [t.strip() for t in str(text).split(",")]
+    if items == [""]:
         raise SweepError(f"{option}: empty value")
+    if "" in items:
+        raise SweepError(f"{option}: an empty item was given in {str(text)!r}")
     values = []
     for item in items:
         try:

@@ -13,7 +13,9 @@ The adapter owns:
   For the built-in kernel, whether hardware stochastic rounding can run here;
 - the call, with the mamba signature (the runner seeds torch's generator at the
   start of every trial, so a callable drawing its random bits from torch is
-  reproducible and independent across trials);
+  reproducible and independent across trials), under guards: what the kernel
+  prints is captured (core.capture), and SystemExit or KeyboardInterrupt raised
+  by the kernel is KernelRaised like any exception, one case's error;
 - output validation: out of the promised shape, dtype and device, and the
   inputs unchanged after the call; anything else raises KernelRaised with one
   line saying what was expected and what came back.
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ssmcheck.core.callables import keywords, load_callable
+from ssmcheck.core.capture import Transcript, captured_stdout
 from ssmcheck.core.formats import dtype_name
 from ssmcheck.core.tensors import same_bits
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
@@ -62,11 +65,12 @@ class DriftAdapter:
     options: dict = field(default_factory=dict)  # further keywords (builtin: philox_rounds, rounding_impl, interpret)
 
     def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str, seed: int,
-             where: str, check_inputs: bool = False) -> torch.Tensor:
+             where: str, check_inputs: bool = False, transcript: Transcript | None = None) -> torch.Tensor:
         """Run one step of `problem` on `state` in place; return out. Raises KernelRaised.
 
         With `check_inputs`, also check that the call left its inputs unchanged (a copy per
-        input: the runner asks at the first step and the checkpoints, not every step).
+        input: the runner asks at the first step and the checkpoints, not every step). What
+        the kernel prints goes to `transcript` (discarded without one).
         """
         keywords = dict(self.options)
         if self.takes_rounding:
@@ -77,12 +81,19 @@ class DriftAdapter:
                   "dt_bias": problem.dt_bias}
         before = {name: t.clone() for name, t in inputs.items()} if check_inputs else {}
         try:
-            out = self.fn(
-                state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
-                problem.dt_softplus, **keywords,
-            )
+            with captured_stdout(transcript if transcript is not None else Transcript()):
+                out = self.fn(
+                    state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
+                    problem.dt_softplus, **keywords,
+                )
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
             raise KernelRaised(f"{type(exc).__name__}: {exc} ({where})") from exc
+        # Exactly these two, not BaseException: a user's Ctrl-C arrives as the CLI's own
+        # exception (core.execution.Interrupted) and must end the sweep, not this case.
+        except SystemExit as exc:
+            raise KernelRaised(f"SystemExit: {exc.code} (the kernel called sys.exit) ({where})") from exc
+        except KeyboardInterrupt as exc:
+            raise KernelRaised(f"KeyboardInterrupt raised by the kernel ({where})") from exc
         _check_out(out, step.x, where)
         for name, copy in before.items():
             if not same_bits(copy, inputs[name]):

@@ -9,7 +9,8 @@ JSON case keys (always present; figures a case did not produce are null):
     baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,
-    first_nonfinite {output, step, trial, batch, head, channel, state_index}.
+    first_nonfinite {output, step, trial, batch, head, channel, state_index},
+    stdout                                           what the kernel printed over the steps ("" when nothing).
 """
 
 from __future__ import annotations
@@ -39,4 +40,5 @@ def case_json(result: DriftResult) -> dict:
         "crossing_step": v.crossing_step,
         "crossing_observed": v.crossing_observed,
         "first_nonfinite": asdict(run.first_nonfinite) if run and run.first_nonfinite else None,
+        "stdout": result.stdout,
     }

@@ -1,7 +1,8 @@
 """What a drift case produced, as plain data: checkpoints, the first non-finite value, the verdict.
 
 Kept apart from the runner, so the verdict, the table, the JSON and the plot
-read results without importing what produced them.
+read results without importing what produced them. Everything here is plain
+Python numbers, never tensors: a result may cross a process boundary.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 
 from ssmcheck.core.status import Status
 from ssmcheck.drift.spec import DriftCase
-from ssmcheck.drift.stats import SignedErrorMoments
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,20 @@ class NonfiniteStep:
 
 
 @dataclass(frozen=True)
+class StoreErrors:
+    """The kernel's per-store rounding errors (ulps, along the exact value), summed up when the run
+    ends: plain numbers, where stats.SignedErrorMoments keeps running sums on the device."""
+
+    count: int
+    mean: float | None
+    z: float | None  # of the mean against zero (None with fewer than 2 stores)
+
+
+@dataclass(frozen=True)
 class DriftRun:
     checkpoints: list[Checkpoint]  # the kernel against the reference
     baseline: list[Checkpoint]  # the baseline against the reference
-    store_errors: SignedErrorMoments  # per-store rounding error of the kernel, ulps, along the exact value
+    store_errors: StoreErrors
     first_nonfinite: NonfiniteStep | None
     trials: int  # trials run
 
@@ -60,6 +70,7 @@ class DriftResult:
     verdict: DriftVerdict
     seconds: float
     run: DriftRun | None  # None when skipped or the kernel raised
+    stdout: str = ""  # what the kernel printed over the case's steps (core.capture: the start, the rest counted)
 
     @property
     def status(self) -> Status:

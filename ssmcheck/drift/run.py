@@ -13,6 +13,9 @@ float64 update of the kernel's previous state is what an ideal kernel would
 round, so (stored - exact) in ulps, signed along the exact value, is the
 rounding error of that store, free of the drift accumulated before it. Its
 mean over all stores and trials is the bias the SR z-test judges.
+
+`DriftRunner` is the same as a picklable value, so a worker process (core.isolation)
+can rebuild the kernel's adapter and run cases itself.
 """
 
 from __future__ import annotations
@@ -20,16 +23,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from ssmcheck.core import sweep
+from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
-from ssmcheck.drift.results import DriftResult, DriftRun
+from ssmcheck.drift.results import DriftResult, DriftRun, StoreErrors
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
 from ssmcheck.drift.verdict import error_verdict, judge, skipped_verdict
@@ -48,11 +53,12 @@ def run_case(
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
+    transcript = Transcript()
     try:
-        run = decode(case, kernel, device, on_step)
+        run = decode(case, kernel, device, on_step, transcript)
     except KernelRaised as exc:
-        return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None)
-    return DriftResult(case, judge(case, run, tolerance), time.perf_counter() - start, run)
+        return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
+    return DriftResult(case, judge(case, run, tolerance), time.perf_counter() - start, run, transcript.text)
 
 
 @contextmanager
@@ -70,13 +76,16 @@ def _one_cpu_thread(device: str) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None]) -> DriftRun:
-    """Run the case's trials; raises KernelRaised when the kernel does."""
+def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
+           transcript: Transcript) -> DriftRun:
+    """Run the case's trials, adding what the kernel prints to `transcript`; raises KernelRaised
+    when the kernel does."""
     with _one_cpu_thread(device):
-        return _decode(case, kernel, device, on_step)
+        return _decode(case, kernel, device, on_step, transcript)
 
 
-def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None]) -> DriftRun:
+def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
+            transcript: Transcript) -> DriftRun:
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
     fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
     A64 = problem.A.double()
@@ -102,7 +111,7 @@ def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callabl
             before = state.double()
             seed = sweep.case_seed(trial_seed, {"step": n})
             out = kernel.call(state, problem, step, case.rounding, seed, f"trial {trial}, step {n}",
-                              check_inputs=n == 1 or n in checkpoint_steps)
+                              check_inputs=n == 1 or n in checkpoint_steps, transcript=transcript)
             after = state.double()
             exact, _ = state_update_step(before, *inputs64, **fixed)
             store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, case.dtype))
@@ -116,4 +125,35 @@ def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callabl
                 break
         if found is not None:
             break
-    return DriftRun(kernel_sums.means(), baseline_sums.means(), store_errors, found, trials)
+    summary = StoreErrors(store_errors.count, store_errors.mean, store_errors.z)
+    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials)
+
+
+@dataclass(frozen=True)
+class DriftRunner:
+    """What running drift cases takes, as plain values: picklable, so a worker process can run them."""
+
+    kernel: str  # the --kernel value
+    tolerance: Tolerance
+    device: str  # "cpu" or "cuda"
+    interpreter: bool
+    philox_rounds: int
+    rounding_impl: str
+
+    def adapter(self) -> DriftAdapter:
+        """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
+        if self not in _ADAPTERS:
+            _ADAPTERS[self] = resolve(self.kernel, self.philox_rounds, self.rounding_impl, self.interpreter)
+        return _ADAPTERS[self]
+
+    def __call__(self, case: DriftCase, advance: Callable[[], None]) -> DriftResult:
+        """Run one case, calling `advance` once per decode step."""
+        return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance)
+
+    def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
+        """The result of a case that ended without one of its own (its worker crashed or timed out)."""
+        return DriftResult(case, error_verdict(message), seconds, None)
+
+
+# Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
+_ADAPTERS: dict[DriftRunner, DriftAdapter] = {}

@@ -7,7 +7,7 @@ table's default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -143,3 +143,10 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
         )
         cases.append(replace(case, skip_reason=_skip_reason(case)))
     return cases
+
+
+def case_from_params(params: dict, kernel: str) -> DriftCase:
+    """The case a JSON report's `params` describe (seed included), to run again with `kernel`."""
+    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason")]
+    case = DriftCase(kernel=kernel, **{name: params[name] for name in names})
+    return replace(case, skip_reason=_skip_reason(case))

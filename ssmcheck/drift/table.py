@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck.core.render import STYLES, format_error, sparkline
+from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -38,26 +38,52 @@ def _crossing(result: DriftResult) -> str:
     return f"{v.crossing_step}" if v.crossing_observed else f"~{v.crossing_step:.1e}"
 
 
-def results_table(results: list[DriftResult]) -> Table:
-    table = Table(header_style="bold", pad_edge=False)
-    for name, justify in (("regime", "left"), ("state", "left"), ("rounding", "left"), ("batch", "right"),
-                          ("HxPxN/G", "left"), ("steps", "right"), ("status", "left"), ("drift", "right"),
-                          ("baseline", "right"), ("ratio", "right"), ("α", "right"), ("bias z", "right"),
-                          ("crosses tol", "right"), ("drift curve", "left"), ("time", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for r in results:
-        c, v, run = r.case, r.verdict, r.run
-        widths = c.model or f"{c.nheads}x{c.headdim}x{c.dstate}/{c.ngroups}"
-        table.add_row(
-            c.regime, c.state_dtype, c.rounding, str(c.batch), widths, str(c.steps),
-            Text(r.status.value, style=STYLES[r.status]),
-            format_error(run.checkpoints[-1].state_rel) if run else "-",
-            format_error(run.baseline[-1].state_rel) if run else "-",
-            _optional(v.ratio, ".2f"), _optional(v.growth_exponent, ".2f"), _optional(v.bias_z, ".1f"),
-            _crossing(r), sparkline([p.state_rel for p in run.checkpoints]) if run else "",
-            f"{r.seconds:.1f}s" if r.status is not Status.SKIPPED else "",
-        )
-    return table
+def _widths(result: DriftResult) -> str:
+    c = result.case
+    return c.model or f"{c.nheads}x{c.headdim}x{c.dstate}/{c.ngroups}"
+
+
+def _drift(result: DriftResult) -> str:
+    return format_error(result.run.checkpoints[-1].state_rel) if result.run else "-"
+
+
+def _baseline(result: DriftResult) -> str:
+    return format_error(result.run.baseline[-1].state_rel) if result.run else "-"
+
+
+def _curve(result: DriftResult) -> str:
+    return sparkline([p.state_rel for p in result.run.checkpoints]) if result.run else ""
+
+
+def _time(result: DriftResult) -> str:
+    return f"{result.seconds:.1f}s" if result.status is not Status.SKIPPED else ""
+
+
+PARAMS = 8  # the rank of the parameter columns: dropped first, the case id then shows them
+# In display order; rank is importance (0: always shown; the highest rank is dropped first).
+COLUMNS: tuple[Column[DriftResult], ...] = (
+    Column("id", lambda r: r.case.id, 0, stands_for=PARAMS),
+    Column("regime", lambda r: r.case.regime, PARAMS),
+    Column("state", lambda r: r.case.state_dtype, PARAMS),
+    Column("rounding", lambda r: r.case.rounding, PARAMS),
+    Column("batch", lambda r: str(r.case.batch), PARAMS, "right"),
+    Column("HxPxN/G", _widths, PARAMS),
+    Column("steps", lambda r: str(r.case.steps), PARAMS, "right"),
+    Column("status", lambda r: Text(r.status.value, style=STYLES[r.status]), 0),
+    Column("drift", _drift, 1, "right"),
+    Column("baseline", _baseline, 2, "right"),
+    Column("ratio", lambda r: _optional(r.verdict.ratio, ".2f"), 0, "right"),
+    Column("α", lambda r: _optional(r.verdict.growth_exponent, ".2f"), 4, "right"),
+    Column("bias z", lambda r: _optional(r.verdict.bias_z, ".1f"), 3, "right"),  # a verdict input (biased SR)
+    Column("crosses tol", _crossing, 5, "right"),
+    Column("drift curve", _curve, 7),
+    Column("time", _time, 6, "right"),
+)
+
+
+def results_table(console: Console, results: list[DriftResult]) -> Table:
+    """The table for `console.width`: the least important columns dropped until it fits."""
+    return fitted_table(console, COLUMNS, results)
 
 
 def rounding_comparisons(results: list[DriftResult]) -> list[str]:
@@ -84,6 +110,16 @@ def rounding_comparisons(results: list[DriftResult]) -> list[str]:
     return lines
 
 
+def case_line(result: DriftResult) -> str:
+    """One finished case as a line, for a log to show progress in (a terminal has the progress bar)."""
+    line = f"{result.status.value} {result.case.id}"
+    if result.verdict.ratio is not None:
+        line += f" ratio {result.verdict.ratio:.2f}"
+    if result.status is not Status.SKIPPED:
+        line += f" {_time(result)}"
+    return line + (f": {result.verdict.message}" if result.status is not Status.PASS and result.verdict.message else "")
+
+
 def notes(results: list[DriftResult]) -> list[str]:
     """One line per failing, non-finite or erroring case, then skip reasons with their counts."""
     lines = [f"{r.status.value}: {r.case.id}: {r.verdict.message}" for r in results
@@ -94,6 +130,7 @@ def notes(results: list[DriftResult]) -> list[str]:
 
 
 def render(console: Console, results: list[DriftResult]) -> None:
-    console.print(results_table(results))
+    console.print(results_table(console, results))
     for line in rounding_comparisons(results) + notes(results):
-        console.print(line, markup=False, highlight=False)
+        # One line each, whatever the width: the terminal wraps it, a log keeps it whole for grep.
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

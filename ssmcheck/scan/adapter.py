@@ -7,7 +7,9 @@ state-spaces/mamba `mamba_chunk_scan_combined` signature (DESIGN §2).
 The adapter owns:
 - capability discovery: whether the kernel takes our state_dtype/rounding/seed
   keywords (named in its signature), and which chunk sizes it supports;
-- the call, with the mamba signature;
+- the call, with the mamba signature, under guards: what the kernel prints is captured
+  (core.capture), and a kernel calling sys.exit or raising KeyboardInterrupt raises
+  KernelExit, one case's error rather than the end of the tool;
 - output validation: a tuple (out, states) of the promised shapes, dtypes and
   device, and the inputs unchanged after the call. Anything else raises
   KernelOutputError with one line saying what was expected and what came back.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ssmcheck.core.callables import keywords, load_callable
+from ssmcheck.core.capture import Transcript, captured_stdout
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.tensors import same_bits
 from ssmcheck.scan.inputs import ScanInputs
@@ -33,6 +36,10 @@ STATE_OPTIONS = ("state_dtype", "rounding", "seed")
 
 class KernelOutputError(RuntimeError):
     """The kernel returned something other than the mamba signature promises, or changed its inputs."""
+
+
+class KernelExit(RuntimeError):
+    """The kernel raised SystemExit or KeyboardInterrupt; the message is the whole description."""
 
 
 @dataclass(frozen=True)
@@ -55,18 +62,31 @@ class ScanAdapter:
             )
         return None
 
-    def call(self, inputs: ScanInputs, case: ScanCase) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the kernel on `inputs`; return (y, states): final states per row, or per sequence for varlen."""
+    def call(self, inputs: ScanInputs, case: ScanCase,
+             transcript: Transcript | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the kernel on `inputs`; return (y, states): final states per row, or per sequence for varlen.
+
+        What the kernel prints goes to `transcript` (discarded without one). Raises what the
+        kernel raised, KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
+        """
         extra = dict(self.options)
         state_dtype = DTYPES[case.state_dtype]
         if self.takes_state_options:
             extra.update(state_dtype=state_dtype, rounding=case.rounding, seed=case.seed)
         before = _snapshot(inputs)
-        result = self.fn(
-            inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
-            seq_idx=inputs.seq_idx, return_final_states=not inputs.varlen, return_varlen_states=inputs.varlen,
-            **extra,
-        )
+        # Exactly these two, not BaseException: a user's Ctrl-C arrives as the CLI's own
+        # exception (core.execution.Interrupted) and must end the sweep, not this case.
+        try:
+            with captured_stdout(transcript if transcript is not None else Transcript()):
+                result = self.fn(
+                    inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
+                    seq_idx=inputs.seq_idx, return_final_states=not inputs.varlen,
+                    return_varlen_states=inputs.varlen, **extra,
+                )
+        except SystemExit as exc:
+            raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc
+        except KeyboardInterrupt as exc:
+            raise KernelExit("KeyboardInterrupt raised by the kernel") from exc
         y, states = _unpack(result)
         x = inputs.x
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])

@@ -2,6 +2,7 @@
 
 Keys are always present; figures a case did not produce (skipped, error) are null.
 `y_max_rel` and `state_max_rel` are the norm-wise relative errors ||out - ref|| / ||ref||.
+`stdout` is what the kernel printed ("" when nothing).
 """
 
 from __future__ import annotations
@@ -36,4 +37,5 @@ def case_json(result: ScanResult) -> dict:
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,
         "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
+        "stdout": result.stdout,
     }

@@ -70,6 +70,7 @@ class ScanResult:
     first_nonfinite_state: NonfiniteToken | None = None
     per_chunk: list[float] = field(default_factory=list)
     growth: float | None = None
+    stdout: str = ""  # what the kernel printed (core.capture: the start, the rest counted)
 
     @property
     def ratio(self) -> float | None:

@@ -1,18 +1,25 @@
 """Running one scan case: inputs, kernel (through its adapter), float64 reference and same-precision
-baseline, measurements; the verdict is scan.verdict's."""
+baseline, measurements; the verdict is scan.verdict's.
+
+`ScanRunner` is the same as a picklable value, so a worker process (core.isolation) can
+rebuild the kernel's adapter and run cases itself.
+"""
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import measure
-from ssmcheck.scan.adapter import ScanAdapter
+from ssmcheck.scan.adapter import KernelExit, ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.results import Comparison, ScanResult
@@ -81,21 +88,24 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
 
     torch.manual_seed(case.seed)  # for kernels that draw random bits from torch's generator
     _sync(device)
+    transcript = Transcript()
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             # numpy's warnings from Triton's interpreter (e.g. exp overflow in masked lanes) say
             # nothing about the results, which are judged below.
             warnings.simplefilter("ignore", RuntimeWarning)
-            out = kernel.call(inputs, case)
+            out = kernel.call(inputs, case, transcript)
             _sync(device)
+    except KernelExit as exc:
+        return ScanResult(case, Status.ERROR, str(exc), inputs_note=inputs.note, stdout=transcript.text)
     except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
-        return ScanResult(case, Status.ERROR, _describe(exc), inputs_note=inputs.note)
+        return ScanResult(case, Status.ERROR, _describe(exc), inputs_note=inputs.note, stdout=transcript.text)
     kernel_seconds = time.perf_counter() - start
 
     tokens = inputs.token_map()
     result = ScanResult(
-        case, Status.PASS, kernel_seconds=kernel_seconds, inputs_note=inputs.note,
+        case, Status.PASS, kernel_seconds=kernel_seconds, inputs_note=inputs.note, stdout=transcript.text,
         kernel=Comparison(measure.error_stats(out[0], ref[0]), measure.error_stats(out[1], ref[1])),
         baseline=Comparison(measure.error_stats(base[0], ref[0]), measure.error_stats(base[1], ref[1])),
         first_nonfinite_state=measure.locate_nonfinite_states(out[1], ref[1], inputs),
@@ -108,3 +118,32 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
     verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
     return result
+
+
+@dataclass(frozen=True)
+class ScanRunner:
+    """What running scan cases takes, as plain values: picklable, so a worker process can run them."""
+
+    kernel: str  # the --kernel value
+    tolerance: Tolerance
+    reference: str  # "fp64" or "fp32"
+    device: str  # "cpu" or "cuda"
+    interpreter: bool
+
+    def adapter(self) -> ScanAdapter:
+        """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
+        if self not in _ADAPTERS:
+            _ADAPTERS[self] = resolve(self.kernel, self.interpreter)
+        return _ADAPTERS[self]
+
+    def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
+        """Run one case (a scan case is one unit of progress: `advance` is not called)."""
+        return run_case(case, self.adapter(), self.tolerance, self.reference, self.device)
+
+    def failed(self, case: ScanCase, message: str, seconds: float) -> ScanResult:
+        """The result of a case that ended without one of its own (its worker crashed or timed out)."""
+        return ScanResult(case, Status.ERROR, message, seconds=seconds)
+
+
+# Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
+_ADAPTERS: dict[ScanRunner, ScanAdapter] = {}

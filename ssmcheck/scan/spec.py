@@ -8,7 +8,7 @@ array of such tables for several sub-sweeps). Scan adds one rule: with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from ssmcheck.core import models, spec, sweep
 from ssmcheck.core.formats import DTYPES, ROUNDINGS
@@ -153,3 +153,10 @@ def build_cases(settings: ScanSettings, kernel: str) -> list[ScanCase]:
         case = ScanCase(kernel=kernel, seed=sweep.case_seed(settings.seed, params), **params)
         cases.setdefault(case.id, replace(case, skip_reason=_skip_reason(case)))
     return list(cases.values())
+
+
+def case_from_params(params: dict, kernel: str) -> ScanCase:
+    """The case a JSON report's `params` describe (seed included), to run again with `kernel`."""
+    names = [f.name for f in fields(ScanCase) if f.name not in ("kernel", "skip_reason")]
+    case = ScanCase(kernel=kernel, **{name: params[name] for name in names})
+    return replace(case, skip_reason=_skip_reason(case))

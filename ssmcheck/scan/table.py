@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck.core.render import STYLES, format_error, sparkline
+from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -57,31 +57,63 @@ def _drift(result: ScanResult) -> str:
     return sparkline(_binned(result.per_chunk)) + growth
 
 
-def results_table(results: list[ScanResult]) -> Table:
-    table = Table(show_lines=False, header_style="bold", pad_edge=False)
-    for name, justify in (("regime", "left"), ("dtype", "left"), ("chunk", "right"), ("seqlen", "right"),
-                          ("batch", "right"), ("HxPxN/G", "left"), ("state", "left"), ("status", "left"),
-                          ("y err", "right"), ("state err", "right"), ("ratio", "right"),
-                          ("first non-finite", "left"), ("drift per chunk", "left"), ("time", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for r in results:
-        c = r.case
-        widths = c.model or f"{c.nheads}x{c.headdim}x{c.dstate}/{c.ngroups}"
-        state = "" if (c.state_dtype, c.rounding) == ("fp32", "nearest") else f"{c.state_dtype} {ROUNDING_TAGS[c.rounding]}"
-        ratio = "" if r.ratio is None else f"{max(r.ratio, r.state_ratio):.2f}"
-        table.add_row(
-            c.regime, c.dtype, str(c.chunk_size), str(c.seqlen), str(c.batch), widths, state,
-            Text(r.status.value, style=STYLES[r.status]),
-            format_error(r.kernel.y.rel) if r.kernel else "-",
-            format_error(r.kernel.states.rel) if r.kernel else "-",
-            ratio, _location(r), _drift(r), f"{r.seconds:.2f}s" if r.status is not Status.SKIPPED else "",
-        )
-    return table
+def _widths(result: ScanResult) -> str:
+    c = result.case
+    return c.model or f"{c.nheads}x{c.headdim}x{c.dstate}/{c.ngroups}"
+
+
+def _state(result: ScanResult) -> str:
+    c = result.case
+    return "" if (c.state_dtype, c.rounding) == ("fp32", "nearest") else f"{c.state_dtype} {ROUNDING_TAGS[c.rounding]}"
+
+
+def _ratio(result: ScanResult) -> str:
+    return "" if result.ratio is None else f"{max(result.ratio, result.state_ratio):.2f}"
+
+
+def _time(result: ScanResult) -> str:
+    return f"{result.seconds:.2f}s" if result.status is not Status.SKIPPED else ""
+
+
+PARAMS = 6  # the rank of the parameter columns: dropped first, the case id then shows them
+# In display order; rank is importance (0: always shown; the highest rank is dropped first).
+COLUMNS: tuple[Column[ScanResult], ...] = (
+    Column("id", lambda r: r.case.id, 0, stands_for=PARAMS),
+    Column("regime", lambda r: r.case.regime, PARAMS),
+    Column("dtype", lambda r: r.case.dtype, PARAMS),
+    Column("chunk", lambda r: str(r.case.chunk_size), PARAMS, "right"),
+    Column("seqlen", lambda r: str(r.case.seqlen), PARAMS, "right"),
+    Column("batch", lambda r: str(r.case.batch), PARAMS, "right"),
+    Column("HxPxN/G", _widths, PARAMS),
+    Column("state", _state, PARAMS),
+    Column("status", lambda r: Text(r.status.value, style=STYLES[r.status]), 0),
+    Column("y err", lambda r: format_error(r.kernel.y.rel) if r.kernel else "-", 1, "right"),
+    Column("state err", lambda r: format_error(r.kernel.states.rel) if r.kernel else "-", 2, "right"),
+    Column("ratio", _ratio, 0, "right"),
+    Column("first non-finite", _location, 3),
+    Column("drift per chunk", _drift, 5),
+    Column("time", _time, 4, "right"),
+)
+
+
+def results_table(console: Console, results: list[ScanResult]) -> Table:
+    """The table for `console.width`: the least important columns dropped until it fits."""
+    return fitted_table(console, COLUMNS, results)
 
 
 def _first_line(text: str, limit: int = 300) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def case_line(result: ScanResult) -> str:
+    """One finished case as a line, for a log to show progress in (a terminal has the progress bar)."""
+    line = f"{result.status.value} {result.case.id}"
+    if result.ratio is not None:
+        line += f" ratio {_ratio(result)}"
+    if result.status is not Status.SKIPPED:
+        line += f" {_time(result)}"
+    return line + (f": {_first_line(result.message)}" if result.status is not Status.PASS and result.message else "")
 
 
 def notes(results: list[ScanResult]) -> list[str]:
@@ -94,6 +126,7 @@ def notes(results: list[ScanResult]) -> list[str]:
 
 
 def render(console: Console, results: list[ScanResult]) -> None:
-    console.print(results_table(results))
+    console.print(results_table(console, results))
     for line in notes(results):
-        console.print(line, markup=False, highlight=False)
+        # One line each, whatever the width: the terminal wraps it, a log keeps it whole for grep.
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,101 @@
+"""Capturing what a kernel prints, so it lands in its case's result instead of the report's table.
+
+`captured_stdout(transcript)` redirects file descriptor 1 and `sys.stdout` into a temporary
+file for the duration of a call, so Python prints and C-level writes (a library's printf, a
+GPU's device printf) are both caught; fd 1 and sys.stdout are restored exactly, exceptions
+included. Whatever fd 1 is at the time (a terminal, a pipe, pytest's capture) is what comes back.
+
+A drift case calls its kernel at every decode step, so the temporary file is opened once per
+process and reused: a call that printed nothing costs a few system calls and no read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import torch
+
+# What a case keeps of its kernel's output: the start, the rest only counted.
+STDOUT_LIMIT = 4000
+
+
+class Transcript:
+    """What the calls of one case printed, kept up to `limit` bytes (the start)."""
+
+    def __init__(self, limit: int = STDOUT_LIMIT):
+        self.limit = limit
+        self._kept = bytearray()
+        self._dropped = 0
+
+    @property
+    def room(self) -> int:
+        return self.limit - len(self._kept)
+
+    def add(self, data: bytes, total: int) -> None:
+        """Keep `data` (at most `room` bytes of the `total` that were printed)."""
+        self._kept += data
+        self._dropped += total - len(data)
+
+    @property
+    def text(self) -> str:
+        text = self._kept.decode("utf-8", errors="replace")
+        return text + f"\n[... {self._dropped} more bytes not kept]" if self._dropped else text
+
+
+class _Sink:
+    """The process's capture file and a text stream over it, made on first use."""
+
+    def __init__(self):
+        self.fd, path = tempfile.mkstemp(prefix="ssmcheck-stdout-")
+        os.unlink(path)  # open but nameless: gone with the process, whatever ends it
+        self.stream = open(self.fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+
+    def drain(self, transcript: Transcript) -> None:
+        size = os.lseek(self.fd, 0, os.SEEK_CUR)
+        if size:
+            transcript.add(os.pread(self.fd, min(size, transcript.room), 0), size)
+            os.ftruncate(self.fd, 0)
+            os.lseek(self.fd, 0, os.SEEK_SET)
+
+
+_sink: _Sink | None = None
+
+
+def _libc_fflush():
+    try:
+        return ctypes.CDLL(None).fflush
+    except (OSError, AttributeError):  # no C library to flush (not a POSIX libc)
+        return None
+
+
+_fflush = _libc_fflush()
+
+
+@contextmanager
+def captured_stdout(transcript: Transcript) -> Iterator[None]:
+    """Send fd 1 and sys.stdout to the capture file during the block; add what was written to `transcript`."""
+    global _sink
+    if _sink is None:
+        _sink = _Sink()
+    with suppress(OSError, ValueError):  # a closed stdout is for its next writer to find, not the kernel
+        sys.stdout.flush()  # what was printed before belongs where it was going
+    saved_fd, saved_stream = os.dup(1), sys.stdout
+    os.dup2(_sink.fd, 1)
+    sys.stdout = _sink.stream
+    try:
+        yield
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # a GPU's device printf reaches fd 1 at synchronization
+    finally:
+        _sink.stream.flush()
+        if _fflush is not None:
+            _fflush(None)  # C stdio buffers fd 1 fully when it is a file: flush them into it
+        sys.stdout = saved_stream
+        os.dup2(saved_fd, 1)
+        os.close(saved_fd)
+        _sink.drain(transcript)

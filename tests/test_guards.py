@@ -1,0 +1,93 @@
+"""In-process guards around the kernel call: a kernel that exits, interrupts or prints costs its own case only.
+
+`sys.exit` and `KeyboardInterrupt` inside a kernel are that case's error, never the tool's exit
+code, and the next case still runs; what a kernel prints (from Python or at the file-descriptor
+level) lands in its case's `stdout`, not in the report. Driven through the CLI, as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssmcheck.core.capture import Transcript, captured_stdout
+from tests.cli_invoke import invoke
+
+KERNELS = Path(__file__).parent / "misbehaving_kernels.py"
+# The guard kernels misbehave at batch 1 only: the batch-2 case runs after them.
+SCAN = ("--preset", "smoke", "--regime", "normal", "--batch", "1,2")
+DRIFT = ("--preset", "smoke", "--regime", "normal", "--rounding", "nearest", "--batch", "1,2")
+MISBEHAVIOURS = [
+    ("sys_exit_0", "SystemExit: 0 (the kernel called sys.exit)"),
+    ("sys_exit_3", "SystemExit: 3 (the kernel called sys.exit)"),
+    ("keyboard_interrupt", "KeyboardInterrupt raised by the kernel"),
+]
+
+
+def _statuses(report) -> list[str]:
+    return [case["status"] for case in report["cases"]]
+
+
+@pytest.mark.parametrize(("name", "message"), MISBEHAVIOURS)
+def test_a_scan_kernel_that_exits_or_interrupts_is_its_case_error(tmp_path, name, message):
+    result, report = invoke("scan", "--kernel", f"{KERNELS}:scan_{name}", *SCAN, json_path=tmp_path / "r.json")
+    assert result.exit_code == 4, result.output  # the verdict's code (error), not the kernel's
+    assert _statuses(report) == ["error", "pass"]
+    assert report["cases"][0]["message"] == message
+
+
+@pytest.mark.parametrize(("name", "message"), MISBEHAVIOURS)
+def test_a_drift_kernel_that_exits_or_interrupts_is_its_case_error(tmp_path, name, message):
+    result, report = invoke("drift", "--kernel", f"{KERNELS}:drift_{name}", *DRIFT, json_path=tmp_path / "r.json")
+    assert result.exit_code == 4, result.output
+    assert _statuses(report) == ["error", "pass"]
+    assert report["cases"][0]["message"] == f"{message} (trial 0, step 1)"
+
+
+def test_what_a_scan_kernel_prints_goes_to_its_case(tmp_path):
+    result, report = invoke("scan", "--kernel", f"{KERNELS}:scan_printing", *SCAN, json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert "noise" not in result.stdout
+    assert [case["stdout"] for case in report["cases"]] == ["noise\nc-level noise\n"] * 2
+
+
+def test_what_a_drift_kernel_prints_accumulates_over_its_steps(tmp_path):
+    result, report = invoke("drift", "--kernel", f"{KERNELS}:drift_printing", *DRIFT, "--steps", "5",
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert "noise" not in result.stdout
+    assert [case["stdout"] for case in report["cases"]] == ["noise\nc-level noise\n" * 5] * 2
+
+
+def test_a_quiet_kernel_has_an_empty_stdout(tmp_path):
+    _, report = invoke("drift", "--kernel", "torch", *DRIFT, "--steps", "2", json_path=tmp_path / "r.json")
+    assert [case["stdout"] for case in report["cases"]] == ["", ""]
+
+
+# ---------------------------------------------------------------------------- the capture itself
+
+
+def _fd1_target() -> tuple[int, int]:
+    st = os.fstat(1)
+    return st.st_dev, st.st_ino
+
+
+def test_the_capture_restores_fd_1_and_sys_stdout_even_when_the_call_raises():
+    before, stream = _fd1_target(), sys.stdout
+    transcript = Transcript()
+    with pytest.raises(ValueError), captured_stdout(transcript):
+        print("before the error")
+        raise ValueError
+    assert _fd1_target() == before and sys.stdout is stream
+    assert transcript.text == "before the error\n"
+
+
+def test_the_capture_keeps_the_start_and_counts_the_rest():
+    transcript = Transcript(limit=10)
+    for _ in range(3):
+        with captured_stdout(transcript):
+            os.write(1, b"0123456789abcdef")
+    assert transcript.text == "0123456789\n[... 38 more bytes not kept]"
