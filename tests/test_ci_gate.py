@@ -182,3 +182,30 @@ def test_preset_takes_a_toml_file(tmp_path):
     assert result.exit_code == 0, result.output
     assert [c["id"] for c in report["cases"]] == ["ragged-fp32-c16-L40-b3-h2x8n8g1"]
     assert_usage_error(invoke("scan", "--preset", tmp_path / "none.toml")[0], "--preset")
+
+
+MISBEHAVING = Path(__file__).with_name("misbehaving_kernels.py")
+
+
+def test_isolated_crashes_exits_and_timeouts_each_cost_one_case_through_the_cli(tmp_path):
+    result, report = invoke("scan", "--kernel", f"{MISBEHAVING}:scan_by_batch", "--isolate", "--case-timeout", "3",
+                            "--regime", "normal", "--dtype", "fp32", "--chunk-size", "16", "--seqlen", "24",
+                            "--batch", "1,2,3,4,5,6,7", "--nheads", "2", "--headdim", "4", "--dstate", "4",
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 4, result.output
+    by_batch = {c["params"]["batch"]: c for c in report["cases"]}
+    assert by_batch[2]["status"] == "error" and by_batch[2]["message"] == "crashed: signal 11 (SIGSEGV)"
+    assert by_batch[4]["message"] == "exited with code 0 without a result"
+    assert by_batch[6]["message"] == "timed out after 3 s"
+    assert all(by_batch[b]["status"] == "pass" for b in (1, 3, 5, 7))
+
+
+def test_what_a_kernel_prints_is_shown_under_its_case_not_in_the_table(tmp_path):
+    result, report = invoke("scan", "--kernel", f"{MISBEHAVING}:scan_printing", "--preset", "smoke", "--regime",
+                            "normal", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    (case,) = report["cases"]
+    lines = result.stdout.splitlines()
+    title = lines.index(f"stdout of {case['id']}:")
+    assert lines[title + 1:title + 3] == ["  noise", "  c-level noise"]
+    assert not any(line.startswith(("noise", "c-level")) for line in lines)

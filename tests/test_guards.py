@@ -47,10 +47,17 @@ def test_a_drift_kernel_that_exits_or_interrupts_is_its_case_error(tmp_path, nam
     assert report["cases"][0]["message"] == f"{message} (trial 0, step 1)"
 
 
+def _printed_only_under_cases(stdout: str) -> bool:
+    """The kernel's noise appears only indented under a `stdout of CASE:` title, never in the table."""
+    lines = stdout.splitlines()
+    noisy = [i for i, line in enumerate(lines) if "noise" in line]
+    return bool(noisy) and all(lines[i].startswith("  ") for i in noisy) and lines[noisy[0] - 1].startswith("stdout of ")
+
+
 def test_what_a_scan_kernel_prints_goes_to_its_case(tmp_path):
     result, report = invoke("scan", "--kernel", f"{KERNELS}:scan_printing", *SCAN, json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert "noise" not in result.stdout
+    assert _printed_only_under_cases(result.stdout)
     assert [case["stdout"] for case in report["cases"]] == ["noise\nc-level noise\n"] * 2
 
 
@@ -58,7 +65,7 @@ def test_what_a_drift_kernel_prints_accumulates_over_its_steps(tmp_path):
     result, report = invoke("drift", "--kernel", f"{KERNELS}:drift_printing", *DRIFT, "--steps", "5",
                             json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert "noise" not in result.stdout
+    assert _printed_only_under_cases(result.stdout)
     assert [case["stdout"] for case in report["cases"]] == ["noise\nc-level noise\n" * 5] * 2
 
 

@@ -13,7 +13,9 @@ def test_envelope_keys_and_nonfinite_values(tmp_path):
     path = tmp_path / "r.json"
     report.write_json(path, rep)
     data = json.loads(path.read_text())  # strict JSON: no bare NaN
-    assert set(data) == {"tool", "version", "command", "environment", "cases", "summary", "exit_code"}
+    assert set(data) == {"tool", "version", "command", "environment", "cases", "summary", "exit_code", "interrupted",
+                         "interrupted_by"}
+    assert data["interrupted"] is False and data["interrupted_by"] is None
     assert data["tool"] == "ssmcheck" and data["command"] == "scan"
     assert data["cases"][0]["value"] == "nan" and data["cases"][0]["v"] == ["inf"]
     assert set(data["environment"]) >= {"device", "torch", "triton", "interpreter"}

@@ -112,14 +112,14 @@ def drift(
         reason = adapter.hardware_sr_unavailable(env.interpreter)
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             usage_error(f"--rounding-impl hardware: {reason}")
+    runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds, rounding_impl)
     try:
-        adapter.resolve(kernel, philox_rounds, rounding_impl, env.interpreter)
+        runner.adapter()  # imports a kernel file once: the runner keeps it
     except KernelSpecError as exc:
         usage_error(str(exc))
 
     cases = sweep.cases(kernel)
     out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings) + sweep.header_note, quiet)
-    runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds, rounding_impl)
     tol = settings.tolerance
     view = session.CommandView(
         "drift", env, {

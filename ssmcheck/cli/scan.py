@@ -81,15 +81,15 @@ def scan(
     settings, kernel = sweep.settings, kernel or sweep.kernel or adapter.BUILTIN
     files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
     timeout = cli_common.case_timeout(isolate, case_timeout)
+    runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device, env.interpreter)
     try:
-        kernel_under_test = adapter.resolve(kernel, env.interpreter)
+        kernel_under_test = runner.adapter()  # imports a kernel file once: the runner keeps it
     except KernelSpecError as exc:
         usage_error(str(exc))
     _check_chunk_sizes(settings, kernel_under_test)
 
     cases = sweep.cases(kernel)
     out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings) + sweep.header_note, quiet)
-    runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device, env.interpreter)
     view = session.CommandView(
         "scan", env, {
             "preset": sweep.preset, "config_files": sweep.files, "reference": settings.reference,

@@ -53,10 +53,19 @@ class _Sink:
     def __init__(self):
         self.fd, path = tempfile.mkstemp(prefix="ssmcheck-stdout-")
         os.unlink(path)  # open but nameless: gone with the process, whatever ends it
-        self.stream = open(self.fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        self._stream = None
+
+    @property
+    def stream(self):
+        """sys.stdout during a call (made again if a kernel closed it)."""
+        if self._stream is None or self._stream.closed:
+            self._stream = open(  # noqa: SIM115 (kept open for the process's life)
+                self.fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False,
+            )
+        return self._stream
 
     def drain(self, transcript: Transcript) -> None:
-        size = os.lseek(self.fd, 0, os.SEEK_CUR)
+        size = os.fstat(self.fd).st_size
         if size:
             transcript.add(os.pread(self.fd, min(size, transcript.room), 0), size)
             os.ftruncate(self.fd, 0)
@@ -85,14 +94,16 @@ def captured_stdout(transcript: Transcript) -> Iterator[None]:
     with suppress(OSError, ValueError):  # a closed stdout is for its next writer to find, not the kernel
         sys.stdout.flush()  # what was printed before belongs where it was going
     saved_fd, saved_stream = os.dup(1), sys.stdout
+    stream = _sink.stream
     os.dup2(_sink.fd, 1)
-    sys.stdout = _sink.stream
+    sys.stdout = stream
     try:
         yield
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()  # a GPU's device printf reaches fd 1 at synchronization
     finally:
-        _sink.stream.flush()
+        with suppress(ValueError):  # the kernel closed sys.stdout: nothing left in it to flush
+            stream.flush()
         if _fflush is not None:
             _fflush(None)  # C stdio buffers fd 1 fully when it is a file: flush them into it
         sys.stdout = saved_stream

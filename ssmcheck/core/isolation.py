@@ -40,7 +40,7 @@ TICK_INTERVAL = 0.1
 END_WAIT = 5.0
 
 
-class WorkerLost(Exception):
+class _WorkerLost(Exception):
     """The worker ended, or never started, before the case's result came back; the message says how."""
 
 
@@ -92,7 +92,7 @@ def _run_case(worker: _Worker, runner, case, timeout: float | None, advance: Cal
                 return value, True
             else:
                 return runner.failed(case, value, time.monotonic() - start), True
-    except WorkerLost as exc:
+    except _WorkerLost as exc:
         return runner.failed(case, str(exc), time.monotonic() - start), False
 
 
@@ -103,9 +103,10 @@ class _Worker:
         self.conn, child_conn = context.Pipe()
         # The runner travels pickled, to be unpickled after the worker has configured the
         # runtime: unpickling imports the command's modules, and they may import triton.
+        # Not a daemon: a daemonic process may not start processes of its own, and a kernel may
+        # (compile workers). It is killed when done with, and dies with its parent (_serve).
         self.process = context.Process(
-            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn), daemon=True,
-            name="ssmcheck-worker",
+            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn), name="ssmcheck-worker",
         )
         self._child_conn = child_conn
         self.ready = False
@@ -118,41 +119,41 @@ class _Worker:
             self._child_conn.close()  # the worker's end: held here, it would hide the worker's exit
 
     def wait_ready(self) -> None:
-        """Return once the worker is configured; raises WorkerLost if it does not get there."""
+        """Return once the worker is configured; raises _WorkerLost if it does not get there."""
         if self.ready:
             return
         try:
             message = self.receive(time.monotonic() + STARTUP_TIMEOUT)
-        except WorkerLost as exc:
-            raise WorkerLost(f"the worker could not start: {exc}") from None
+        except _WorkerLost as exc:
+            raise _WorkerLost(f"the worker could not start: {exc}") from None
         if message is None:
-            raise WorkerLost(f"the worker did not start within {STARTUP_TIMEOUT:g} s")
+            raise _WorkerLost(f"the worker did not start within {STARTUP_TIMEOUT:g} s")
         kind, value = message
         if kind != "ready":
-            raise WorkerLost(f"the worker could not start: {value}")
+            raise _WorkerLost(f"the worker could not start: {value}")
         self.ready = True
 
     def send(self, obj) -> None:
         try:
             self.conn.send_bytes(pickle.dumps(obj))
         except OSError:  # the worker's end is closed: it has ended
-            raise WorkerLost(self._death()) from None
+            raise _WorkerLost(self._death()) from None
 
     def receive(self, deadline: float | None) -> tuple | None:
-        """The worker's next message; None once `deadline` (time.monotonic) passes. Raises WorkerLost."""
+        """The worker's next message; None once `deadline` (time.monotonic) passes. Raises _WorkerLost."""
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready = wait([self.conn, self.process.sentinel], remaining)
         if self.conn in ready:  # read first: a worker may have written its last message and ended
             try:
                 data = self.conn.recv_bytes()
             except EOFError:
-                raise WorkerLost(self._death()) from None
+                raise _WorkerLost(self._death()) from None
             try:
                 return pickle.loads(data)
             except Exception as exc:  # noqa: BLE001 (e.g. a result class this process cannot import)
                 return "failed", f"the worker's message could not be read back: {_one_line(exc)}"
         if ready:  # only the sentinel: the worker ended with nothing left to read
-            raise WorkerLost(self._death())
+            raise _WorkerLost(self._death())
         return None
 
     def _death(self) -> str:

@@ -103,3 +103,10 @@ def _table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text]]) -> T
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def printed_lines(case_id: str, stdout: str) -> list[str]:
+    """What a kernel printed during a case, shown under the table: a title line, then its lines indented."""
+    if not stdout:
+        return []
+    return [f"stdout of {case_id}:"] + ["  " + line for line in stdout.rstrip("\n").splitlines()]

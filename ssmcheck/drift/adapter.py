@@ -80,6 +80,9 @@ class DriftAdapter:
         inputs = {"x": step.x, "dt": step.dt, "A": problem.A, "B": step.B, "C": step.C, "D": problem.D,
                   "dt_bias": problem.dt_bias}
         before = {name: t.clone() for name, t in inputs.items()} if check_inputs else {}
+        # Exactly SystemExit and KeyboardInterrupt beyond Exception, not BaseException: a user's
+        # Ctrl-C arrives as the CLI's own exception (core.execution.Interrupted) and must end
+        # the sweep, not this case.
         try:
             with captured_stdout(transcript if transcript is not None else Transcript()):
                 out = self.fn(
@@ -88,8 +91,6 @@ class DriftAdapter:
                 )
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
             raise KernelRaised(f"{type(exc).__name__}: {exc} ({where})") from exc
-        # Exactly these two, not BaseException: a user's Ctrl-C arrives as the CLI's own
-        # exception (core.execution.Interrupted) and must end the sweep, not this case.
         except SystemExit as exc:
             raise KernelRaised(f"SystemExit: {exc.code} (the kernel called sys.exit) ({where})") from exc
         except KeyboardInterrupt as exc:

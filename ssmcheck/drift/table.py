@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, sparkline
+from ssmcheck.core.render import Column, STYLES, fitted_table, format_error, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -121,11 +121,14 @@ def case_line(result: DriftResult) -> str:
 
 
 def notes(results: list[DriftResult]) -> list[str]:
-    """One line per failing, non-finite or erroring case, then skip reasons with their counts."""
+    """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
+    kernels printed, case by case."""
     lines = [f"{r.status.value}: {r.case.id}: {r.verdict.message}" for r in results
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.verdict.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
+    for r in results:
+        lines += printed_lines(r.case.id, r.stdout)
     return lines
 
 

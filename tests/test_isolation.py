@@ -1,0 +1,101 @@
+"""Cases in a worker process: a crash, an exit or a hang costs exactly its own case.
+
+Each sweep here runs correct cases around the bad ones (tests/misbehaving_kernels.py picks the
+misbehaviour from the batch size), so a case after a dead worker is seen to run in a new one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from pathlib import Path
+
+import pytest
+
+from ssmcheck.core.isolation import run_isolated
+from ssmcheck.core.status import Status
+from ssmcheck.drift.run import DriftRunner
+from ssmcheck.drift.spec import build_cases as drift_cases
+from ssmcheck.drift.spec import resolve as drift_settings
+from ssmcheck.scan.run import ScanRunner
+from ssmcheck.scan.spec import build_cases as scan_cases
+from ssmcheck.scan.spec import resolve as scan_settings
+from tests.misbehaving_kernels import BY_BATCH, ScriptedRunner
+
+KERNELS = Path(__file__).parent / "misbehaving_kernels.py"
+TINY_SCAN = {"regime": "normal", "dtype": "fp16", "chunk_size": "8", "seqlen": "12", "nheads": "2", "headdim": "4",
+             "dstate": "4", "ngroups": "1"}
+TINY_DRIFT = {"regime": "normal", "state_dtype": "fp16", "rounding": "nearest", "steps": 8, "nheads": "1",
+              "headdim": "4", "dstate": "8"}
+
+
+def _scan(batches: str):
+    settings = scan_settings({**TINY_SCAN, "batch": batches}, {}, "test")
+    runner = ScanRunner(f"{KERNELS}:scan_by_batch", settings.tolerance, "fp64", "cpu", interpreter=True)
+    return runner, scan_cases(settings, runner.kernel)
+
+
+def test_a_crash_an_exit_and_a_hang_each_cost_their_own_case():
+    assert BY_BATCH == {2: "segfault", 4: "exit", 6: "hang"}
+    runner, cases = _scan("1,2,3,4,5,6,7")
+    results = list(run_isolated(runner, cases, timeout=2, advance=lambda: None))
+    assert [r.case for r in results] == cases
+    assert [(r.status, r.message) for r in results] == [
+        (Status.PASS, ""),
+        (Status.ERROR, "crashed: signal 11 (SIGSEGV)"),
+        (Status.PASS, ""),
+        (Status.ERROR, "exited with code 0 without a result"),
+        (Status.PASS, ""),
+        (Status.ERROR, "timed out after 2 s"),
+        (Status.PASS, ""),
+    ]
+    assert 2 <= results[5].seconds < 10
+    assert multiprocessing.active_children() == []
+
+
+def test_drift_cases_report_their_steps_and_come_back_as_plain_data():
+    settings = drift_settings({**TINY_DRIFT, "batch": "1,2,3"}, {}, "test")
+    runner = DriftRunner(f"{KERNELS}:drift_by_batch", settings.tolerance, "cpu", True, 10, "software")
+    cases = drift_cases(settings, runner.kernel)
+    ticks = []
+    results = list(run_isolated(runner, cases, timeout=None, advance=lambda: ticks.append(1)))
+    assert [(r.status, r.verdict.message) for r in results] == [
+        (Status.PASS, ""), (Status.ERROR, "crashed: signal 11 (SIGSEGV)"), (Status.PASS, ""),
+    ]
+    assert len(ticks) == 2 * 8  # every step of the two cases that ran (the crash came before its first)
+    for result in results:  # no tensor crossed the process boundary: nothing of torch is pickled
+        assert b"torch" not in pickle.dumps(result)
+
+
+def test_closing_early_or_failing_while_waiting_leaves_no_worker():
+    runner, cases = _scan("1,3,5")
+    results = run_isolated(runner, cases, timeout=None, advance=lambda: None)
+    assert next(results).status is Status.PASS
+    results.close()
+    assert multiprocessing.active_children() == []
+
+    class Stop(BaseException):  # as the CLI's Ctrl-C handler raises while the parent waits
+        pass
+
+    def advance():
+        raise Stop
+
+    settings = drift_settings({**TINY_DRIFT, "batch": "1"}, {}, "test")
+    drift = DriftRunner("torch", settings.tolerance, "cpu", True, 10, "software")
+    with pytest.raises(Stop):
+        list(run_isolated(drift, drift_cases(settings, "torch"), timeout=None, advance=advance))
+    assert multiprocessing.active_children() == []
+
+
+def test_a_failing_runner_is_one_line_and_the_worker_goes_on():
+    cases = ["ok", "raise", "unpicklable", "sigint", "ok"]
+    results = list(run_isolated(ScriptedRunner(), cases, timeout=30, advance=lambda: None))
+    assert results == [
+        ("done", "ok"),
+        ("failed", "raise", "running the case raised ValueError: a bug over two lines"),
+        ("failed", "unpicklable", results[2][2]),
+        ("done", "sigint"),
+        ("done", "ok"),
+    ]
+    assert results[2][2].startswith("the result could not be sent back: ")
+    assert multiprocessing.active_children() == []
