@@ -1,18 +1,15 @@
-"""What the commands (`scan`, `drift`) share: common options, usage errors, the device, the run, the report.
+"""What the commands (`scan`, `drift`) share: common options, usage errors, the report's console.
 
-Usage errors are one line on stderr and exit 2. Nothing here imports triton:
-`configure_device` decides how it will be imported.
+Usage errors are one line on stderr and exit 2. Nothing here imports triton: the Python API's
+plan configures the device first.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-import json
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -20,13 +17,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
-from ssmcheck.core import config, runtime
 from ssmcheck.core.execution import INTERRUPT_EXIT_CODES, stdout_closed
 from ssmcheck.core.status import ExitCode
-from ssmcheck.core.sweep import SweepError, parse_number
-
-# The default --case-timeout with --isolate: long enough for the slowest preset case on a CPU.
-DEFAULT_CASE_TIMEOUT = 1800.0
 
 EXIT_CODES = (
     "0 every case that ran passed; 1 a case failed tolerance; 2 usage error; 3 a case was non-finite; "
@@ -98,14 +90,6 @@ def usage_error(message: str) -> NoReturn:
     raise typer.Exit(int(ExitCode.USAGE))
 
 
-def configure_device(device: str | None) -> runtime.Environment:
-    """runtime.configure (before anything imports triton), a bad --device being a usage error."""
-    try:
-        return runtime.configure(device)
-    except runtime.DeviceError as exc:
-        usage_error(f"--device: {exc}")
-
-
 class ReportConsole(Console):
     """Rich ends the process with exit code 1 when stdout's reader goes away; let the session decide."""
 
@@ -131,76 +115,6 @@ def open_report(width: int, header: str, quiet: bool) -> Console:
     return out
 
 
-@dataclass
-class Sweep:
-    """What a command runs: its resolved settings and how to list its cases."""
-
-    settings: object  # the command's Settings
-    cases: Callable[[str], list]  # kernel name -> the cases to run
-    preset: str  # the preset named (or "default"), or the report re-run with --from
-    files: list[str]  # the configuration files read, in the order applied
-    kernel: str | None = None  # the kernel of the report re-run with --from
-
-    @property
-    def header_note(self) -> str:
-        return f"\nconfiguration: {', '.join(self.files)}" if self.files else ""
-
-
-def resolve_sweep(command: str, spec, cli: dict, preset: str | None, device: str, case_id: str | None,
-                  from_report: Path | None) -> Sweep:
-    """Settings and cases from the command line over the preset (or over the report of --from)."""
-    if from_report is not None and case_id is None:
-        usage_error("--from: needs --case ID (the case to run again)")
-    try:
-        if from_report is not None:
-            params, recorded = _load_case(from_report, command, case_id)
-            table = {k: v for k, v in recorded.items() if k in spec.TABLE.settings and v is not None}
-            settings = spec.resolve(cli, table, str(from_report))
-            return Sweep(settings, lambda kernel: [spec.case_from_params(params, kernel)], str(from_report),
-                         [str(from_report)], kernel=params.get("kernel"))
-        conf = config.load_settings(preset, command, device)
-        settings = spec.resolve(cli, conf.table, conf.label)
-    except SweepError as exc:
-        usage_error(str(exc))
-
-    def cases(kernel: str) -> list:
-        built = spec.build_cases(settings, kernel)
-        return built if case_id is None else _pick_case(built, case_id)
-
-    return Sweep(settings, cases, conf.preset, conf.files)
-
-
-def case_timeout(isolate: bool, seconds: float | None) -> float | None:
-    """--case-timeout: only with --isolate, where it defaults to DEFAULT_CASE_TIMEOUT."""
-    if seconds is None:
-        return DEFAULT_CASE_TIMEOUT if isolate else None
-    if not isolate:
-        usage_error("--case-timeout: needs --isolate (a case can only be stopped in a worker process)")
-    try:
-        return parse_number("--case-timeout", seconds)
-    except SweepError as exc:
-        usage_error(str(exc))
-
-
-def _load_case(report_path: Path, command: str, case_id: str) -> tuple[dict, dict]:
-    """(the case's params, the run's settings) of case `case_id` in an earlier JSON report (--from)."""
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as exc:
-        usage_error(f"--from: cannot read {str(report_path)!r}: {exc}")
-    if not isinstance(report, dict) or report.get("tool") != "ssmcheck" or report.get("command") != command:
-        usage_error(f"--from: {str(report_path)!r} is not an ssmcheck {command} report")
-    for case in report.get("cases", []):
-        if case.get("id") == case_id:
-            return case["params"], report.get("settings", {})
-    usage_error(f"--case: no case {case_id!r} in {str(report_path)!r}")
-
-
-def _pick_case(cases: list, case_id: str) -> list:
-    """The one case of the sweep with this id (--case without --from)."""
-    chosen = [c for c in cases if c.id == case_id]
-    if not chosen:
-        close = difflib.get_close_matches(case_id, [c.id for c in cases], n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else f" ({len(cases)} cases in this sweep)"
-        usage_error(f"--case: no case {case_id!r} in this sweep{hint}")
-    return chosen
+def files_note(files: list[str]) -> str:
+    """The header's line naming the configuration files read."""
+    return f"\nconfiguration: {', '.join(files)}" if files else ""

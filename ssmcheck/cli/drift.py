@@ -11,11 +11,11 @@ from pathlib import Path
 
 import typer
 
+from ssmcheck import api
 from ssmcheck.cli import common as cli_common
 from ssmcheck.cli import session
 from ssmcheck.cli.common import EXIT_CODES, usage_error
 from ssmcheck.core import models
-from ssmcheck.core.callables import KernelSpecError
 from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 from ssmcheck.drift.regimes import DRIFT_REGIMES, LONG_STEPS_FACTOR  # torch only, no triton
 from ssmcheck.drift.stats import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
@@ -79,65 +79,32 @@ def drift(
     quiet: cli_common.Quiet = False,
     device: cli_common.Device = None,
 ) -> None:
-    env = cli_common.configure_device(device)  # before anything imports triton
-    # Imported after configure: the runner reaches the kernels, which import triton.
-    from ssmcheck.drift import adapter, plot, spec, table  # noqa: PLC0415
-    from ssmcheck.drift.json import case_json  # noqa: PLC0415
-    from ssmcheck.drift.run import DriftRunner  # noqa: PLC0415
-    from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
+    options = dict(
+        state_dtype=state_dtype, rounding=rounding, regime=regime, steps=steps, trials=trials, batch=batch,
+        nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, model=model, seed=seed,
+        tol_factor=tol_factor, rtol=rtol, fail_on=fail_on,
+    )
+    try:
+        plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report,
+                              philox_rounds=philox_rounds, rounding_impl=rounding_impl,
+                              **{k: v for k, v in options.items() if v is not None})
+        timeout = api.check_case_timeout(isolate, case_timeout)
+    except api.UsageError as exc:
+        usage_error(str(exc))
+    from ssmcheck.drift import plot, table  # noqa: PLC0415 (after the plan has configured the device)
 
     if plot_path is not None:
         try:
             plot.require_matplotlib()
         except plot.PlotUnavailable as exc:
             usage_error(str(exc))
-    cli = dict(
-        state_dtype=state_dtype, rounding=rounding, regime=regime, steps=steps, trials=trials, batch=batch,
-        nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, model=model, seed=seed,
-        tol_factor=tol_factor, rtol=rtol, fail_on=fail_on,
-    )
-    sweep = cli_common.resolve_sweep("drift", spec, cli, preset, env.device, case_id, from_report)
-    settings, kernel = sweep.settings, kernel or sweep.kernel or adapter.BUILTIN
     files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
     session.check_writable("--plot", plot_path)
-    timeout = cli_common.case_timeout(isolate, case_timeout)
-    if philox_rounds < 1:
-        usage_error(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")
-    if rounding_impl not in ROUNDING_IMPLS:
-        impls = ", ".join(ROUNDING_IMPLS)
-        usage_error(f"--rounding-impl: invalid value {rounding_impl!r} (choose from {impls})")
-    if rounding_impl == "hardware":
-        if kernel != adapter.BUILTIN:
-            usage_error("--rounding-impl hardware: applies to --kernel builtin only")
-        reason = adapter.hardware_sr_unavailable(env.interpreter)
-        if reason is not None and "stochastic" in settings.axes["rounding"]:
-            usage_error(f"--rounding-impl hardware: {reason}")
-    runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds, rounding_impl)
-    try:
-        runner.adapter()  # imports a kernel file once: the runner keeps it
-    except KernelSpecError as exc:
-        usage_error(str(exc))
-
-    cases = sweep.cases(kernel)
-    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings) + sweep.header_note, quiet)
-    tol = settings.tolerance
-    view = session.CommandView(
-        "drift", env, {
-            "preset": sweep.preset, "config_files": sweep.files, "steps": settings.steps, "trials": settings.trials,
-            "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
-            "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
-        },
-        settings.fail_on, case_json, table.case_line, table.render, prefix="drift: ",
-    )
-
-    def case_steps(case):
-        return 0 if case.skip_reason is not None else case.steps * case.trials
-
-    results, code, _ = session.run_sweep(
-        view, cases, runner, out, files, quiet=quiet, isolate=isolate, case_timeout=timeout, unit="steps",
-        size=case_steps,
-    )
-    if plot_path is not None and plot.plot_drift(results, plot_path) and not quiet:
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings)
+                                 + cli_common.files_note(plan.files), quiet)
+    report, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
+                                     isolate=isolate, case_timeout=timeout, unit="steps", prefix="drift: ")
+    if plot_path is not None and plot.plot_drift(report.results, plot_path) and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)
     raise typer.Exit(code)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import typer
 
+from ssmcheck import api
 from ssmcheck.cli import common as cli_common
 from ssmcheck.cli import session
 from ssmcheck.cli.common import EXIT_CODES, regime_lines, usage_error
 from ssmcheck.core import models
-from ssmcheck.core.callables import KernelSpecError
 from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 from ssmcheck.scan.regimes import REGIMES  # torch only, no triton: --help stays light
 
@@ -66,55 +66,25 @@ def scan(
     quiet: cli_common.Quiet = False,
     device: cli_common.Device = None,
 ) -> None:
-    env = cli_common.configure_device(device)  # before anything imports triton
-    # Imported after configure: the runner reaches the kernels, which import triton.
-    from ssmcheck.scan import adapter, spec, table  # noqa: PLC0415
-    from ssmcheck.scan.json import case_json  # noqa: PLC0415
-    from ssmcheck.scan.run import ScanRunner  # noqa: PLC0415
-
-    cli = dict(
+    options = dict(
         chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
         dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
     )
-    sweep = cli_common.resolve_sweep("scan", spec, cli, preset, env.device, case_id, from_report)
-    settings, kernel = sweep.settings, kernel or sweep.kernel or adapter.BUILTIN
-    files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
-    timeout = cli_common.case_timeout(isolate, case_timeout)
-    runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device, env.interpreter)
     try:
-        kernel_under_test = runner.adapter()  # imports a kernel file once: the runner keeps it
-    except KernelSpecError as exc:
+        plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,
+                             **{k: v for k, v in options.items() if v is not None})
+        timeout = api.check_case_timeout(isolate, case_timeout)
+    except api.UsageError as exc:
         usage_error(str(exc))
-    _check_chunk_sizes(settings, kernel_under_test)
+    files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
+    from ssmcheck.scan import table  # noqa: PLC0415 (after the plan has configured the device)
 
-    cases = sweep.cases(kernel)
-    out = cli_common.open_report(SCREEN_WIDTH, table.header(env, kernel, settings) + sweep.header_note, quiet)
-    view = session.CommandView(
-        "scan", env, {
-            "preset": sweep.preset, "config_files": sweep.files, "reference": settings.reference,
-            "tol_factor": settings.tolerance.tol_factor, "floor": settings.tolerance.floor,
-            "rtol": settings.tolerance.rtol, "seed": settings.seed, "fail_on": list(settings.fail_on),
-        },
-        settings.fail_on, case_json, table.case_line, table.render,
-    )
-    _, code, _ = session.run_sweep(view, cases, runner, out, files, quiet=quiet, isolate=isolate,
-                                   case_timeout=timeout)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings)
+                                 + cli_common.files_note(plan.files), quiet)
+    _, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
+                                isolate=isolate, case_timeout=timeout)
     raise typer.Exit(code)
-
-
-def _check_chunk_sizes(settings, kernel_under_test) -> None:
-    """A chunk size the kernel cannot take is a usage error, named where it came from."""
-    allowed = kernel_under_test.chunk_sizes
-    if allowed is None:
-        return
-    sources = [("--chunk-size" if "chunk_size" in settings.spec.cli_axes else "chunk_size", settings.axes["chunk_size"])]
-    sources += [(f"overrides.{regime}.chunk_size", o["chunk_size"])
-                for regime, tables in settings.overrides.items() for o in tables if "chunk_size" in o]
-    for label, sizes in sources:
-        bad = [c for c in sizes if c is not None and c not in allowed]
-        if bad:
-            usage_error(f"{label}: invalid value {bad[0]} ({kernel_under_test.chunk_size_rule})")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,7 @@
 """One run of a command, from its cases to its exit code, losing nothing on the way.
 
 - Every report path is checked before the first case runs.
-- Cases run in this process or, with --isolate, in a worker process (core.isolation).
+- Cases run through the Python API (api.run): in this process or, with --isolate, in a worker.
 - Each finished case goes at once to --jsonl and, when stdout is a log rather than a
   terminal, to one printed line.
 - SIGINT, SIGTERM and a closed stdout stop the sweep (core.execution); the cases that
@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +22,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ssmcheck import api
 from ssmcheck.cli.common import usage_error
-from ssmcheck.core import runtime
-from ssmcheck.core.execution import Interrupted, execute, stdout_closed
+from ssmcheck.core.execution import stdout_closed
 from ssmcheck.core.jsonl import JsonLines
-from ssmcheck.core.report import build_report, summary_line, write_json
-from ssmcheck.core.status import ExitCode, exit_code, summarize
+from ssmcheck.core.report import summary_line, write_json
+from ssmcheck.core.status import ExitCode
 
 @dataclass(frozen=True)
 class Outputs:
@@ -66,83 +66,45 @@ def check_writable(option: str, path: Path | None) -> None:
         path.unlink(missing_ok=True)
 
 
-@dataclass(frozen=True)
-class CommandView:
-    """What the session needs of a command to stream, render and report its results."""
-
-    name: str  # "scan" or "drift"
-    env: runtime.Environment
-    settings: dict  # recorded in the JSON report
-    fail_on: tuple[str, ...]
-    case_json: Callable  # result -> the case's JSON dict
-    case_line: Callable  # result -> one line for a log
-    render: Callable  # (console, results) -> None: the table and its notes
-    prefix: str = ""  # of the summary line
-
-
-def run_sweep(view: CommandView, cases: list, runner: Callable, out: Console, files: Outputs, *, quiet: bool,
-              isolate: bool, case_timeout: float | None, unit: str | None = None,
-              size: Callable = lambda case: 1) -> tuple[list, int, Interrupted | None]:
-    """Run the cases, streaming each result; return (results, exit code, interruption or None).
-
-    A case counts `size(case)` units of the progress bar (`unit` names them; default one a case).
-    """
+def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line: Callable, quiet: bool,
+              isolate: bool, case_timeout: float | None, unit: str | None = None, prefix: str = "") -> tuple:
+    """Run the plan (api.run), streaming each result to --jsonl and the log; then render the table, write
+    the report files and print the summary line. Returns (the Report, the exit code)."""
+    cases, size = plan.cases, plan.progress_units
     jsonl = None
     if files.jsonl is not None:
-        env = view.env.as_dict()
-        jsonl = JsonLines(files.jsonl, {"tool": "ssmcheck", "command": view.name, "environment": env,
-                                        "settings": view.settings, "cases": len(cases)})
+        jsonl = JsonLines(files.jsonl, {"tool": "ssmcheck", "command": plan.command, "environment": plan.env.as_dict(),
+                                        "settings": plan.report_settings, "cases": len(cases)})
     log_lines = not quiet and not out.is_terminal
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *([TextColumn(unit)] if unit else []),
         TimeElapsedColumn(), console=Console(stderr=True), disable=quiet, transient=True,
     ) as progress:
-        task = progress.add_task(cases[0].id if cases else view.name, total=sum(map(size, cases)))
-        finished: list = []
-        completed = [0]
-
-        def advance() -> None:
-            progress.advance(task)
+        task = progress.add_task(cases[0].id if cases else plan.command, total=sum(map(size, cases)))
+        finished = [0, 0]  # cases, progress units
 
         def on_result(result) -> None:
-            finished.append(result)
-            completed[0] += size(result.case)
-            progress.update(task, completed=completed[0])  # a case stopped early (non-finite, error) skips ahead
-            if len(finished) < len(cases):
-                progress.update(task, description=cases[len(finished)].id)
+            finished[0] += 1
+            finished[1] += size(result.case)
+            progress.update(task, completed=finished[1])  # a case stopped early (non-finite, error) skips ahead
+            if finished[0] < len(cases):
+                progress.update(task, description=cases[finished[0]].id)
             if jsonl is not None:
-                jsonl.case(view.case_json(result))
+                jsonl.case(plan.case_json(result))
             if log_lines:
-                out.print(view.case_line(result), markup=False, highlight=False, soft_wrap=True)
+                out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
 
-        outcome = execute(_results(cases, runner, isolate, case_timeout, advance), on_result)
+        report = api.run(plan, isolate=isolate, case_timeout=case_timeout, on_result=on_result,
+                         advance=lambda: progress.advance(task))
 
-    statuses = [r.status for r in outcome.results]
-    code = outcome.interrupted.exit_code if outcome.interrupted else int(exit_code(statuses, view.fail_on))
-    counts = summarize(statuses)
-    interrupted = outcome.interrupted.reason if outcome.interrupted else None
     if not quiet:
-        _to_stdout(lambda: view.render(out, outcome.results))
-    report = build_report(view.name, view.env, [view.case_json(r) for r in outcome.results], counts, code,
-                          interrupted)
-    report["settings"] = view.settings
-    code = _write_reports(report, files, jsonl)
-    line = summary_line(counts, outcome.seconds, code, view.prefix)
-    if interrupted:
-        line += f" (interrupted by {interrupted} after {len(outcome.results)} of {len(cases)} cases)"
+        _to_stdout(lambda: render(out, report.results))
+    code = _write_reports(report.data, files, jsonl)
+    line = summary_line(report.summary, report.data["seconds"], code, prefix)
+    if report.interrupted:
+        line += f" (interrupted by {report.interrupted} after {len(report.cases)} of {len(cases)} cases)"
     _to_stdout(lambda: out.print(line, markup=False, highlight=False, soft_wrap=True))
-    return outcome.results, code, outcome.interrupted
-
-
-def _results(cases: list, runner: Callable, isolate: bool, case_timeout: float | None,
-             advance: Callable[[], None]) -> Iterator:
-    if isolate:
-        from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
-
-        yield from run_isolated(runner, cases, case_timeout, advance)
-    else:
-        for case in cases:
-            yield runner(case, advance)
+    return report, code
 
 
 def _to_stdout(write: Callable[[], None]) -> None:

@@ -75,3 +75,8 @@ def keywords(fn: Callable) -> frozenset[str]:
     except (TypeError, ValueError):  # builtins and some C extensions have no signature
         return frozenset()
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def kernel_name(fn: Callable) -> str:
+    """How a kernel passed as a callable is named in reports: MODULE:QUALNAME."""
+    return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or type(fn).__name__}"

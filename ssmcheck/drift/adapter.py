@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssmcheck.core.callables import keywords, load_callable
+from ssmcheck.core.callables import kernel_name, keywords, load_callable
 from ssmcheck.core.capture import Transcript, captured_stdout
 from ssmcheck.core.formats import dtype_name
 from ssmcheck.core.tensors import same_bits
@@ -115,8 +115,9 @@ def _check_out(out, x: torch.Tensor, where: str) -> None:
         raise KernelRaised(f"out is on {out.device}, expected {x.device} (where the inputs are) ({where})")
 
 
-def resolve(spec: str, philox_rounds: int, rounding_impl: str, interpreter: bool) -> DriftAdapter:
-    """The adapter of a --kernel value. Raises core.callables.KernelSpecError for a bad spec.
+def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interpreter: bool) -> DriftAdapter:
+    """The adapter of a --kernel value, or of a callable passed through the Python API. Raises
+    core.callables.KernelSpecError for a bad spec.
 
     `builtin` imports the Triton kernel (and so triton): configure the runtime first.
     """
@@ -129,9 +130,10 @@ def resolve(spec: str, philox_rounds: int, rounding_impl: str, interpreter: bool
         )
     if spec == TORCH:
         return DriftAdapter(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
-    fn = load_callable(spec)
+    fn = spec if callable(spec) else load_callable(spec)
     named = keywords(fn)
-    return DriftAdapter(spec, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
+    name = kernel_name(fn) if callable(spec) else spec
+    return DriftAdapter(name, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
 
 
 def hardware_sr_unavailable(interpreter: bool) -> str | None:

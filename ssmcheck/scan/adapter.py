@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssmcheck.core.callables import keywords, load_callable
+from ssmcheck.core.callables import kernel_name, keywords, load_callable
 from ssmcheck.core.capture import Transcript, captured_stdout
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.tensors import same_bits
@@ -148,9 +148,10 @@ def torch_kernel(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
     return (out.y, *extra) if extra else out.y
 
 
-def resolve(spec: str, interpreter: bool) -> ScanAdapter:
-    """The adapter of a --kernel value. Raises core.callables.KernelSpecError for a spec that names
-    nothing callable. `builtin` imports triton: configure the runtime first."""
+def resolve(spec: str | Callable, interpreter: bool) -> ScanAdapter:
+    """The adapter of a --kernel value, or of a callable passed through the Python API. Raises
+    core.callables.KernelSpecError for a spec that names nothing callable. `builtin` imports
+    triton: configure the runtime first."""
     if spec == BUILTIN:
         from ssmcheck.ops.chunk_scan.chunk import CHUNK_SIZES, chunk_scan_combined  # noqa: PLC0415
 
@@ -160,5 +161,7 @@ def resolve(spec: str, interpreter: bool) -> ScanAdapter:
             chunk_size_rule=f"the built-in kernel takes power-of-two chunk sizes {sizes[0]}..{sizes[-1]}",
             options={"interpret": interpreter},
         )
+    if callable(spec):
+        return ScanAdapter(kernel_name(spec), spec, set(STATE_OPTIONS) <= keywords(spec))
     fn = torch_kernel if spec == TORCH else load_callable(spec)
     return ScanAdapter(spec, fn, set(STATE_OPTIONS) <= keywords(fn))
