@@ -16,6 +16,7 @@ Bad options raise `UsageError`, one line naming the option.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,3 +311,15 @@ def _interruptible(report: Report) -> Report:
     if report.interrupted == "SIGTERM":
         raise SystemExit(report.exit_code)
     return report
+
+
+class CommandPackage(types.ModuleType):
+    """The class of the command packages `ssmcheck.scan` and `ssmcheck.drift`: calling one runs its
+    command, so `ssmcheck.scan(...)` is `ssmcheck.api.scan(...)` while `ssmcheck.scan.spec` and the
+    other stage modules stay where they are."""
+
+    def __call__(self, *args, **kwargs) -> Report:
+        return _COMMANDS[self.__name__.rpartition(".")[2]](*args, **kwargs)
+
+
+_COMMANDS = {"scan": scan, "drift": drift}
