@@ -154,13 +154,18 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             raise UsageError(f"--rounding-impl hardware: {reason}")
     runner = DriftRunner(kernel or adapter.BUILTIN, settings.tolerance, env.device, env.interpreter, philox_rounds,
                          rounding_impl)
-    _adapter(runner)
+    under_test = _adapter(runner)
+    if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
+        # A kernel without a rounding keyword stores its state one way only, which only the user can
+        # declare (--rounding); a preset's list of modes declares nothing about this kernel.
+        settings.axes["rounding"] = ["nearest"]
     tol = settings.tolerance
     return Plan(
         "drift", env, name or adapter.BUILTIN, settings, cases(name or adapter.BUILTIN), runner, {
             "preset": preset_name, "config_files": files, "steps": settings.steps, "trials": settings.trials,
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
             "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
+            "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )
 

@@ -188,3 +188,21 @@ def test_help_explains_regimes_and_exit_codes():
     for name in DRIFT_REGIMES:
         assert name in result.stdout
     assert "Exit codes" in result.stdout and "biased" in result.stdout
+
+
+def test_a_kernel_without_a_rounding_keyword_runs_only_what_is_declared(tmp_path):
+    """A round-to-nearest kernel must not be judged as stochastic because a preset lists both modes."""
+    plain = f"{BROKEN}:plain_nearest"  # correct, stores to nearest, has no rounding keyword
+    result, report = drift("--kernel", plain, "--preset", "smoke", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert {c["params"]["rounding"] for c in report["cases"]} == {"nearest"}
+    assert report["settings"]["rounding"] == "declared"
+    assert "less drift" not in result.stdout and "more drift" not in result.stdout
+    # Declared on the command line, both modes run; still no comparison, as the kernel has one way only.
+    result, report = drift("--kernel", plain, "--preset", "smoke", "--rounding", "nearest,stochastic",
+                           json_path=tmp_path / "r2.json")
+    assert {c["params"]["rounding"] for c in report["cases"]} == {"nearest", "stochastic"}
+    assert "stochastic rounding:" not in result.stdout
+    # The built-in kernel implements both: the preset's modes run and are compared.
+    result, report = drift("--preset", "smoke", json_path=tmp_path / "r3.json")
+    assert report["settings"]["rounding"] == "implemented by the kernel" and "stochastic rounding:" in result.stdout

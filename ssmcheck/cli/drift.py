@@ -51,7 +51,7 @@ def drift(
     kernel: str = typer.Option(None, metavar="SPEC", help="builtin (Triton; default), torch (plain PyTorch in fp32, storing the state with the reference rounding), MODULE:FUNCTION or path/to/file.py:FUNCTION with the selective_state_update signature."),
     preset: str = typer.Option(None, metavar="NAME|FILE", help="The settings: configs/NAME.toml (smoke, default, thorough) or a TOML file. Default: [tool.ssmcheck.drift] preset in pyproject.toml, else default. pyproject.toml's [tool.ssmcheck.drift] keys apply over it, the command line over both."),
     state_dtype: str = typer.Option(None, "--state-dtype", metavar="LIST", help=f"{AXIS} fp16, bf16, fp32."),
-    rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} nearest, stochastic: how the state is stored (for a kernel without a rounding keyword: what it is supposed to do)."),
+    rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} nearest, stochastic: how the state is stored. A kernel without a rounding keyword is run only in the modes given here (what it is declared to do), else as nearest: a preset's list declares nothing."),
     regime: str = typer.Option(None, metavar="LIST", help=f"{AXIS} " + ", ".join(DRIFT_REGIMES) + " (see below)."),
     steps: int = typer.Option(None, metavar="N", help=f"Decode steps per case (the long regime runs {LONG_STEPS_FACTOR}x). Default from the preset: 32 on the CPU, 256 on a GPU."),
     trials: int = typer.Option(None, metavar="K", help="Seeds per stochastic-rounding case (the bias test pools them; nearest runs once). Default from the preset: 2."),
@@ -102,7 +102,12 @@ def drift(
     session.check_writable("--plot", plot_path)
     out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings)
                                  + cli_common.files_note(plan.files), quiet)
-    report, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
+    implements_rounding = plan.runner.adapter().takes_rounding
+
+    def render(console, results):
+        table.render(console, results, compare_rounding=implements_rounding)
+
+    report, code = session.run_sweep(plan, out, files, render=render, case_line=table.case_line, quiet=quiet,
                                      isolate=isolate, case_timeout=timeout, unit="steps", prefix="drift: ")
     if plot_path is not None and plot.plot_drift(report.results, plot_path) and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)

@@ -132,8 +132,10 @@ def notes(results: list[DriftResult]) -> list[str]:
     return lines
 
 
-def render(console: Console, results: list[DriftResult]) -> None:
+def render(console: Console, results: list[DriftResult], compare_rounding: bool = True) -> None:
+    """The table and its notes; with `compare_rounding` (a kernel that implements both modes), how
+    much less stochastic rounding drifts than rounding to nearest, per configuration."""
     console.print(results_table(console, results))
-    for line in rounding_comparisons(results) + notes(results):
+    for line in (rounding_comparisons(results) if compare_rounding else []) + notes(results):
         # One line each, whatever the width: the terminal wraps it, a log keeps it whole for grep.
         console.print(line, markup=False, highlight=False, soft_wrap=True)
