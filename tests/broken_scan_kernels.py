@@ -4,9 +4,12 @@ Each wraps the same-precision baseline (a correct kernel) and breaks it the way
 real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:NAME`.
 """
 
+from dataclasses import dataclass
+
+import torch
 
 from ssmcheck.ops.chunk_scan.baseline import scan_baseline
-from ssmcheck.ops.chunk_scan.naive import scan_recurrent
+from ssmcheck.ops.chunk_scan.naive import Arithmetic, scan_recurrent, scan_ssd
 
 # nan_in_partial_last_chunk poisons the last chunk from this offset into it, in this head.
 NAN_OFFSET = 2
@@ -84,3 +87,29 @@ def nan_final_state(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, in
         if states is not None:
             states[-1, 0, 3, 5] = float("inf")
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+@dataclass(frozen=True)
+class _TreeOrderUnguarded(Arithmetic):
+    """Within-chunk decays from an fp32 cumulative sum taken in tree order (a Hillis-Steele scan, as
+    a parallel tl.cumsum adds), differenced without the clamp at 0: the cumsum-cancel bug class."""
+
+    def segment_decays(self, dA, cum):
+        tree = dA.clone()
+        step = 1
+        while step < tree.shape[-1]:
+            shifted = torch.nn.functional.pad(tree[..., :-step], (step, 0))
+            tree = tree + shifted
+            step *= 2
+        Q = dA.shape[-1]
+        causal = torch.ones(Q, Q, dtype=torch.bool, device=dA.device).tril()
+        return torch.exp(torch.where(causal, tree[..., :, None] - tree[..., None, :], float("-inf")))
+
+
+def unguarded_tree_cumsum(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                          seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=False, return_varlen_states=False):
+    """The fp32 SSD form with decays from a tree-order cumsum, unguarded (vLLM #37501's class)."""
+    arith = _TreeOrderUnguarded(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False)
+    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith)
+    return _mamba_result(out.y.to(x.dtype), out, return_final_states, return_varlen_states)

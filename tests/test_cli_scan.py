@@ -328,3 +328,19 @@ def test_python_dash_m_runs_the_scan():
     )
     assert run.returncode == 0, run.stderr
     assert "7 cases: 7 pass" in run.stdout
+
+
+def test_cumsum_cancel_catches_an_unguarded_tree_order_cumsum_that_dyadic_regimes_miss(tmp_path):
+    """The decays across zero-dt runs must be exactly 1 although the cumulative sums reach ~1e9."""
+    widths = ("--chunk-size", "64", "--seqlen", "200", "--batch", "2", "--nheads", "4", "--headdim", "16",
+              "--dstate", "16", "--ngroups", "2", "--dtype", "fp32,bf16,fp16")
+    kernel = f"{BROKEN}:unguarded_tree_cumsum"
+    _, report = scan("--kernel", kernel, "--regime", "cumsum-cancel,decay-extreme,normal", *widths,
+                     json_path=tmp_path / "broken.json")
+    by_regime = {}
+    for case in report["cases"]:
+        by_regime.setdefault(case["params"]["regime"], set()).add(case["status"])
+    assert by_regime["cumsum-cancel"] <= {"fail", "nonfinite"}
+    assert by_regime["decay-extreme"] == by_regime["normal"] == {"pass"}
+    result, report = scan("--kernel", "builtin", "--regime", "cumsum-cancel", *widths, json_path=tmp_path / "b.json")
+    assert result.exit_code == 0, result.output

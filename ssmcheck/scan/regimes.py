@@ -204,6 +204,32 @@ def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: tor
     )
 
 
+def cumsum_cancel(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """Runs of zero-dt tokens between tokens whose log-decay |A|*dt is 1e5..1e7 and not dyadic.
+
+    Within a chunk the cumulative log-decay reaches ~1e9, where an fp32 sum rounds by tens to
+    hundreds, while every decay across a zero-dt run is exactly exp(0) = 1 and every decay across
+    a nonzero token is exp(-1e5) = 0. A kernel that takes decays as differences of cumulative sums
+    must therefore get equal sums on both sides of a zero-dt run: an order that adds the same
+    terms in another association (a tree-order fp32 scan) makes the difference tens of units
+    positive or negative, and exp() of it overflows or vanishes (vLLM #37501).
+    """
+    g = _generator(seed)
+    rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
+    u = _unit_inputs(g, shape, rows, seqlen)
+    u.pop("z")
+    A = -torch.exp(_uniform(g, nheads, math.log(1e4), math.log(1e5)))
+    # Half the tokens carry dt in [10, 100]; the rest are zero-dt runs, as padding produces them.
+    dt = torch.where(torch.rand((rows, seqlen, nheads), generator=g) < 0.5,
+                     _uniform(g, (rows, seqlen, nheads), 10.0, 100.0), torch.zeros(rows, seqlen, nheads))
+    # dt * x is the update's size: keep it near unit scale whatever dt is.
+    u["x"] = u["x"] / torch.where(dt > 0, dt, 1.0)[..., None]
+    return _finish(
+        dtype, "|A|*dt of 1e5..1e7 (non-dyadic) between zero-dt runs: cumulative log-decays ~1e9 per chunk",
+        dt=dt, A=A, D=_normal(g, nheads), dt_softplus=False, **u,
+    )
+
+
 def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """Positive x, B, C with slow decay, so states grow; x scaled so y and the states reach 1/64 of the format's max."""
     g = _generator(seed)
@@ -259,6 +285,9 @@ REGIMES: dict[str, Regime] = {
                "1e4..1e9, exact-zero dt padding", decay_extreme),
         Regime("dt-extreme", "raw dt of 21..40, past softplus's linear threshold (20), or -40..-23, "
                "very negative (dt ~ 1e-10..1e-18)", dt_extreme),
+        Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "
+               "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
+               "zero-dt run is exactly 1", cumsum_cancel),
         Regime("large-magnitude", "positive x/B/C, slow decay and growing states, scaled so y and "
                "the states reach 1/64 of the format's largest value", large_magnitude),
         Regime("long", "at least 8 chunks of state passing, continuing from initial states, with "
