@@ -1,0 +1,27 @@
+"""Finding a kernel's autotuners across its package, and pinning one config at a time."""
+
+import torch
+
+from ssmcheck.core import autotune
+from tests.tuned_kernels import entry
+
+
+def test_autotuners_are_found_through_the_modules_a_kernel_imports():
+    (tuned,) = autotune.find(entry.run)
+    assert (tuned.name, tuned.module) == ("_copy_kernel", "tests.tuned_kernels.copy")
+    assert [autotune.describe(c) for c in tuned.configs] == [
+        {"kwargs": {"BLOCK": 16}, "num_warps": 1, "num_stages": 3},
+        {"kwargs": {"BLOCK": 32}, "num_warps": 2, "num_stages": 3},
+    ]
+    assert autotune.config_text(tuned.configs[1]) == "BLOCK=32, num_warps=2, num_stages=3"
+
+
+def test_pinning_runs_one_config_and_restores_the_list():
+    (tuned,) = autotune.find(entry.run)
+    x = torch.arange(40, dtype=torch.float32)
+    with autotune.pinned({tuned: 0}):
+        assert torch.equal(entry.run(x), x)
+    with autotune.pinned({tuned: 1}):
+        out = entry.run(x)
+    assert torch.equal(out[:39], x[:39]) and out[39].isnan()  # the bug only BLOCK=32 has
+    assert len(tuned.autotuner.configs) == 2
