@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from ssmcheck import __version__
-from ssmcheck.cli import compare, drift, regimes, scan
+from ssmcheck.cli import compare, drift, regimes, report, scan
 from ssmcheck.cli.common import EXIT_CODES
 
 app = typer.Typer(
@@ -50,6 +50,7 @@ scan.register(app)
 drift.register(app)
 regimes.register(app)
 compare.register(app)
+report.register(app)
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 `--kernel` is `builtin` (the Triton kernel), `torch` (a plain-PyTorch step
 computed in fp32 that stores the state with the reference rounding, i.e. the
-same-precision implementation run as the kernel under test), or
+same-precision implementation run as the kernel under test), `mamba_ssm` or
+`vllm` (the installed peers' `selective_state_update`, through ssmcheck.peers), or
 `MODULE:FUNCTION` / `path.py:FUNCTION` naming any callable with the
 state-spaces/mamba `selective_state_update` signature (DESIGN §2).
 
@@ -37,6 +38,8 @@ from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
 BUILTIN, TORCH = "builtin", "torch"
+# The peers, named: the installed packages' selective_state_update (ssmcheck.peers).
+MAMBA_SSM, VLLM = "mamba_ssm", "vllm"
 
 
 class KernelRaised(Exception):
@@ -119,7 +122,9 @@ def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interp
     """The adapter of a --kernel value, or of a callable passed through the Python API. Raises
     core.callables.KernelSpecError for a bad spec.
 
-    `builtin` imports the Triton kernel (and so triton): configure the runtime first.
+    `builtin` imports the Triton kernel (and so triton), `mamba_ssm` and `vllm` the peer's package
+    (KernelSpecError when it cannot be imported): configure the runtime first. The peers take no
+    rounding keyword: --rounding declares what they do.
     """
     if spec == BUILTIN:
         from ssmcheck.ops.state_update.fused_recurrent import selective_state_update  # noqa: PLC0415
@@ -130,6 +135,12 @@ def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interp
         )
     if spec == TORCH:
         return DriftAdapter(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
+    if spec in (MAMBA_SSM, VLLM):
+        from ssmcheck.peers import mamba_ssm, vllm  # noqa: PLC0415
+
+        fn = (mamba_ssm if spec == MAMBA_SSM else vllm).state_update()
+        named = keywords(fn)
+        return DriftAdapter(spec, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
     fn = spec if callable(spec) else load_callable(spec)
     named = keywords(fn)
     name = kernel_name(fn) if callable(spec) else spec

@@ -1,12 +1,14 @@
 """The chunk-scan kernel under test, behind one adapter: what it can do, how it is called, what it returned.
 
 `builtin` is ssmcheck's Triton kernel, `torch` the same-precision baseline run
-as a kernel, anything else a `MODULE:FUNCTION` or `file.py:FUNCTION` with the
+as a kernel, `mamba_ssm` and `vllm` the installed peers' chunk scans (ssmcheck.peers),
+anything else a `MODULE:FUNCTION` or `file.py:FUNCTION` with the
 state-spaces/mamba `mamba_chunk_scan_combined` signature (DESIGN §2).
 
 The adapter owns:
 - capability discovery: whether the kernel takes our state_dtype/rounding/seed
-  keywords (named in its signature), and which chunk sizes it supports;
+  keywords (named in its signature), or state_dtype alone; what it stores its states
+  in when told nothing (`default_state_dtype`); which chunk sizes it supports;
 - the call, with the mamba signature, under guards: what the kernel prints is captured
   (core.capture), and a kernel calling sys.exit or raising KeyboardInterrupt raises
   KernelExit, one case's error rather than the end of the tool;
@@ -30,8 +32,14 @@ from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.spec import ScanCase
 
 BUILTIN, TORCH = "builtin", "torch"
+# The peers, named: the installed packages' chunk scans (ssmcheck.peers).
+MAMBA_SSM, VLLM = "mamba_ssm", "vllm"
 # Keywords beyond the mamba signature: how the chunk states are stored.
 STATE_OPTIONS = ("state_dtype", "rounding", "seed")
+# ScanAdapter.default_state_dtype: told no state_dtype, the kernel stores its states in its inputs' dtype (C's).
+INPUTS = "inputs"
+# vLLM's chunk scan asserts a power-of-two chunk size.
+_POWERS_OF_TWO = tuple(2**k for k in range(17))
 
 
 class KernelOutputError(RuntimeError):
@@ -50,17 +58,54 @@ class ScanAdapter:
     chunk_sizes: tuple[int, ...] | None = None  # the chunk sizes it supports (None: any)
     chunk_size_rule: str = ""  # those in words, for skip reasons
     options: dict = field(default_factory=dict)  # further keywords of every call (builtin: interpret)
+    # Accepts state_dtype= (alone, or with rounding= and seed=). Without rounding/seed it is told the
+    # storage format of round-to-nearest cases; stochastic cases are skipped.
+    takes_state_dtype: bool = False
+    # What a kernel taking state_dtype stores its states in when called without one: None, nothing of
+    # its own (it is always told the case's state_dtype); INPUTS, its inputs' dtype (C's): vLLM's
+    # convention, the way its model code runs it. Such a kernel is called without state_dtype in the
+    # cases that keep the default storage (fp32, nearest: no --state-dtype asked), so its states come
+    # back in C's dtype; a case asking for a format passes it, and so does every case when
+    # `state_dtype_given` (--state-dtype was on the command line, fp32 included).
+    default_state_dtype: str | None = None
+    state_dtype_given: bool = False
 
     def skip_reason(self, case: ScanCase) -> str | None:
         """Why this kernel cannot run `case` (None: it can)."""
         if self.chunk_sizes is not None and case.chunk_size not in self.chunk_sizes:
             return f"{self.chunk_size_rule}, not {case.chunk_size}"
-        if not self.takes_state_options and (case.state_dtype, case.rounding) != ("fp32", "nearest"):
+        if self.takes_state_options:
+            return None
+        if self.takes_state_dtype:
+            if case.rounding != "nearest":
+                return (
+                    f"{self.name} takes a state_dtype keyword but no rounding/seed, so it cannot store "
+                    f"{case.state_dtype} states with {case.rounding} rounding"
+                )
+            return None
+        if (case.state_dtype, case.rounding) != ("fp32", "nearest"):
             return (
                 f"{self.name} takes no state_dtype/rounding/seed keywords, so it cannot store "
                 f"{case.state_dtype} states with {case.rounding} rounding"
             )
         return None
+
+    def uses_default_storage(self, case: ScanCase) -> bool:
+        """Whether `case` calls the kernel without state_dtype, to store its states its own way."""
+        return (self.default_state_dtype == INPUTS and self.takes_state_dtype and not self.takes_state_options
+                and not self.state_dtype_given and (case.state_dtype, case.rounding) == ("fp32", "nearest"))
+
+    def _storage(self, inputs: ScanInputs, case: ScanCase) -> tuple[dict, tuple, str]:
+        """(the state keywords of the call, the dtypes the states may come back in, why those)."""
+        state_dtype = DTYPES[case.state_dtype]
+        if self.takes_state_options:
+            return ({"state_dtype": state_dtype, "rounding": case.rounding, "seed": case.seed}, (state_dtype,),
+                    "the requested --state-dtype")
+        if self.uses_default_storage(case):
+            return {}, (inputs.C.dtype,), f"C's dtype: {self.name} stores its states so when told no state_dtype"
+        if self.takes_state_dtype:
+            return {"state_dtype": state_dtype}, (state_dtype,), "the requested --state-dtype"
+        return {}, tuple(DTYPES.values()), "a storage format"
 
     def call(self, inputs: ScanInputs, case: ScanCase,
              transcript: Transcript | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,10 +114,8 @@ class ScanAdapter:
         What the kernel prints goes to `transcript` (discarded without one). Raises what the
         kernel raised, KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
         """
-        extra = dict(self.options)
-        state_dtype = DTYPES[case.state_dtype]
-        if self.takes_state_options:
-            extra.update(state_dtype=state_dtype, rounding=case.rounding, seed=case.seed)
+        state_keywords, storage, why = self._storage(inputs, case)
+        extra = {**self.options, **state_keywords}
         before = _snapshot(inputs)
         # Exactly these two, not BaseException: a user's Ctrl-C arrives as the CLI's own
         # exception (core.execution.Interrupted) and must end the sweep, not this case.
@@ -91,8 +134,6 @@ class ScanAdapter:
         x = inputs.x
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
-        storage = (state_dtype,) if self.takes_state_options else tuple(DTYPES.values())
-        why = "the requested --state-dtype" if self.takes_state_options else "a storage format"
         _check_tensor("states", states, state_shape, storage, x.device, why)
         _check_unchanged(before, inputs)
         return y, states
@@ -148,10 +189,11 @@ def torch_kernel(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
     return (out.y, *extra) if extra else out.y
 
 
-def resolve(spec: str | Callable, interpreter: bool) -> ScanAdapter:
+def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = False) -> ScanAdapter:
     """The adapter of a --kernel value, or of a callable passed through the Python API. Raises
-    core.callables.KernelSpecError for a spec that names nothing callable. `builtin` imports
-    triton: configure the runtime first."""
+    core.callables.KernelSpecError for a spec that names nothing callable, or a peer (`mamba_ssm`,
+    `vllm`) that cannot be imported. `builtin` and the peers import triton: configure the runtime
+    first. `state_dtype_given`: --state-dtype was on the command line (see ScanAdapter)."""
     if spec == BUILTIN:
         from ssmcheck.ops.chunk_scan.chunk import CHUNK_SIZES, chunk_scan_combined  # noqa: PLC0415
 
@@ -159,9 +201,27 @@ def resolve(spec: str | Callable, interpreter: bool) -> ScanAdapter:
         return ScanAdapter(
             spec, chunk_scan_combined, takes_state_options=True, chunk_sizes=tuple(sizes),
             chunk_size_rule=f"the built-in kernel takes power-of-two chunk sizes {sizes[0]}..{sizes[-1]}",
-            options={"interpret": interpreter},
+            options={"interpret": interpreter}, takes_state_dtype=True,
+        )
+    if spec == MAMBA_SSM:
+        from ssmcheck.peers import mamba_ssm  # noqa: PLC0415
+
+        return _discovered(spec, mamba_ssm.chunk_scan(), state_dtype_given)
+    if spec == VLLM:
+        from ssmcheck.peers import vllm  # noqa: PLC0415
+
+        return ScanAdapter(
+            spec, vllm.chunk_scan(), takes_state_options=False, chunk_sizes=_POWERS_OF_TWO,
+            chunk_size_rule="vLLM's chunk scan takes power-of-two chunk sizes", takes_state_dtype=True,
+            default_state_dtype=INPUTS, state_dtype_given=state_dtype_given,
         )
     if callable(spec):
-        return ScanAdapter(kernel_name(spec), spec, set(STATE_OPTIONS) <= keywords(spec))
-    fn = torch_kernel if spec == TORCH else load_callable(spec)
-    return ScanAdapter(spec, fn, set(STATE_OPTIONS) <= keywords(fn))
+        return _discovered(kernel_name(spec), spec, state_dtype_given)
+    return _discovered(spec, torch_kernel if spec == TORCH else load_callable(spec), state_dtype_given)
+
+
+def _discovered(name: str, fn: Callable, state_dtype_given: bool) -> ScanAdapter:
+    """The adapter of a kernel whose capabilities are the keywords its signature names."""
+    named = keywords(fn)
+    return ScanAdapter(name, fn, set(STATE_OPTIONS) <= named, takes_state_dtype="state_dtype" in named,
+                       state_dtype_given=state_dtype_given)

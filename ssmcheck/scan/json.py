@@ -3,6 +3,9 @@
 Keys are always present; figures a case did not produce (skipped, error) are null.
 `y_max_rel` and `state_max_rel` are the norm-wise relative errors ||out - ref|| / ||ref||.
 `stdout` is what the kernel printed ("" when nothing).
+`error_map` (fail and nonfinite cases only, else null) is {"chunk_size", "tokens", "per_chunk_head"}: the
+relative error of y per [chunk][head], each sequence chunked on its own, to 3 significant digits (a colour
+map's worth), and the longest sequence's length.
 """
 
 from __future__ import annotations
@@ -37,5 +40,14 @@ def case_json(result: ScanResult) -> dict:
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,
         "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
+        "error_map": _error_map(result),
         "stdout": result.stdout,
     }
+
+
+def _error_map(result: ScanResult) -> dict | None:
+    error_map = result.error_map
+    if error_map is None:
+        return None
+    rows = [[float(f"{e:.3g}") for e in row] for row in error_map.per_chunk_head]
+    return {"chunk_size": error_map.chunk_size, "tokens": error_map.tokens, "per_chunk_head": rows}

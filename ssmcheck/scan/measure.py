@@ -5,7 +5,8 @@ Everything is vectorised in float64 and read back in one transfer per figure:
   location of the worst element taken from the same pass;
 - the first non-finite element (where the reference is finite) in token order,
   with how far it spread;
-- the relative error of y per chunk (by each sequence's own chunking) and a growth figure.
+- the relative error of y per chunk (by each sequence's own chunking) and a growth figure;
+- the same per (chunk, head), for the report's error maps.
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ def per_chunk_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_
     nchunks = int(chunk.max()) + 1
     num = torch.zeros(nchunks, dtype=torch.float64, device=y.device).index_add_(0, chunk, diff2)
     den = torch.zeros(nchunks, dtype=torch.float64, device=y.device).index_add_(0, chunk, ref2)
+    rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
+    return rel.tolist()
+
+
+def per_chunk_head_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[list[float]]:
+    """Norm-wise relative error of y per (chunk index, head), as a nested list [chunk][head].
+
+    Chunks as in `per_chunk_error`; a chunk-head with non-finite output is nan (or inf).
+    """
+    nheads = y.shape[2]
+    diff2 = (y.double() - ref.double()).square().sum(-1).flatten(0, 1)  # (rows * tokens, nheads)
+    ref2 = ref.double().square().sum(-1).flatten(0, 1)
+    chunk = (tokens.position // chunk_size).flatten()
+    nchunks = int(chunk.max()) + 1
+    num = torch.zeros(nchunks, nheads, dtype=torch.float64, device=y.device).index_add_(0, chunk, diff2)
+    den = torch.zeros(nchunks, nheads, dtype=torch.float64, device=y.device).index_add_(0, chunk, ref2)
     rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
     return rel.tolist()
 

@@ -49,6 +49,15 @@ class NonfiniteToken:
 
 
 @dataclass(frozen=True)
+class ErrorMap:
+    """The relative error of y per (chunk, head), each sequence chunked on its own."""
+
+    chunk_size: int
+    tokens: int  # the longest sequence's length: where the token axis ends (its last chunk may be partial)
+    per_chunk_head: list[list[float]]  # [chunk][head]; nan or inf where the output was non-finite
+
+
+@dataclass(frozen=True)
 class ScanVerdict:
     status: Status
     message: str = ""
@@ -70,6 +79,9 @@ class ScanResult:
     first_nonfinite_state: NonfiniteToken | None = None
     per_chunk: list[float] = field(default_factory=list)
     growth: float | None = None
+    # Only for the cases that failed or were non-finite: the report's error maps, without bloating
+    # the passing cases.
+    error_map: ErrorMap | None = None
     stdout: str = ""  # what the kernel printed (core.capture: the start, the rest counted)
 
     @property

@@ -22,7 +22,7 @@ from ssmcheck.scan import measure
 from ssmcheck.scan.adapter import KernelExit, ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
-from ssmcheck.scan.results import Comparison, ScanResult
+from ssmcheck.scan.results import Comparison, ErrorMap, ScanResult
 from ssmcheck.scan.spec import ScanCase
 from ssmcheck.scan.verdict import judge
 
@@ -117,6 +117,9 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
     result.growth = measure.growth(result.per_chunk)
     verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
+    if result.status in (Status.FAIL, Status.NONFINITE):
+        result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
+                                    measure.per_chunk_head_error(out[0], ref[0], tokens, case.chunk_size))
     return result
 
 

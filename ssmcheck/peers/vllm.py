@@ -1,0 +1,178 @@
+"""vLLM's Mamba2 ops as `--kernel vllm`, called as vLLM's model code calls them.
+
+vLLM's ops take other signatures than ours (DESIGN §2), so this module wraps them:
+
+- `vllm.model_executor.layers.mamba.ops.ssd_combined.mamba_chunk_scan_combined_varlen(x, dt,
+  A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D=None,
+  z=None, dt_bias=None, initial_states=None, dt_softplus=False, dt_limit=(0.0, inf),
+  return_intermediate_states=False, state_dtype=None, ...)` takes one flat token set (x
+  (tokens, nheads, headdim), no batch axis), cu_seqlens (nseq + 1,) int32, chunk metadata
+  (`chunk_metadata` below), a preallocated `out` it writes y into, and per-sequence
+  initial_states (nseq, nheads, headdim, dstate). It returns the final state of every
+  sequence, (nseq, nheads, headdim, dstate), stored in `state_dtype`, or in C's dtype when
+  state_dtype is None, which is how vLLM runs a model whose state cache has the model's dtype.
+  `chunk_scan()` returns a wrapper with our chunk-scan signature plus a `state_dtype=None`
+  keyword: batch rows become one sequence each, a varlen row its sequences.
+- `vllm.model_executor.layers.mamba.ops.mamba_ssm.selective_state_update(state, x, dt, A, B,
+  C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None, ..., out=None, ...)`
+  requires D and dt_bias (z after them; the CPU implementation vLLM swaps in without CUDA has
+  the mamba order D, z, dt_bias, so the wrapper passes them by keyword), writes y into a
+  preallocated `out` and returns None (the CPU one returns out); the state is updated in place,
+  stored in its own dtype.
+  `state_update()` returns a wrapper with our signature: a plain decode step, one token per
+  row, the state of row i in slot i (no state_batch_indices), zeros for a missing D or
+  dt_bias (stride 0, so vLLM's tied-head path still sees tied parameters).
+
+On a machine without CUDA, vLLM's modules swap both functions for CPU implementations that
+call vLLM's compiled CPU ops (`vllm._custom_ops`) at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ssmcheck.peers import import_ops
+
+NAME = "vllm"
+_WHAT = "vLLM's Mamba2 ops"
+_SCAN_MODULE = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+_STATE_UPDATE_MODULE = "vllm.model_executor.layers.mamba.ops.mamba_ssm"
+
+
+@dataclass(frozen=True)
+class ChunkMetadata:
+    """vLLM's chunk metadata of a prefill: which tokens each chunk holds and whose they are."""
+
+    cu_chunk_seqlens: torch.Tensor  # (nchunks + 1,) int32: chunk c holds tokens [cu[c], cu[c + 1])
+    last_chunk_indices: torch.Tensor  # (nseq,) int32: the index of each sequence's last chunk
+    seq_idx: torch.Tensor  # (nchunks,) int32: the sequence of each chunk
+
+
+def chunk_metadata(cu_seqlens: torch.Tensor | Sequence[int], chunk_size: int,
+                   device: torch.device | str | None = None) -> ChunkMetadata:
+    """The chunk metadata vLLM's Mamba2 metadata builder makes for a prefill of fresh sequences.
+
+    The rule (vLLM's builder with no tokens computed before): a chunk never holds tokens of two
+    sequences, and each sequence is cut into chunks of `chunk_size` tokens from its own first
+    token, the last one shorter when the length is not a multiple. So a boundary that falls
+    mid-chunk of the packed layout starts a new chunk. Raises ValueError for boundaries that are
+    not 0 first and increasing (vLLM has no empty prefill sequence; its kernels would read a
+    wrong last chunk for one).
+    """
+    bounds = [int(b) for b in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if len(bounds) < 2 or bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0 and bound at least one sequence, got {bounds}")
+    ends, owners, last = [0], [], []
+    for sequence, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if end <= start:
+            raise ValueError(f"sequence {sequence} is empty (cu_seqlens {start}, {end}): vLLM takes no empty sequence")
+        for lo in range(start, end, chunk_size):
+            ends.append(min(lo + chunk_size, end))
+            owners.append(sequence)
+        last.append(len(owners) - 1)
+    if device is None and isinstance(cu_seqlens, torch.Tensor):
+        device = cu_seqlens.device
+
+    def int32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return ChunkMetadata(int32(ends), int32(last), int32(owners))
+
+
+# ---------------------------------------------------------------------------- the chunk scan
+
+
+def chunk_scan() -> Callable:
+    """vLLM's `mamba_chunk_scan_combined_varlen` behind our chunk-scan signature (with a
+    `state_dtype=None` keyword). Raises KernelSpecError when vLLM's ops cannot be imported."""
+    varlen = import_ops(NAME, _WHAT, _SCAN_MODULE).mamba_chunk_scan_combined_varlen
+
+    def vllm_chunk_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                        seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                        return_final_states=False, return_varlen_states=False, *, state_dtype=None):
+        return call_chunk_scan(
+            varlen, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+            seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit,
+            return_final_states=return_final_states, return_varlen_states=return_varlen_states,
+            state_dtype=state_dtype,
+        )
+
+    return vllm_chunk_scan
+
+
+def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                    return_final_states=False, return_varlen_states=False, state_dtype=None):
+    """Call vLLM's varlen chunk scan `varlen` on our layout; return what our signature promises.
+
+    Batch mode (no cu_seqlens): each of the `batch` rows is one sequence. Varlen (batch 1 with
+    cu_seqlens): the row's sequences; seq_idx is implied by cu_seqlens and not read. The tokens
+    are flattened into vLLM's (tokens, ...) layout (views of contiguous inputs), `out` is
+    allocated in x's dtype, `state_dtype` is passed through (None: vLLM stores the states in C's
+    dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
+    the varlen states in varlen mode (the final states of a varlen row are its last sequence's).
+    """
+    batch, seqlen, nheads, headdim = x.shape
+    if cu_seqlens is None:
+        if seq_idx is not None:
+            raise ValueError("vLLM's chunk scan: seq_idx without cu_seqlens (pass cu_seqlens for packed sequences)")
+        cu = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=x.device)
+    else:
+        if batch != 1:
+            raise ValueError(f"vLLM's chunk scan: cu_seqlens needs batch 1 (the packed sequences), got batch {batch}")
+        cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
+        if int(cu[-1]) != seqlen:
+            raise ValueError(f"vLLM's chunk scan: cu_seqlens ends at {int(cu[-1])}, expected seqlen {seqlen}")
+    meta = chunk_metadata(cu, chunk_size, device=x.device)
+    tokens = batch * seqlen
+
+    def flat(t):
+        return None if t is None else t.reshape(tokens, *t.shape[2:])
+
+    out = torch.empty((tokens, nheads, headdim), dtype=x.dtype, device=x.device)
+    states = varlen(
+        flat(x), flat(dt), A, flat(B), flat(C), chunk_size, cu_seqlens=cu,
+        cu_chunk_seqlens=meta.cu_chunk_seqlens, last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx,
+        out=out, D=D, z=flat(z), dt_bias=dt_bias, initial_states=initial_states, dt_softplus=dt_softplus,
+        dt_limit=tuple(dt_limit), state_dtype=state_dtype,
+    )
+    y = out.view(batch, seqlen, nheads, headdim)
+    final = states if cu_seqlens is None else states[-1:]
+    extra = ([final] if return_final_states else []) + ([states] if return_varlen_states else [])
+    return (y, *extra) if extra else y
+
+
+# ---------------------------------------------------------------------------- the state update
+
+
+def state_update() -> Callable:
+    """vLLM's `selective_state_update` behind our signature. Raises KernelSpecError when vLLM's
+    ops cannot be imported."""
+    update = import_ops(NAME, _WHAT, _STATE_UPDATE_MODULE).selective_state_update
+
+    def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+        return call_state_update(update, state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+
+    return vllm_state_update
+
+
+def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """One decode step through vLLM's `selective_state_update`: state (batch, nheads, headdim,
+    dstate) updated in place, y returned in a new tensor like x.
+
+    vLLM requires D and dt_bias; a missing one is zeros of shape (nheads, headdim) with stride 0,
+    which adds nothing (but x·0 for an infinite x is NaN where "no D" would leave none).
+    """
+    nheads, headdim = state.shape[1], state.shape[2]
+    zeros = torch.zeros((), dtype=torch.float32, device=x.device).expand(nheads, headdim)
+    out = torch.empty_like(x)
+    # By keyword: the CPU implementation vLLM swaps in without CUDA orders them (D, z, dt_bias).
+    update(state, x, dt, A, B, C, D=zeros if D is None else D, dt_bias=zeros if dt_bias is None else dt_bias,
+           z=z, dt_softplus=dt_softplus, out=out)
+    return out

@@ -1,0 +1,27 @@
+"""Fake `selective_state_update` with vLLM 0.33's signature: D and dt_bias positional and required,
+z after them, y written into a preallocated `out`, None returned, the state updated in place (stored
+in its own dtype, rounded to nearest). Computed with ssmcheck's torch step. Every call is recorded
+in CALLS (the keywords it was given)."""
+
+import torch
+
+from ssmcheck.drift.adapter import torch_state_update
+
+NULL_BLOCK_ID = 0
+CALLS: list[dict] = []
+
+
+def selective_state_update(
+    state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None,
+    dst_state_batch_indices=None, null_block_id=NULL_BLOCK_ID, out=None, num_accepted_tokens=None,
+    cu_seqlens=None, is_blackwell=False, enable_stochastic_rounding=False, cache_philox_rounds=0,
+):
+    assert D.dim() == 2 and dt_bias.dim() == 2, "D and dt_bias: (nheads, dim)"
+    assert out is not None and out.shape == x.shape, "out: preallocated, like x"
+    batch, nheads, dim, dstate = state.shape
+    assert x.shape == (batch, nheads, dim) and dt.shape == x.shape and A.shape == (nheads, dim, dstate)
+    assert D.shape == (nheads, dim) and dt_bias.shape == (nheads, dim)
+    assert (state_batch_indices, dst_state_batch_indices, num_accepted_tokens, cu_seqlens) == (None,) * 4, "not faked"
+    assert not enable_stochastic_rounding, "not faked"
+    CALLS.append({"D": D, "dt_bias": dt_bias, "z": z, "dt_softplus": dt_softplus, "state_dtype": state.dtype})
+    out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus))
