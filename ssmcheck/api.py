@@ -117,7 +117,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     settings, cases, kernel, preset_name, files = _sweep("scan", spec, kernel, preset, env, case, from_report, options)
     name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
     runner = ScanRunner(kernel or adapter.BUILTIN, settings.tolerance, settings.reference, env.device,
-                        env.interpreter)
+                        env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes)
     under_test = _adapter(runner)
     _check_chunk_sizes(settings, under_test)
     tol = settings.tolerance

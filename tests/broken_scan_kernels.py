@@ -113,3 +113,12 @@ def unguarded_tree_cumsum(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=No
     arith = _TreeOrderUnguarded(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False)
     out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith)
     return _mamba_result(out.y.to(x.dtype), out, return_final_states, return_varlen_states)
+
+
+def states_in_input_dtype(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                          seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=False, return_varlen_states=False):
+    """Correct, and stores its chunk and final states in C's dtype, as vLLM does when told no state_dtype."""
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=C.dtype)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

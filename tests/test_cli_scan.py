@@ -31,13 +31,13 @@ def test_torch_kernel_passes_the_smoke_preset(tmp_path):
     assert result.exit_code == 0, result.output
     assert "8 cases: 8 pass" in result.stdout and "exit code 0" in result.stdout
     assert f"device {runtime.environment().device}" in result.stdout and "torch" in result.stdout  # the environment, above the table
-    assert report["exit_code"] == 0 and report["summary"]["pass"] == 7
+    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 8
 
 
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = scan("--preset", "smoke", "--quiet")
     assert result.exit_code == 0, result.output
-    assert "7 pass" in result.stdout
+    assert "8 pass" in result.stdout
 
 
 def test_builtin_kernel_with_rounded_states_and_an_fp32_reference(tmp_path):
@@ -237,15 +237,33 @@ def test_nothing_ran_exits_5_with_the_skip_reasons():
     assert "nheads 3 is not a multiple of ngroups 2" in result.stdout
 
 
-def test_kernels_without_state_keywords_are_skipped_for_rounded_states(tmp_path):
-    args = ("--regime", "normal", "--dtype", "bf16", "--seqlen", "32", "--chunk-size", "16", "--batch", "1", *TINY,
-            "--state-dtype", "fp32,bf16")
-    result, report = scan("--kernel", f"{BROKEN}:raises_at_chunk_256", *args, json_path=tmp_path / "a.json")
-    assert result.exit_code == 0
-    assert [c["status"] for c in report["cases"]] == ["pass", "skipped"]
-    assert "takes no state_dtype/rounding/seed keywords" in report["cases"][1]["message"]
-    _, report = scan("--kernel", "torch", *args, json_path=tmp_path / "b.json")
+def test_state_dtype_is_a_declaration_for_kernels_without_state_keywords(tmp_path):
+    """--state-dtype on the command line declares how such a kernel stores its states (judged so);
+    a preset's list declares nothing, and stochastic rounding cannot be declared: both are skipped."""
+    args = ("--regime", "normal", "--dtype", "bf16", "--seqlen", "32", "--chunk-size", "16", "--batch", "1", *TINY)
+    kernel = f"{BROKEN}:raises_at_chunk_256"  # correct below chunk 256, no state keywords
+    result, report = scan("--kernel", kernel, *args, "--state-dtype", "fp32,bf16", json_path=tmp_path / "a.json")
+    assert result.exit_code == 0, result.output
+    assert [(c["status"], c["state_storage"]) for c in report["cases"]] == [("pass", "fp32"), ("pass", "bf16")]
+    _, report = scan("--kernel", kernel, *args, "--state-dtype", "bf16", "--rounding", "stochastic",
+                     json_path=tmp_path / "b.json")
+    assert report["cases"][0]["status"] == "skipped"
+    preset = tmp_path / "p.toml"
+    preset.write_text('[scan]\nstate_dtype = ["bf16"]\n')
+    _, report = scan("--kernel", kernel, "--preset", preset, *args, json_path=tmp_path / "c.json")
+    (case,) = report["cases"]
+    assert case["status"] == "skipped" and "declare how it stores them with --state-dtype" in case["message"]
+    _, report = scan("--kernel", "torch", *args, "--state-dtype", "fp32,bf16", json_path=tmp_path / "d.json")
     assert [c["status"] for c in report["cases"]] == ["pass", "pass"]
+
+
+def test_the_states_a_kernel_returns_say_how_it_stores_them(tmp_path):
+    """A correct kernel that keeps its states in bf16 (vLLM's way) is judged against a baseline that
+    stores them so, not against fp32 states: no case may fail because of that storage."""
+    result, report = scan("--kernel", f"{BROKEN}:states_in_input_dtype", "--preset", "smoke",
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert {c["state_storage"] for c in report["cases"]} == {"bf16"}
 
 
 def test_model_widths_run_and_are_reported(tmp_path):

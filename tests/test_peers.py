@@ -210,9 +210,9 @@ def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     fake = fakes(VARLEN_SCAN)
     report = api.scan(kernel="vllm", preset="smoke")
     assert len(report.cases) == 8 and report.summary["error"] == report.summary["skipped"] == 0
-    # Until the baseline stores its states as the kernel returned them (bf16 here), some cases may
-    # fail on the state error; the call itself is what this checks (the fake asserts the metadata).
-    assert {c.status for c in report.cases} <= {"pass", "fail"}
+    # The baseline stores its states as vLLM returned them (bf16 here): a correct kernel passes.
+    assert {c.status for c in report.cases} == {"pass"}
+    assert {c.data["state_storage"] for c in report.cases} == {"bf16"}
     assert all(c.error["y_max_rel"] < 0.05 for c in report.cases)
     assert len(fake.CALLS) == len(report.cases)
     assert all(call["state_dtype"] is None and call["states"].dtype == torch.bfloat16 for call in fake.CALLS)

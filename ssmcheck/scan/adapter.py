@@ -83,12 +83,26 @@ class ScanAdapter:
                     f"{case.state_dtype} states with {case.rounding} rounding"
                 )
             return None
-        if (case.state_dtype, case.rounding) != ("fp32", "nearest"):
+        if case.rounding != "nearest" or (case.state_dtype != "fp32" and not self.state_dtype_given):
             return (
                 f"{self.name} takes no state_dtype/rounding/seed keywords, so it cannot store "
                 f"{case.state_dtype} states with {case.rounding} rounding"
+                + ("" if case.rounding != "nearest" else " (declare how it stores them with --state-dtype)")
             )
         return None
+
+    def judged_storage(self, case: ScanCase, returned: torch.dtype) -> torch.dtype:
+        """The format the kernel's states are judged as stored in, for the baseline to store its own so.
+
+        A kernel told its storage (state options, or state_dtype) stores the case's state dtype; so
+        does one the user declared it for on the command line (--state-dtype: a declaration for a
+        kernel that takes no such keyword, as --rounding is for drift). Otherwise the dtype of the
+        states it returned says how it stores them: vLLM, told nothing, keeps them in C's dtype."""
+        if self.takes_state_options or self.state_dtype_given:
+            return DTYPES[case.state_dtype]
+        if self.takes_state_dtype and not self.uses_default_storage(case):
+            return DTYPES[case.state_dtype]
+        return returned
 
     def uses_default_storage(self, case: ScanCase) -> bool:
         """Whether `case` calls the kernel without state_dtype, to store its states its own way."""

@@ -24,6 +24,7 @@ def case_json(result: ScanResult) -> dict:
         "kernel_seconds": None if result.kernel_seconds is None else round(result.kernel_seconds, 4),
         "params": result.case.params(),
         "inputs": result.inputs_note,
+        "state_storage": result.state_storage,
         "error": {
             "y_max_rel": kernel.y.rel if kernel else None,
             "y_max_abs": kernel.y.max_abs if kernel else None,

@@ -72,6 +72,7 @@ class ScanResult:
     seconds: float = 0.0  # the whole case: inputs, kernel, reference, baseline, measurements
     kernel_seconds: float | None = None
     inputs_note: str = ""
+    state_storage: str | None = None  # the format the states were judged as stored in (fp32, fp16, bf16)
     kernel: Comparison | None = None
     baseline: Comparison | None = None
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors

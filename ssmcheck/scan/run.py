@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import DTYPES
+from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import measure
@@ -45,12 +45,13 @@ def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor
     return out.y, (out.varlen_states if inputs.varlen else out.final_states)
 
 
-def baseline(inputs: ScanInputs, case: ScanCase) -> tuple[torch.Tensor, torch.Tensor]:
+def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same math in the kernel's dtype, its states stored in `storage` (the case's rounding)."""
     from ssmcheck.ops.chunk_scan.baseline import scan_baseline  # noqa: PLC0415
 
     out = scan_baseline(
         inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
-        state_dtype=DTYPES[case.state_dtype], rounding=case.rounding, seed=case.seed,
+        state_dtype=storage, rounding=case.rounding, seed=case.seed,
     )
     return out.y, (out.varlen_states if inputs.varlen else out.final_states)
 
@@ -82,7 +83,6 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
         ).to(device)
         ref = reference(inputs, reference_kind)
-        base = baseline(inputs, case)
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"setting up the case raised {_describe(exc)}")
 
@@ -102,10 +102,16 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
     except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
         return ScanResult(case, Status.ERROR, _describe(exc), inputs_note=inputs.note, stdout=transcript.text)
     kernel_seconds = time.perf_counter() - start
+    storage = kernel.judged_storage(case, out[1].dtype)
+    try:  # after the call: the states the kernel returned may say how it stores them
+        base = baseline(inputs, case, storage)
+    except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
+        return ScanResult(case, Status.ERROR, f"computing the baseline raised {_describe(exc)}")
 
     tokens = inputs.token_map()
     result = ScanResult(
         case, Status.PASS, kernel_seconds=kernel_seconds, inputs_note=inputs.note, stdout=transcript.text,
+        state_storage=dtype_name(storage),
         kernel=Comparison(measure.error_stats(out[0], ref[0]), measure.error_stats(out[1], ref[1])),
         baseline=Comparison(measure.error_stats(base[0], ref[0]), measure.error_stats(base[1], ref[1])),
         first_nonfinite_state=measure.locate_nonfinite_states(out[1], ref[1], inputs),
@@ -127,16 +133,17 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
 class ScanRunner:
     """What running scan cases takes, as plain values: picklable, so a worker process can run them."""
 
-    kernel: str  # the --kernel value
+    kernel: str | Callable  # the --kernel value, or a callable given to the Python API
     tolerance: Tolerance
     reference: str  # "fp64" or "fp32"
     device: str  # "cpu" or "cuda"
     interpreter: bool
+    state_dtype_given: bool = False  # --state-dtype was on the command line: a declaration (ScanAdapter)
 
     def adapter(self) -> ScanAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
         if self not in _ADAPTERS:
-            _ADAPTERS[self] = resolve(self.kernel, self.interpreter)
+            _ADAPTERS[self] = resolve(self.kernel, self.interpreter, self.state_dtype_given)
         return _ADAPTERS[self]
 
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:

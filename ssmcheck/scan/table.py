@@ -63,8 +63,10 @@ def _widths(result: ScanResult) -> str:
 
 
 def _state(result: ScanResult) -> str:
+    """How the states were judged as stored: the case's format, or the one the kernel returned them in."""
     c = result.case
-    return "" if (c.state_dtype, c.rounding) == ("fp32", "nearest") else f"{c.state_dtype} {ROUNDING_TAGS[c.rounding]}"
+    storage = result.state_storage or c.state_dtype
+    return "" if (storage, c.rounding) == ("fp32", "nearest") else f"{storage} {ROUNDING_TAGS[c.rounding]}"
 
 
 def _ratio(result: ScanResult) -> str:
