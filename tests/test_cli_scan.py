@@ -362,3 +362,20 @@ def test_cumsum_cancel_catches_an_unguarded_tree_order_cumsum_that_dyadic_regime
     assert by_regime["decay-extreme"] == by_regime["normal"] == {"pass"}
     result, report = scan("--kernel", "builtin", "--regime", "cumsum-cancel", *widths, json_path=tmp_path / "b.json")
     assert result.exit_code == 0, result.output
+
+
+def test_local_errors_are_judged_where_they_live(tmp_path):
+    """A 2% error confined to the partial last chunk of each sequence (bf16 only) fails every ragged bf16
+    case of the default preset that runs, through y's worst (sequence, chunk, head) group; a 1% error in
+    C·h alone, under the larger D·x, fails every bf16 normal case through the SSM part."""
+    _, report = scan("--kernel", f"{BROKEN}:partial_chunk_2pct_bf16", "--preset", "default",
+                     json_path=tmp_path / "p.json")
+    ragged_bf16 = [c for c in report["cases"] if c["params"]["regime"] == "ragged" and c["params"]["dtype"] == "bf16"
+                   and c["status"] != "skipped"]
+    assert ragged_bf16 and all(c["status"] == "fail" and "y in sequence" in c["message"] for c in ragged_bf16)
+    assert all(c["status"] == "pass" for c in report["cases"] if c["params"]["dtype"] != "bf16"
+               and c["status"] != "skipped")
+    _, report = scan("--kernel", f"{BROKEN}:ssm_part_1pct", "--preset", "default", json_path=tmp_path / "s.json")
+    normal_bf16 = [c for c in report["cases"] if c["params"]["regime"] == "normal" and c["params"]["dtype"] == "bf16"]
+    assert normal_bf16 and all(c["status"] == "fail" and "SSM part C·h error" in c["message"] for c in normal_bf16)
+    assert all(c["error"]["ssm_ratio"] > 2 for c in normal_bf16)

@@ -214,9 +214,11 @@ def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     assert {c.status for c in report.cases} == {"pass"}
     assert {c.data["state_storage"] for c in report.cases} == {"bf16"}
     assert all(c.error["y_max_rel"] < 0.05 for c in report.cases)
-    assert len(fake.CALLS) == len(report.cases)
+    # Each case calls the kernel twice: as it is, and without D and z (the SSM part C·h alone).
+    calls = fake.CALLS[::2]
+    assert len(fake.CALLS) == 2 * len(report.cases) and all(call["D"] is None for call in fake.CALLS[1::2])
     assert all(call["state_dtype"] is None and call["states"].dtype == torch.bfloat16 for call in fake.CALLS)
-    ragged = next(call for call, case in zip(fake.CALLS, report.cases) if case.params["regime"] == "ragged")
+    ragged = next(call for call, case in zip(calls, report.cases) if case.params["regime"] == "ragged")
     cu = _ints(ragged["cu_seqlens"])
     assert len(cu) == 3 and any(b % 16 for b in cu[1:-1])  # a boundary mid-chunk
     assert _ints(ragged["cu_chunk_seqlens"]) == _metadata(cu, 16)[0]
@@ -231,7 +233,7 @@ def test_scan_kernel_vllm_with_state_dtype_passes_it_and_skips_stochastic(fakes,
     assert [s for s, _ in statuses.values()].count("pass") == 2
     skipped = [m for s, m in statuses.values() if s == "skipped"]
     assert len(skipped) == 2 and all("cannot store fp16 states with stochastic rounding" in m for m in skipped)
-    assert [call["state_dtype"] for call in fake.CALLS] == [torch.float16, torch.float16]
+    assert [call["state_dtype"] for call in fake.CALLS] == [torch.float16] * 4  # each case, and its SSM part
 
 
 def test_scan_kernel_mamba_ssm_passes_every_smoke_case(fakes, tmp_path):
@@ -240,7 +242,8 @@ def test_scan_kernel_mamba_ssm_passes_every_smoke_case(fakes, tmp_path):
     assert result.exit_code == 0, result.output
     assert report["summary"]["pass"] == 8 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
     varlen = [call for call in fake.CALLS if call["return_varlen_states"]]
-    assert len(varlen) == 2 and all(call["seq_idx"].shape == (1, 80) for call in varlen)  # ragged, initial-state
+    # ragged and initial-state, each with its SSM-part call
+    assert len(varlen) == 4 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
     assert all(call["return_final_states"] for call in fake.CALLS if not call["return_varlen_states"])
 
 

@@ -130,7 +130,8 @@ def _worst_ratio(command: str, case: dict) -> float | None:
     """The case's largest kernel/baseline error ratio; None when it has none, NaN when one is NaN."""
     if command == "scan":
         error = case.get("error") or {}
-        figures = [_number(error.get("ratio")), _number(error.get("state_ratio"))]
+        keys = ("worst_ratio",) if error.get("worst_ratio") is not None else ("ratio", "state_ratio")
+        figures = [_number(error.get(k)) for k in keys]
     else:
         figures = [_number(case.get("ratio"))]
     figures = [f for f in figures if f is not None]

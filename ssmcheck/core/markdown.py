@@ -54,7 +54,11 @@ def _heading(report: dict) -> str:
 def _ratio(case: dict) -> float | None:
     """The case's kernel/baseline ratio: scan keeps two (y, states) under "error", drift one at the top."""
     error = case.get("error")
-    values = [error.get("ratio"), error.get("state_ratio")] if isinstance(error, dict) else [case.get("ratio")]
+    if isinstance(error, dict):
+        keys = ("worst_ratio",) if error.get("worst_ratio") is not None else ("ratio", "state_ratio")
+        values = [error.get(k) for k in keys]
+    else:
+        values = [case.get("ratio")]
     # JSON writes NaN and Inf as strings, which float() reads back.
     figures = [float(v) for v in values if v is not None]
     if not figures:

@@ -65,7 +65,8 @@ def _first_nonfinite(case: dict) -> Cell:
 
 def _scan_ratio(case: dict) -> Cell:
     """The worse of the y and state ratios, as the terminal table shows it (NaN is the worst)."""
-    ratios = [number(case["error"][k]) for k in ("ratio", "state_ratio") if case["error"].get(k) is not None]
+    keys = ("worst_ratio",) if case["error"].get("worst_ratio") is not None else ("ratio", "state_ratio")
+    ratios = [number(case["error"][k]) for k in keys if case["error"].get(k) is not None]
     return _figure(max(ratios, key=lambda r: math.inf if math.isnan(r) else r) if ratios else None, ".2f")
 
 

@@ -10,6 +10,8 @@ map's worth), and the longest sequence's length.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from ssmcheck.scan.results import ScanResult
 
 
@@ -37,6 +39,12 @@ def case_json(result: ScanResult) -> dict:
             "state_ratio": result.state_ratio,
             "y_limit": limits[0],
             "state_limit": limits[1],
+            "y_worst_group": asdict(result.worst_group) if result.worst_group else None,
+            "group_ratio": result.group_ratio,
+            "ssm_rel": kernel.ssm.rel if kernel and kernel.ssm else None,
+            "baseline_ssm_rel": base.ssm.rel if base and base.ssm else None,
+            "ssm_ratio": result.ssm_ratio,
+            "worst_ratio": result.worst_ratio,
         },
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,

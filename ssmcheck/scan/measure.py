@@ -16,7 +16,7 @@ import math
 import torch
 
 from ssmcheck.scan.inputs import TokenMap
-from ssmcheck.scan.results import ErrorStats, NonfiniteToken
+from ssmcheck.scan.results import ErrorStats, NonfiniteToken, WorstGroup
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
@@ -117,6 +117,40 @@ def per_chunk_head_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, c
     den = torch.zeros(nchunks, nheads, dtype=torch.float64, device=y.device).index_add_(0, chunk, ref2)
     rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
     return rel.tolist()
+
+
+def group_errors(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> torch.Tensor:
+    """Norm-wise relative error of y in every (sequence, chunk, head) group, flattened in that order:
+    where an error confined to one chunk of one head lives, instead of averaged over all of y.
+
+    A group whose reference is zero has error 0 (exact) or inf; a non-finite output gives nan or inf.
+    """
+    nheads = y.shape[2]
+    diff2 = (y.double() - ref.double()).square().sum(-1).flatten(0, 1)  # (rows * tokens, nheads)
+    ref2 = ref.double().square().sum(-1).flatten(0, 1)
+    chunk = (tokens.position // chunk_size).flatten()
+    nchunks = int(chunk.max()) + 1
+    key = tokens.sequence.flatten() * nchunks + chunk
+    ngroups = (int(tokens.sequence.max()) + 1) * nchunks
+    num = torch.zeros(ngroups, nheads, dtype=torch.float64, device=y.device).index_add_(0, key, diff2)
+    den = torch.zeros(ngroups, nheads, dtype=torch.float64, device=y.device).index_add_(0, key, ref2)
+    return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt().flatten()
+
+
+def worst_group(kernel: torch.Tensor, baseline: torch.Tensor, nchunks_heads: tuple[int, int]) -> WorstGroup:
+    """The kernel's worst group (NaN counts as the worst) beside the baseline's worst group: the error
+    a straightforward implementation makes where it is worst, which the tolerance rule scales."""
+    nchunks, nheads = nchunks_heads
+    where = torch.where(kernel.isnan(), math.inf, kernel).argmax()
+    rel, base = torch.stack([kernel[where], torch.where(baseline.isnan(), math.inf, baseline).max()]).tolist()
+    sequence, rest = divmod(int(where), nchunks * nheads)
+    chunk, head = divmod(rest, nheads)
+    return WorstGroup(rel=rel, baseline_rel=base, sequence=sequence, chunk=chunk, head=head)
+
+
+def group_shape(tokens: TokenMap, chunk_size: int, nheads: int) -> tuple[int, int]:
+    """(chunks per sequence, heads): how `group_errors` lays its groups out within a sequence."""
+    return int((tokens.position // chunk_size).max()) + 1, nheads
 
 
 def growth(per_chunk: list[float]) -> float | None:

@@ -7,6 +7,7 @@ importing what produced them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ssmcheck.core.status import Status
@@ -21,11 +22,23 @@ class ErrorStats:
 
 
 @dataclass(frozen=True)
+class WorstGroup:
+    """The kernel's largest norm-wise relative error of y over (sequence, chunk, head) groups, and where."""
+
+    rel: float
+    baseline_rel: float  # the baseline's largest group error (in whichever group it is)
+    sequence: int
+    chunk: int
+    head: int
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Errors of one implementation (kernel or baseline) against the reference."""
 
     y: ErrorStats
     states: ErrorStats
+    ssm: ErrorStats | None = None  # the SSM part C·h alone (y without D·x and the z gate), when those exist
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,7 @@ class ScanResult:
     state_storage: str | None = None  # the format the states were judged as stored in (fp32, fp16, bf16)
     kernel: Comparison | None = None
     baseline: Comparison | None = None
+    worst_group: WorstGroup | None = None
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
     first_nonfinite: NonfiniteToken | None = None  # in y, else in the final states
     first_nonfinite_state: NonfiniteToken | None = None
@@ -93,6 +107,22 @@ class ScanResult:
     @property
     def state_ratio(self) -> float | None:
         return _ratio(self.kernel.states.rel, self.baseline.states.rel) if self.kernel and self.baseline else None
+
+    @property
+    def ssm_ratio(self) -> float | None:
+        if not (self.kernel and self.baseline and self.kernel.ssm):
+            return None
+        return _ratio(self.kernel.ssm.rel, self.baseline.ssm.rel)
+
+    @property
+    def group_ratio(self) -> float | None:
+        return _ratio(self.worst_group.rel, self.worst_group.baseline_rel) if self.worst_group else None
+
+    @property
+    def worst_ratio(self) -> float | None:
+        """The largest of the judged ratios: y, the states, y's worst group, the SSM part."""
+        ratios = [r for r in (self.ratio, self.state_ratio, self.group_ratio, self.ssm_ratio) if r is not None]
+        return max(ratios, key=lambda r: math.inf if math.isnan(r) else r) if ratios else None
 
 
 def _ratio(error: float, baseline: float) -> float:

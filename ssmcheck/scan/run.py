@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,8 +32,8 @@ SEQUENTIAL_REFERENCE_MAX_TOKENS = 8192
 REFERENCE_CHUNK = 128
 
 
-def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, states) of the sequential recurrence in float64 ("fp64") or float32 ("fp32")."""
+def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, states, the SSM part C·h of y) of the sequential recurrence in float64 ("fp64") or float32 ("fp32")."""
     from ssmcheck.ops.chunk_scan import naive  # noqa: PLC0415
 
     args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
@@ -42,7 +42,7 @@ def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor
     else:
         dtype = torch.float64 if kind == "fp64" else torch.float32
         out = naive.scan_recurrent(*args, **inputs.kwargs(), dtype=dtype)
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states)
+    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm
 
 
 def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,13 +107,36 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
         base = baseline(inputs, case, storage)
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"computing the baseline raised {_describe(exc)}")
+    ssm = None
+    if inputs.D is not None or inputs.z is not None:
+        # The SSM part alone: the same call without D and z, judged against C·h of the references.
+        ssm_inputs = replace(inputs, D=None, z=None)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                ssm_kernel = kernel.call(ssm_inputs, case, transcript)[0]
+        except KernelExit as exc:
+            return ScanResult(case, Status.ERROR, f"{exc} (the call without D and z)", inputs_note=inputs.note,
+                              stdout=transcript.text)
+        except Exception as exc:  # noqa: BLE001
+            return ScanResult(case, Status.ERROR, f"{_describe(exc)} (the call without D and z)",
+                              inputs_note=inputs.note, stdout=transcript.text)
+        ssm = (measure.error_stats(ssm_kernel, ref[2]),
+               measure.error_stats(baseline(ssm_inputs, case, storage)[0], ref[2]))
 
     tokens = inputs.token_map()
     result = ScanResult(
         case, Status.PASS, kernel_seconds=kernel_seconds, inputs_note=inputs.note, stdout=transcript.text,
         state_storage=dtype_name(storage),
-        kernel=Comparison(measure.error_stats(out[0], ref[0]), measure.error_stats(out[1], ref[1])),
-        baseline=Comparison(measure.error_stats(base[0], ref[0]), measure.error_stats(base[1], ref[1])),
+        kernel=Comparison(measure.error_stats(out[0], ref[0]), measure.error_stats(out[1], ref[1]),
+                          ssm[0] if ssm else None),
+        baseline=Comparison(measure.error_stats(base[0], ref[0]), measure.error_stats(base[1], ref[1]),
+                            ssm[1] if ssm else None),
+        worst_group=measure.worst_group(
+            measure.group_errors(out[0], ref[0], tokens, case.chunk_size),
+            measure.group_errors(base[0], ref[0], tokens, case.chunk_size),
+            measure.group_shape(tokens, case.chunk_size, out[0].shape[2]),
+        ),
         first_nonfinite_state=measure.locate_nonfinite_states(out[1], ref[1], inputs),
         per_chunk=measure.per_chunk_error(out[0], ref[0], tokens, case.chunk_size),
     )
@@ -121,7 +144,7 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
         measure.locate_nonfinite_y(out[0], ref[0], tokens, case.chunk_size, inputs) or result.first_nonfinite_state
     )
     result.growth = measure.growth(result.per_chunk)
-    verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance)
+    verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
     if result.status in (Status.FAIL, Status.NONFINITE):
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,

@@ -70,7 +70,7 @@ def _state(result: ScanResult) -> str:
 
 
 def _ratio(result: ScanResult) -> str:
-    return "" if result.ratio is None else f"{max(result.ratio, result.state_ratio):.2f}"
+    return "" if result.worst_ratio is None else f"{result.worst_ratio:.2f}"
 
 
 def _time(result: ScanResult) -> str:

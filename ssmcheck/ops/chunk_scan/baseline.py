@@ -1,9 +1,15 @@
 """The same-precision baseline chunk scan: the SSD form in the kernel's dtype with the
 peers' usual fp32 accumulation choices, i.e. the error a straightforward
 implementation makes, which the tolerance rule (DESIGN §3) scales.
+
+Keyword options give the reduced-precision variants a failing kernel's error is
+compared with (scan.precision): matmul operands at fewer bits (TF32), and matmul
+accumulation in fp16. State storage is `state_dtype`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -12,10 +18,74 @@ from ssmcheck.ops.rounding.naive import round_to
 
 from .naive import Arithmetic, ScanOutput, scan_ssd
 
+# TF32 (tensor-core "fp32" matmuls): fp32's exponent range, 10 fraction bits.
+TF32_BITS = 10
+# Products summed exactly (in fp32) per step before an fp16/bf16 accumulator rounds: one k-step of an mma.
+ACCUMULATION_STEP = 16
+
+
+def round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Float32 `x` rounded to `bits` fraction bits (0..23), fp32's exponent range kept, round to nearest even.
+
+    Exact, on the float32 bit pattern: add half an ulp of the new format, less one, plus
+    the lowest kept bit (the tie goes to even), then clear the 23 - bits dropped bits.
+    A carry out of the fraction raises the exponent, as rounding up should; past the
+    largest finite value it reaches the inf pattern (magnitudes that round to 2**128 are
+    inf, as in ops.rounding). Subnormals keep fp32's spacing scaled by 2**(23 - bits),
+    i.e. a format with fp32's emin. NaN and inf pass through; the sign is kept (-0.0 too).
+    bits=7 is bfloat16's rounding; bits=10 is TF32's.
+    """
+    if x.dtype != torch.float32:
+        raise ValueError(f"round_mantissa takes float32, got {x.dtype}")
+    if not 0 <= bits <= 23:
+        raise ValueError(f"bits must be in 0..23 (float32 has 23 fraction bits), got {bits}")
+    drop = 23 - bits
+    if drop == 0:
+        return x.clone()
+    pattern = x.contiguous().view(torch.int32)
+    lowest_kept = (pattern >> drop) & 1
+    # No int32 overflow: a finite magnitude is at most 0x7F7FFFFF and the bias below 2**22.
+    rounded = (pattern + ((1 << (drop - 1)) - 1) + lowest_kept) & ~((1 << drop) - 1)
+    return torch.where(torch.isfinite(x), rounded.view(torch.float32), x)
+
+
+def matmul_accumulating(a: torch.Tensor, b: torch.Tensor, accumulate: torch.dtype,
+                        step: int = ACCUMULATION_STEP) -> torch.Tensor:
+    """a @ b (float32) with the running sum held in `accumulate`: each `step` products along k
+    are summed in float32, added to the accumulator and rounded into `accumulate` (so the
+    result is rounded at every step, as an fp16 mma accumulator is). Returned in float32."""
+    acc = None
+    for k in range(0, a.shape[-1], step):
+        part = torch.matmul(a[..., k : k + step], b[..., k : k + step, :])
+        acc = part.to(accumulate) if acc is None else (acc.to(torch.float32) + part).to(accumulate)
+    if acc is None:  # k = 0: an empty sum
+        return torch.matmul(a, b)
+    return acc.to(torch.float32)
+
+
+@dataclass(frozen=True)
+class _ReducedArithmetic(Arithmetic):
+    """The baseline's arithmetic with narrower matmuls: operands rounded to x.dtype (`operand`) and
+    then to `operand_bits` fraction bits (None: not), products summed in float32 when `compute`
+    is float32, else by `matmul_accumulating` into `compute` (fp16/bf16 accumulation)."""
+
+    operand_bits: int | None = None
+
+    def _operand(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.to(self.operand).to(torch.float32)
+        return t if self.operand_bits is None else round_mantissa(t, self.operand_bits)
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a, b = self._operand(a), self._operand(b)
+        if self.compute == torch.float32:
+            return torch.matmul(a, b)
+        return matmul_accumulating(a, b, self.compute).to(self.compute)
+
 
 def scan_baseline(
     x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
     dt_softplus=False, dt_limit=NO_DT_LIMIT, state_dtype=torch.float32, rounding="nearest", seed=0,
+    matmul_operand_bits: int | None = None, accumulate: torch.dtype = torch.float32,
 ) -> ScanOutput:
     """The SSD form as a straightforward implementation in x.dtype computes it.
 
@@ -26,13 +96,34 @@ def scan_baseline(
     incoming state rounded to x.dtype before C·state; y returned in x.dtype,
     states in state_dtype. Stochastic rounding into an fp32 state rounds nothing.
     Inputs and results as scan_recurrent's (naive.py).
+
+    Reduced-precision variants (defaults: none, the above exactly):
+    - matmul_operand_bits: every matmul operand, after its rounding to x.dtype, is
+      rounded to this many fraction bits (round to nearest even, fp32's exponent
+      range; TF32_BITS = 10 is TF32). The result has min(bits, x.dtype's) bits: for
+      fp16 (10) or bf16 (7) inputs, 10 bits change nothing. Emulated the same way on
+      every device, so it does not depend on torch's allow_tf32 flags.
+    - accumulate: the dtype everything is accumulated and computed in: float16 (or
+      bfloat16) holds each matmul's running sum, rounded every ACCUMULATION_STEP
+      products along k (matmul_accumulating: the same on every device, whatever
+      cuBLAS's reduced-precision reductions do), and also does the elementwise work:
+      dt, the cumulative log-decays and the decays, the state passed from chunk to
+      chunk, D·x and the gate. That is a kernel computing in fp16 throughout; its
+      cumulative sums of log-decays dominate its error (about 10x the fp16 baseline's
+      at chunk 256). States are still stored in state_dtype.
     """
     generator = torch.Generator(device=x.device).manual_seed(seed)
 
     def store_state(s):
         return round_to(s.to(torch.float32), state_dtype, rounding, generator)
 
-    arith = Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False)
+    if matmul_operand_bits is None and accumulate == torch.float32:
+        arith = Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False)
+    else:
+        if accumulate not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"accumulate must be float32, float16 or bfloat16, got {accumulate}")
+        arith = _ReducedArithmetic(accumulate, x.dtype, store_state=store_state, exact_segments=False,
+                                   operand_bits=matmul_operand_bits)
     out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
                    dt_limit, arith)
     out.y = out.y.to(x.dtype)

@@ -27,6 +27,7 @@ class ScanOutput:
     y: torch.Tensor  # (batch, seqlen, nheads, headdim)
     final_states: torch.Tensor  # (batch, nheads, headdim, dstate): state after each batch row's last token
     varlen_states: torch.Tensor | None  # (nseq, nheads, headdim, dstate) with cu_seqlens, else None
+    y_ssm: torch.Tensor | None = None  # C·h alone: y before the D skip and the z gate
 
 
 def _sequence_bounds(x, B, cu_seqlens, initial_states) -> list[int] | None:
@@ -99,8 +100,9 @@ def scan_recurrent(
         if t in ends:
             varlen_states[ends[t]] = state[0]
     y = torch.stack(ys, dim=1) if ys else x.new_zeros(x.shape, dtype=dtype)
+    y_ssm = y
     y = skip_and_gate(y, x, D, z, dtype)
-    return ScanOutput(y=y, final_states=state, varlen_states=varlen_states)
+    return ScanOutput(y=y, final_states=state, varlen_states=varlen_states, y_ssm=y_ssm)
 
 
 # ---------------------------------------------------------------------------
@@ -240,10 +242,11 @@ def scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqle
         bounds,
         arith,
     )
-    y = skip_and_gate(y.reshape(x.shape), x, D, z, dtype)
+    y_ssm = y.reshape(x.shape)
+    y = skip_and_gate(y_ssm, x, D, z, dtype)
     if cu is None:
-        return ScanOutput(y=y, final_states=seq_states, varlen_states=None)
-    return ScanOutput(y=y, final_states=seq_states[_last_sequence(cu)][None], varlen_states=seq_states)
+        return ScanOutput(y=y, final_states=seq_states, varlen_states=None, y_ssm=y_ssm)
+    return ScanOutput(y=y, final_states=seq_states[_last_sequence(cu)][None], varlen_states=seq_states, y_ssm=y_ssm)
 
 
 def scan_chunked(

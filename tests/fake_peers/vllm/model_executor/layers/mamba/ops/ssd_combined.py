@@ -68,5 +68,5 @@ def mamba_chunk_scan_combined_varlen(
     states = result.varlen_states.to(stored)
     CALLS.append({"chunk_size": chunk_size, "cu_seqlens": cu_seqlens, "cu_chunk_seqlens": cu_chunk_seqlens,
                   "last_chunk_indices": last_chunk_indices, "seq_idx": seq_idx, "state_dtype": state_dtype,
-                  "x_shape": tuple(x.shape), "initial_states": initial_states, "states": states})
+                  "x_shape": tuple(x.shape), "initial_states": initial_states, "states": states, "D": D})
     return states
