@@ -11,6 +11,9 @@ from ssmcheck.cli import app
 def invoke(*argv, json_path=None, **runner_options):
     """Run the app (with --json when given); return (result, report or None). Never a traceback."""
     argv = [*map(str, argv)] + (["--json", str(json_path)] if json_path else [])
+    # A log's width comes from COLUMNS: fix it, so that what a test sees does not depend on the shell
+    # (or on pytest-xdist's workers) it runs in.
+    runner_options["env"] = {"COLUMNS": "200", **runner_options.get("env", {})}
     result = CliRunner().invoke(app, argv, **runner_options)
     assert "Traceback" not in result.output, result.output
     report = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).exists() else None

@@ -379,3 +379,27 @@ def test_local_errors_are_judged_where_they_live(tmp_path):
     normal_bf16 = [c for c in report["cases"] if c["params"]["regime"] == "normal" and c["params"]["dtype"] == "bf16"]
     assert normal_bf16 and all(c["status"] == "fail" and "SSM part C·h error" in c["message"] for c in normal_bf16)
     assert all(c["error"]["ssm_ratio"] > 2 for c in normal_bf16)
+
+
+def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
+    args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
+            "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")
+    result, report = scan(*args, json_path=tmp_path / "r.json")
+    assert result.exit_code == 1
+    for case in report["cases"]:
+        assert case["status"] == "fail" and "consistent with TF32 matmuls" in case["message"]
+        assert case["error"]["precision"]["closest_precision"] == "tf32 matmuls"
+    result, report = scan(*args, "--allow-tf32", json_path=tmp_path / "t.json")
+    assert result.exit_code == 0, result.output
+    assert report["settings"]["allow_tf32"] is True and "judged against TF32" in result.stdout
+    preset = tmp_path / "p.toml"
+    preset.write_text('[scan]\nallow_tf32 = "yes"\n')
+    assert_usage_error(scan("--preset", preset)[0], "allow_tf32")
+
+
+def test_a_real_bug_is_not_explained_by_reduced_precision(tmp_path):
+    _, report = scan("--kernel", f"{BROKEN}:ssm_part_1pct", "--preset", "smoke", "--regime", "normal",
+                     "--dtype", "fp32", json_path=tmp_path / "r.json")
+    (case,) = report["cases"]
+    assert case["status"] == "fail" and case["error"]["precision"]["closest_precision"] is None
+    assert "unexplained by reduced precision" in case["message"]

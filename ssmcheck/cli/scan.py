@@ -54,6 +54,7 @@ def scan(
     floor: float = typer.Option(None, metavar="X", help=f"Added to the allowed error (default {DEFAULT_FLOOR:g})."),
     rtol: float = typer.Option(None, metavar="X", help="Judge against this relative error instead of the baseline rule."),
     seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
+    allow_tf32: bool = typer.Option(None, "--allow-tf32", metavar="", help="Judge fp32 cases against a baseline whose matmul operands are rounded to TF32 (10 fraction bits, the same on every device): for kernels whose fp32 tl.dot runs in TF32 by design."),
     fail_on: cli_common.FailOn = None,
     case_id: cli_common.CaseId = None,
     from_report: cli_common.FromReport = None,
@@ -70,6 +71,7 @@ def scan(
         chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
         dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
+        allow_tf32=allow_tf32 or None,
     )
     try:
         plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,

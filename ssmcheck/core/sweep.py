@@ -75,6 +75,13 @@ def parse_count(label: str, value, minimum: int) -> int:
     return value
 
 
+def parse_flag(label: str, value) -> bool:
+    """A yes/no setting: true or false in a preset (the command line's flags give booleans)."""
+    if not isinstance(value, bool):
+        raise SweepError(f"{label}: invalid value {value!r} (expected true or false)")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:

@@ -45,6 +45,7 @@ def case_json(result: ScanResult) -> dict:
             "baseline_ssm_rel": base.ssm.rel if base and base.ssm else None,
             "ssm_ratio": result.ssm_ratio,
             "worst_ratio": result.worst_ratio,
+            "precision": result.precision,
         },
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,

@@ -89,6 +89,7 @@ class ScanResult:
     kernel: Comparison | None = None
     baseline: Comparison | None = None
     worst_group: WorstGroup | None = None
+    precision: dict | None = None  # for a failing case: the reduced precision its errors match (scan.precision)
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
     first_nonfinite: NonfiniteToken | None = None  # in y, else in the final states
     first_nonfinite_state: NonfiniteToken | None = None

@@ -18,7 +18,7 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import measure
+from ssmcheck.scan import measure, precision
 from ssmcheck.scan.adapter import KernelExit, ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -45,13 +45,16 @@ def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor
     return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm
 
 
-def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same math in the kernel's dtype, its states stored in `storage` (the case's rounding)."""
+def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
+             allow_tf32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same math in the kernel's dtype, its states stored in `storage` (the case's rounding); with
+    `allow_tf32`, fp32 matmul operands rounded to TF32 (--allow-tf32)."""
     from ssmcheck.ops.chunk_scan.baseline import scan_baseline  # noqa: PLC0415
 
     out = scan_baseline(
         inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
         state_dtype=storage, rounding=case.rounding, seed=case.seed,
+        **precision.judged_baseline_options(inputs, allow_tf32),
     )
     return out.y, (out.varlen_states if inputs.varlen else out.final_states)
 
@@ -67,17 +70,17 @@ def _sync(device: str) -> None:
 
 
 def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, reference_kind: str,
-             device: str) -> ScanResult:
+             device: str, allow_tf32: bool = False) -> ScanResult:
     reason = case.skip_reason or kernel.skip_reason(case)
     if reason:
         return ScanResult(case, Status.SKIPPED, reason)
     start = time.perf_counter()
-    result = _run(case, kernel, tolerance, reference_kind, device)
+    result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
+def _run(case, kernel, tolerance, reference_kind, device, allow_tf32) -> ScanResult:
     try:
         inputs = REGIMES[case.regime].generate(
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
@@ -104,7 +107,7 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
     kernel_seconds = time.perf_counter() - start
     storage = kernel.judged_storage(case, out[1].dtype)
     try:  # after the call: the states the kernel returned may say how it stores them
-        base = baseline(inputs, case, storage)
+        base = baseline(inputs, case, storage, allow_tf32)
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"computing the baseline raised {_describe(exc)}")
     ssm = None
@@ -122,7 +125,7 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
             return ScanResult(case, Status.ERROR, f"{_describe(exc)} (the call without D and z)",
                               inputs_note=inputs.note, stdout=transcript.text)
         ssm = (measure.error_stats(ssm_kernel, ref[2]),
-               measure.error_stats(baseline(ssm_inputs, case, storage)[0], ref[2]))
+               measure.error_stats(baseline(ssm_inputs, case, storage, allow_tf32)[0], ref[2]))
 
     tokens = inputs.token_map()
     result = ScanResult(
@@ -146,10 +149,26 @@ def _run(case, kernel, tolerance, reference_kind, device) -> ScanResult:
     result.growth = measure.growth(result.per_chunk)
     verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
+    if result.status is Status.FAIL:
+        result.precision, note = _classify(inputs, case, storage, ref, result, allow_tf32)
+        result.message += f"; {note}"
     if result.status in (Status.FAIL, Status.NONFINITE):
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
                                     measure.per_chunk_head_error(out[0], ref[0], tokens, case.chunk_size))
     return result
+
+
+def _classify(inputs, case, storage, ref, result: ScanResult, allow_tf32: bool) -> tuple[dict | None, str]:
+    """Which reduced precision the kernel's errors match (TF32 matmuls, fp16/bf16 storage, fp16
+    accumulation), for a failing case: (the JSON record, the message's words). Advisory: a failure
+    to classify never changes the verdict."""
+    try:
+        candidates = precision.candidate_precisions(inputs, case, storage, ref, result.baseline.y.rel,
+                                                    result.baseline.states.rel, allow_tf32=allow_tf32)
+        found = precision.closest(result.kernel.y.rel, result.kernel.states.rel, candidates)
+    except Exception as exc:  # noqa: BLE001
+        return None, f"precision not classified ({_describe(exc)})"
+    return precision.as_json(found, candidates), precision.describe(found)
 
 
 @dataclass(frozen=True)
@@ -162,6 +181,7 @@ class ScanRunner:
     device: str  # "cpu" or "cuda"
     interpreter: bool
     state_dtype_given: bool = False  # --state-dtype was on the command line: a declaration (ScanAdapter)
+    allow_tf32: bool = False  # fp32 cases judged against the TF32 baseline
 
     def adapter(self) -> ScanAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -171,7 +191,7 @@ class ScanRunner:
 
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
         """Run one case (a scan case is one unit of progress: `advance` is not called)."""
-        return run_case(case, self.adapter(), self.tolerance, self.reference, self.device)
+        return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32)
 
     def failed(self, case: ScanCase, message: str, seconds: float) -> ScanResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""

@@ -54,6 +54,7 @@ TABLE = CommandTable(
         "rtol": Setting(lambda label, value: None if value is None else sweep.parse_number(label, value), None),
         "seed": Setting(lambda label, value: sweep.parse_count(label, value, 0), 0),
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
+        "allow_tf32": Setting(sweep.parse_flag, False),
     },
     overrides=True,
 )
@@ -66,6 +67,7 @@ class ScanSettings:
     tolerance: Tolerance
     seed: int
     fail_on: tuple[str, ...]
+    allow_tf32: bool = False  # fp32 cases judged against the TF32 baseline
 
     @property
     def axes(self) -> dict[str, list]:
@@ -88,7 +90,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     s = resolved.settings
     return ScanSettings(
         spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
-        seed=s["seed"], fail_on=s["fail_on"],
+        seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"],
     )
 
 

@@ -23,6 +23,7 @@ def header(env: Environment, kernel: str, settings: ScanSettings) -> str:
         f"{environment_line('scan', env)}\n"
         f"kernel {kernel} | reference {settings.reference} | tolerance {tolerance_rule(settings.tolerance)} | "
         f"seed {settings.seed} | fail on {','.join(settings.fail_on)}"
+        + (" | fp32 judged against TF32 matmuls (--allow-tf32)" if settings.allow_tf32 else "")
     )
 
 
