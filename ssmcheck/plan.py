@@ -1,0 +1,196 @@
+"""Planning a sweep: the options of a command resolved into a Plan (settings, cases, a picklable runner).
+
+The Python API (ssmcheck.api) and the CLI both start here; a bad option raises UsageError, one
+line naming it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ssmcheck.core import config, runtime
+from ssmcheck.core.callables import KernelSpecError, kernel_name
+from ssmcheck.core.sweep import SweepError, parse_number
+
+# The default case timeout of isolated runs: long enough for the slowest preset case on a CPU.
+DEFAULT_CASE_TIMEOUT = 1800.0
+
+
+class UsageError(ValueError):
+    """A bad option or value; the message is one line that names it."""
+
+
+@dataclass
+class Plan:
+    """A command's sweep, resolved and ready to run: plain settings, the cases, and their runner."""
+
+    command: str  # "scan" or "drift"
+    env: runtime.Environment
+    kernel: str  # the kernel's name, as the report shows it
+    settings: object  # scan.spec.ScanSettings or drift.spec.DriftSettings
+    cases: list
+    runner: Callable  # (case, advance) -> result; picklable for isolation
+    report_settings: dict  # recorded in the report
+    files: list[str]  # the configuration files read
+    case_json: Callable  # result -> the case's JSON dict
+    progress_units: Callable  # case -> units of progress it counts (drift: decode steps)
+
+
+def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
+              case: str | None = None, from_report: str | Path | None = None, **options) -> Plan:
+    """Resolve a `scan` sweep. Raises UsageError."""
+    env = _configure(device)
+    from ssmcheck.scan import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
+    from ssmcheck.scan.json import case_json  # noqa: PLC0415
+    from ssmcheck.scan.run import ScanRunner  # noqa: PLC0415
+
+    settings, cases, kernel, preset_name, files = _sweep("scan", spec, kernel, preset, env, case, from_report, options)
+    name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
+    runner = ScanRunner(kernel or adapter.BUILTIN, settings.tolerance, settings.reference, env.device,
+                        env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
+                        allow_tf32=settings.allow_tf32)
+    under_test = _adapter(runner)
+    _check_chunk_sizes(settings, under_test)
+    tol = settings.tolerance
+    return Plan(
+        "scan", env, name or adapter.BUILTIN, settings, cases(name or adapter.BUILTIN), runner, {
+            "preset": preset_name, "config_files": files, "reference": settings.reference,
+            "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
+            "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32,
+        }, files, case_json, lambda c: 1,
+    )
+
+
+def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
+               case: str | None = None, from_report: str | Path | None = None, philox_rounds: int = 10,
+               rounding_impl: str = "software", **options) -> Plan:
+    """Resolve a `drift` sweep. Raises UsageError."""
+    env = _configure(device)
+    from ssmcheck.drift import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
+    from ssmcheck.drift.json import case_json  # noqa: PLC0415
+    from ssmcheck.drift.run import DriftRunner  # noqa: PLC0415
+    from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
+
+    settings, cases, kernel, preset_name, files = _sweep("drift", spec, kernel, preset, env, case, from_report, options)
+    name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
+    if isinstance(philox_rounds, bool) or not isinstance(philox_rounds, int) or philox_rounds < 1:
+        raise UsageError(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")
+    if rounding_impl not in ROUNDING_IMPLS:
+        raise UsageError(f"--rounding-impl: invalid value {rounding_impl!r} (choose from {', '.join(ROUNDING_IMPLS)})")
+    if rounding_impl == "hardware":
+        if (name or adapter.BUILTIN) != adapter.BUILTIN:
+            raise UsageError("--rounding-impl hardware: applies to --kernel builtin only")
+        reason = adapter.hardware_sr_unavailable(env.interpreter)
+        if reason is not None and "stochastic" in settings.axes["rounding"]:
+            raise UsageError(f"--rounding-impl hardware: {reason}")
+    runner = DriftRunner(kernel or adapter.BUILTIN, settings.tolerance, env.device, env.interpreter, philox_rounds,
+                         rounding_impl)
+    under_test = _adapter(runner)
+    if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
+        # A kernel without a rounding keyword stores its state one way only, which only the user can
+        # declare (--rounding); a preset's list of modes declares nothing about this kernel.
+        settings.axes["rounding"] = ["nearest"]
+    tol = settings.tolerance
+    return Plan(
+        "drift", env, name or adapter.BUILTIN, settings, cases(name or adapter.BUILTIN), runner, {
+            "preset": preset_name, "config_files": files, "steps": settings.steps, "trials": settings.trials,
+            "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
+            "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
+            "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
+        }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
+    )
+
+
+def _configure(device: str | None) -> runtime.Environment:
+    try:
+        return runtime.configure(device)
+    except runtime.DeviceError as exc:
+        raise UsageError(f"--device: {exc}") from None
+
+
+def _adapter(runner):
+    try:
+        return runner.adapter()  # imports a kernel file once: the runner keeps it
+    except KernelSpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _sweep(command: str, spec, kernel, preset, env, case_id, from_report, options: dict):
+    """(settings, cases(kernel name) -> list, kernel, preset label, files read) from the options over
+    the preset and pyproject, or over the report of `from_report`."""
+    known = set(spec.TABLE.axes) | set(spec.TABLE.settings)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r} for {command} (choose from {', '.join(sorted(known))})")
+    if from_report is not None and case_id is None:
+        raise UsageError("--from: needs --case ID (the case to run again)")
+    try:
+        if from_report is not None:
+            params, recorded = _load_case(Path(from_report), command, case_id)
+            table = {k: v for k, v in recorded.items() if k in spec.TABLE.settings and v is not None}
+            settings = spec.resolve(options, table, str(from_report))
+            return (settings, lambda name: [spec.case_from_params(params, name)], kernel or params.get("kernel"),
+                    str(from_report), [str(from_report)])
+        conf = config.load_settings(preset, command, env.device)
+        settings = spec.resolve(options, conf.table, conf.label)
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
+
+    def cases(name: str) -> list:
+        built = spec.build_cases(settings, name)
+        return built if case_id is None else _pick_case(built, case_id)
+
+    return settings, cases, kernel, conf.preset, conf.files
+
+
+def _load_case(report_path: Path, command: str, case_id: str) -> tuple[dict, dict]:
+    """(the case's params, the run's settings) of case `case_id` in an earlier JSON report."""
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--from: cannot read {str(report_path)!r}: {exc}") from None
+    if not isinstance(report, dict) or report.get("tool") != "ssmcheck" or report.get("command") != command:
+        raise UsageError(f"--from: {str(report_path)!r} is not an ssmcheck {command} report")
+    for case in report.get("cases", []):
+        if case.get("id") == case_id:
+            return case["params"], report.get("settings", {})
+    raise UsageError(f"--case: no case {case_id!r} in {str(report_path)!r}")
+
+
+def _pick_case(cases: list, case_id: str) -> list:
+    chosen = [c for c in cases if c.id == case_id]
+    if not chosen:
+        close = difflib.get_close_matches(case_id, [c.id for c in cases], n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" ({len(cases)} cases in this sweep)"
+        raise UsageError(f"--case: no case {case_id!r} in this sweep{hint}")
+    return chosen
+
+
+def _check_chunk_sizes(settings, under_test) -> None:
+    """A chunk size the kernel cannot take is a usage error, named where it came from."""
+    allowed = under_test.chunk_sizes
+    if allowed is None:
+        return
+    sources = [("--chunk-size" if "chunk_size" in settings.spec.cli_axes else "chunk_size", settings.axes["chunk_size"])]
+    sources += [(f"overrides.{regime}.chunk_size", o["chunk_size"])
+                for regime, tables in settings.overrides.items() for o in tables if "chunk_size" in o]
+    for label, sizes in sources:
+        bad = [c for c in sizes if c is not None and c not in allowed]
+        if bad:
+            raise UsageError(f"{label}: invalid value {bad[0]} ({under_test.chunk_size_rule})")
+
+
+def check_case_timeout(isolate: bool, seconds: float | None) -> float | None:
+    """The case timeout: only with isolation, where it defaults to DEFAULT_CASE_TIMEOUT."""
+    if seconds is None:
+        return DEFAULT_CASE_TIMEOUT if isolate else None
+    if not isolate:
+        raise UsageError("--case-timeout: needs --isolate (a case can only be stopped in a worker process)")
+    try:
+        return parse_number("--case-timeout", seconds)
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
