@@ -52,7 +52,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
     runner = ScanRunner(kernel or adapter.BUILTIN, settings.tolerance, settings.reference, env.device,
                         env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
-                        allow_tf32=settings.allow_tf32)
+                        allow_tf32=settings.allow_tf32, warmup=env.device == "cuda")
     under_test = _adapter(runner)
     _check_chunk_sizes(settings, under_test)
     tol = settings.tolerance

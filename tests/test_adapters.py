@@ -7,6 +7,8 @@ tensor on another device, a tuple of the wrong length, or inputs the call wrote 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from ssmcheck.drift.spec import resolve as drift_settings
 from ssmcheck.scan import adapter as scan_adapter
 from ssmcheck.scan.adapter import KernelOutputError, ScanAdapter, torch_kernel
 from ssmcheck.scan.regimes import REGIMES
+from ssmcheck.scan.run import ScanRunner
 from ssmcheck.scan.run import run_case as run_scan_case
 from ssmcheck.scan.spec import build_cases as scan_cases
 from ssmcheck.scan.spec import resolve as scan_settings
@@ -133,3 +136,12 @@ def test_drift_reports_a_wrong_output_as_one_error_case():
     result = run_drift_case(case, _step_kernel(lambda out, x, A: out.double()), settings.tolerance, "cpu")
     assert result.status is Status.ERROR and "expected fp32" in result.verdict.message
 
+
+
+def test_the_first_call_per_shape_is_timed_apart_as_warm_up():
+    slow = Path(__file__).with_name("slow_kernels.py")
+    runner = ScanRunner(f"{slow}:compiles_on_first_call", Tolerance(), "fp64", "cpu", True, warmup=True)
+    first, again = (runner(case, lambda: None) for case in [_scan_case(seed=1), _scan_case(seed=2)])
+    assert first.status is again.status is Status.PASS
+    assert first.warmup_seconds >= 1.0 > first.seconds  # the compile is shown apart, not in the case's time
+    assert again.warmup_seconds is None and again.seconds < 1.0  # same shape: warm already

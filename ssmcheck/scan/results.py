@@ -84,6 +84,7 @@ class ScanResult:
     message: str = ""
     seconds: float = 0.0  # the whole case: inputs, kernel, reference, baseline, measurements
     kernel_seconds: float | None = None
+    warmup_seconds: float | None = None  # the kernel's first call for this shape (compile, autotune), apart
     inputs_note: str = ""
     state_storage: str | None = None  # the format the states were judged as stored in (fp32, fp16, bf16)
     kernel: Comparison | None = None

@@ -70,17 +70,20 @@ def _sync(device: str) -> None:
 
 
 def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, reference_kind: str,
-             device: str, allow_tf32: bool = False) -> ScanResult:
+             device: str, allow_tf32: bool = False, warmup: bool = False) -> ScanResult:
+    """Measure and judge one case. With `warmup`, the first call of the kernel for each shape (where a
+    GPU compiles and autotunes) is made once before the timed one and timed apart: the case's
+    `seconds` then leave it out, and `warmup_seconds` hold it."""
     reason = case.skip_reason or kernel.skip_reason(case)
     if reason:
         return ScanResult(case, Status.SKIPPED, reason)
     start = time.perf_counter()
-    result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32)
-    result.seconds = time.perf_counter() - start
+    result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup)
+    result.seconds = time.perf_counter() - start - (result.warmup_seconds or 0.0)
     return result
 
 
-def _run(case, kernel, tolerance, reference_kind, device, allow_tf32) -> ScanResult:
+def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup) -> ScanResult:
     try:
         inputs = REGIMES[case.regime].generate(
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
@@ -92,6 +95,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32) -> ScanRes
     torch.manual_seed(case.seed)  # for kernels that draw random bits from torch's generator
     _sync(device)
     transcript = Transcript()
+    warmup_seconds = _warm_up(kernel, inputs, case, transcript, device) if warmup else None
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -129,7 +133,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32) -> ScanRes
 
     tokens = inputs.token_map()
     result = ScanResult(
-        case, Status.PASS, kernel_seconds=kernel_seconds, inputs_note=inputs.note, stdout=transcript.text,
+        case, Status.PASS, kernel_seconds=kernel_seconds, warmup_seconds=warmup_seconds, inputs_note=inputs.note,
+        stdout=transcript.text,
         state_storage=dtype_name(storage),
         kernel=Comparison(measure.error_stats(out[0], ref[0]), measure.error_stats(out[1], ref[1]),
                           ssm[0] if ssm else None),
@@ -158,6 +163,30 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32) -> ScanRes
     return result
 
 
+# Per process: the (kernel, shape) pairs already called once, so compiled and autotuned.
+_WARM: set[tuple] = set()
+
+
+def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str) -> float | None:
+    """Call the kernel once, untimed as the case, if this kernel has not yet run this shape: the seconds
+    it took (compilation and autotuning on a GPU), or None when it was warm already. A failure here is
+    left to the timed call, which meets it again and reports it."""
+    key = (kernel.name, case.dtype, case.chunk_size, tuple(inputs.x.shape), tuple(inputs.B.shape), inputs.varlen,
+           case.state_dtype, case.rounding, inputs.D is None, inputs.z is None, inputs.initial_states is None)
+    if key in _WARM:
+        return None
+    _WARM.add(key)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            kernel.call(inputs, case, transcript)
+            _sync(device)
+    except Exception:  # noqa: BLE001, S110 (the timed call reports it)
+        pass
+    return time.perf_counter() - start
+
+
 def _classify(inputs, case, storage, ref, result: ScanResult, allow_tf32: bool) -> tuple[dict | None, str]:
     """Which reduced precision the kernel's errors match (TF32 matmuls, fp16/bf16 storage, fp16
     accumulation), for a failing case: (the JSON record, the message's words). Advisory: a failure
@@ -182,6 +211,7 @@ class ScanRunner:
     interpreter: bool
     state_dtype_given: bool = False  # --state-dtype was on the command line: a declaration (ScanAdapter)
     allow_tf32: bool = False  # fp32 cases judged against the TF32 baseline
+    warmup: bool = False  # time each kernel's first call per shape apart (compile, autotune): on a GPU
 
     def adapter(self) -> ScanAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -191,7 +221,8 @@ class ScanRunner:
 
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
         """Run one case (a scan case is one unit of progress: `advance` is not called)."""
-        return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32)
+        return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32,
+                        self.warmup)
 
     def failed(self, case: ScanCase, message: str, seconds: float) -> ScanResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""

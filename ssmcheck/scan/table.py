@@ -75,7 +75,10 @@ def _ratio(result: ScanResult) -> str:
 
 
 def _time(result: ScanResult) -> str:
-    return f"{result.seconds:.2f}s" if result.status is not Status.SKIPPED else ""
+    if result.status is Status.SKIPPED:
+        return ""
+    warm = f" +{result.warmup_seconds:.1f}s warm-up" if result.warmup_seconds else ""
+    return f"{result.seconds:.2f}s{warm}"
 
 
 PARAMS = 6  # the rank of the parameter columns: dropped first, the case id then shows them
