@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -118,3 +119,11 @@ def open_report(width: int, header: str, quiet: bool) -> Console:
 def files_note(files: list[str]) -> str:
     """The header's line naming the configuration files read."""
     return f"\nconfiguration: {', '.join(files)}" if files else ""
+
+
+def read_json(label: str, path: Path) -> dict:
+    """A JSON report read from `path`; a usage error naming `label` when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        usage_error(f"{label}: cannot read {str(path)!r}: {exc}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -32,7 +31,7 @@ def compare(
         usage_error(str(exc))
     if growth < 1:
         usage_error(f"--max-growth: invalid value {max_growth!r} (expected a number >= 1)")
-    reports = [_read(label, path) for label, path in (("OLD", old), ("NEW", new))]
+    reports = [cli_common.read_json(label, path) for label, path in (("OLD", old), ("NEW", new))]
     try:
         result = comparison.compare_reports(*reports, max_growth=growth)
     except ValueError as exc:
@@ -44,13 +43,6 @@ def compare(
         typer.echo(f"the new report was interrupted ({reports[1].get('interrupted_by')}): its missing cases were never judged")
         code = 1
     raise typer.Exit(code)
-
-
-def _read(label: str, path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        usage_error(f"{label}: cannot read {str(path)!r}: {exc}")
 
 
 def register(app: typer.Typer) -> None:

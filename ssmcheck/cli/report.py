@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -33,7 +32,7 @@ def report(
         html_report.require_matplotlib()
     except html_report.PlotUnavailable as exc:
         usage_error(str(exc))
-    data = _read(source)
+    data = cli_common.read_json("REPORT", source)
     try:
         html_report.check_report(data)
     except html_report.NotAReport as exc:
@@ -47,13 +46,6 @@ def report(
         usage_error(f"--html: cannot write {str(html)!r}: {exc.strerror or exc}")
     maps = len(mapped_cases(data))
     typer.echo(f"wrote {html} ({len(data['cases'])} cases" + (f", {maps} error map{'s' * (maps != 1)})" if maps else ")"))
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        usage_error(f"cannot read {str(path)!r}: {exc}")
 
 
 def register(app: typer.Typer) -> None:
