@@ -52,7 +52,8 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
     runner = ScanRunner(kernel or adapter.BUILTIN, settings.tolerance, settings.reference, env.device,
                         env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
-                        allow_tf32=settings.allow_tf32, warmup=env.device == "cuda")
+                        allow_tf32=settings.allow_tf32, warmup=env.device == "cuda", repeat=settings.repeat,
+                        allow_nondeterministic=settings.allow_nondeterministic)
     under_test = _adapter(runner)
     _check_chunk_sizes(settings, under_test)
     tol = settings.tolerance
@@ -60,7 +61,8 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
         "scan", env, name or adapter.BUILTIN, settings, cases(name or adapter.BUILTIN), runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
-            "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32,
+            "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32, "repeat": settings.repeat,
+            "allow_nondeterministic": settings.allow_nondeterministic,
         }, files, case_json, lambda c: 1,
     )
 

@@ -5,6 +5,7 @@ Most runs use `--kernel torch` (the baseline as the kernel) or broken wrappers o
 """
 
 import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -403,3 +404,21 @@ def test_a_real_bug_is_not_explained_by_reduced_precision(tmp_path):
     (case,) = report["cases"]
     assert case["status"] == "fail" and case["error"]["precision"]["closest_precision"] is None
     assert "unexplained by reduced precision" in case["message"]
+
+
+def test_repeat_finds_a_race_and_passes_the_builtin_kernel(tmp_path):
+    args = ("--preset", "smoke", "--regime", "normal,decay-extreme", "--repeat", "3")
+    result, report = scan("--kernel", f"{BROKEN}:racy_partial_read", *args, json_path=tmp_path / "r.json")
+    assert result.exit_code == 1
+    for case in report["cases"]:
+        assert case["status"] == "fail"
+        assert re.match(r"nondeterministic: runs 1 and [23] differ in y at sequence 0, token 16, head 0 "
+                        r"\(max \|Δ\| = \S+ over 3 runs\)$", case["message"]), case["message"]
+        assert case["repeat"]["runs"] == 3 and case["repeat"]["identical"] is False
+    # Declared nondeterministic, the spread is judged like an error: this one is small enough to pass.
+    _, report = scan("--kernel", f"{BROKEN}:racy_partial_read", *args, "--allow-nondeterministic",
+                     json_path=tmp_path / "a.json")
+    assert {c["status"] for c in report["cases"]} == {"pass"}
+    result, report = scan("--kernel", "builtin", "--preset", "smoke", "--repeat", "3", json_path=tmp_path / "b.json")
+    assert result.exit_code == 0, result.output
+    assert all(c["repeat"]["identical"] for c in report["cases"])

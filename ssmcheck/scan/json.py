@@ -51,6 +51,7 @@ def case_json(result: ScanResult) -> dict:
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,
         "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
+        "repeat": asdict(result.repeat) if result.repeat else None,
         "error_map": _error_map(result),
         "stdout": result.stdout,
     }

@@ -16,7 +16,8 @@ import math
 import torch
 
 from ssmcheck.scan.inputs import TokenMap
-from ssmcheck.scan.results import ErrorStats, NonfiniteToken, WorstGroup
+from ssmcheck.core.tensors import same_bits
+from ssmcheck.scan.results import ErrorStats, NonfiniteToken, RepeatSpread, WorstGroup
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
@@ -151,6 +152,38 @@ def worst_group(kernel: torch.Tensor, baseline: torch.Tensor, nchunks_heads: tup
 def group_shape(tokens: TokenMap, chunk_size: int, nheads: int) -> tuple[int, int]:
     """(chunks per sequence, heads): how `group_errors` lays its groups out within a sequence."""
     return int((tokens.position // chunk_size).max()) + 1, nheads
+
+
+def repeat_spread(first: tuple, repeats: list[tuple], tokens: TokenMap) -> RepeatSpread:
+    """Compare the (y, states) of runs 2.. with run 1's, bit for bit (NaN equals the same NaN)."""
+    max_abs = spread = 0.0
+    where = {}
+    for run, (y, states) in enumerate(repeats, start=2):
+        for output, a, b in (("y", first[0], y), ("states", first[1], states)):
+            if same_bits(a, b):
+                continue
+            diff = (b.double() - a.double()).abs().nan_to_num(nan=math.inf)
+            max_abs = max(max_abs, float(diff.max()))
+            if output == "y":
+                spread = max(spread, float(torch.linalg.vector_norm(b.double() - a.double())
+                                           / torch.linalg.vector_norm(a.double()).clamp_min(1e-300)))
+            if not where:
+                where = {"run": run, "output": output, **_first_difference(output, a, b, tokens)}
+    return RepeatSpread(len(repeats) + 1, not where, max_abs=max_abs, spread_rel=spread, **where)
+
+
+def _first_difference(output: str, a: torch.Tensor, b: torch.Tensor, tokens: TokenMap) -> dict:
+    """Where two runs' outputs first differ: in token order for y, index order for the states."""
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    differs = a.view(as_int) != b.view(as_int)
+    if output == "y":
+        token_differs = differs.flatten(2).any(-1)  # (rows, tokens)
+        first = torch.where(token_differs, tokens.order, torch.iinfo(torch.int64).max).flatten().argmin()
+        row, token = divmod(int(first), a.shape[1])
+        head = int(differs[row, token].any(-1).nonzero()[0])
+        return {"sequence": int(tokens.sequence[row, token]), "token": int(tokens.position[row, token]), "head": head}
+    sequence, head = (int(i) for i in differs.nonzero()[0][:2])
+    return {"sequence": sequence, "head": head}
 
 
 def growth(per_chunk: list[float]) -> float | None:

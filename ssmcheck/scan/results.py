@@ -33,6 +33,21 @@ class WorstGroup:
 
 
 @dataclass(frozen=True)
+class RepeatSpread:
+    """How the outputs of repeated runs on identical inputs compare with the first run's, bit for bit."""
+
+    runs: int
+    identical: bool
+    run: int | None = None  # the first run whose outputs differ from run 1's
+    output: str | None = None  # "y" or "states"
+    sequence: int | None = None  # where that run first differs, in token order (y) or index order (states)
+    token: int | None = None
+    head: int | None = None
+    max_abs: float = 0.0  # the largest |difference| from run 1 over every run and output
+    spread_rel: float = 0.0  # the largest norm-wise relative difference of y from run 1's
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Errors of one implementation (kernel or baseline) against the reference."""
 
@@ -90,6 +105,7 @@ class ScanResult:
     kernel: Comparison | None = None
     baseline: Comparison | None = None
     worst_group: WorstGroup | None = None
+    repeat: RepeatSpread | None = None  # with --repeat K: how the K runs compare
     precision: dict | None = None  # for a failing case: the reduced precision its errors match (scan.precision)
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
     first_nonfinite: NonfiniteToken | None = None  # in y, else in the final states

@@ -70,20 +70,24 @@ def _sync(device: str) -> None:
 
 
 def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, reference_kind: str,
-             device: str, allow_tf32: bool = False, warmup: bool = False) -> ScanResult:
+             device: str, allow_tf32: bool = False, warmup: bool = False, repeat: int = 1,
+             allow_nondeterministic: bool = False) -> ScanResult:
     """Measure and judge one case. With `warmup`, the first call of the kernel for each shape (where a
     GPU compiles and autotunes) is made once before the timed one and timed apart: the case's
-    `seconds` then leave it out, and `warmup_seconds` hold it."""
+    `seconds` then leave it out, and `warmup_seconds` hold it. With `repeat` K > 1 the kernel runs K
+    times on identical inputs and the runs are compared bit for bit (a race shows as a difference)."""
     reason = case.skip_reason or kernel.skip_reason(case)
     if reason:
         return ScanResult(case, Status.SKIPPED, reason)
     start = time.perf_counter()
-    result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup)
+    result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
+                  allow_nondeterministic)
     result.seconds = time.perf_counter() - start - (result.warmup_seconds or 0.0)
     return result
 
 
-def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup) -> ScanResult:
+def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
+         allow_nondeterministic) -> ScanResult:
     try:
         inputs = REGIMES[case.regime].generate(
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
@@ -104,6 +108,10 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup) ->
             warnings.simplefilter("ignore", RuntimeWarning)
             out = kernel.call(inputs, case, transcript)
             _sync(device)
+            again = []
+            for _ in range(repeat - 1):  # the same inputs again: a race shows as runs that differ
+                again.append(kernel.call(inputs, case, transcript))
+                _sync(device)
     except KernelExit as exc:
         return ScanResult(case, Status.ERROR, str(exc), inputs_note=inputs.note, stdout=transcript.text)
     except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
@@ -152,9 +160,12 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup) ->
         measure.locate_nonfinite_y(out[0], ref[0], tokens, case.chunk_size, inputs) or result.first_nonfinite_state
     )
     result.growth = measure.growth(result.per_chunk)
-    verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group)
+    result.repeat = measure.repeat_spread(out, again, tokens) if again else None
+    verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group,
+                    result.repeat, allow_nondeterministic)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
-    if result.status is Status.FAIL:
+    racy = result.repeat is not None and not result.repeat.identical and not allow_nondeterministic
+    if result.status is Status.FAIL and not racy:  # a race is no question of precision
         result.precision, note = _classify(inputs, case, storage, ref, result, allow_tf32)
         result.message += f"; {note}"
     if result.status in (Status.FAIL, Status.NONFINITE):
@@ -212,6 +223,8 @@ class ScanRunner:
     state_dtype_given: bool = False  # --state-dtype was on the command line: a declaration (ScanAdapter)
     allow_tf32: bool = False  # fp32 cases judged against the TF32 baseline
     warmup: bool = False  # time each kernel's first call per shape apart (compile, autotune): on a GPU
+    repeat: int = 1  # runs per case on identical inputs, compared bit for bit
+    allow_nondeterministic: bool = False  # the kernel declares itself nondeterministic: judge its spread
 
     def adapter(self) -> ScanAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -222,7 +235,7 @@ class ScanRunner:
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
         """Run one case (a scan case is one unit of progress: `advance` is not called)."""
         return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32,
-                        self.warmup)
+                        self.warmup, self.repeat, self.allow_nondeterministic)
 
     def failed(self, case: ScanCase, message: str, seconds: float) -> ScanResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""

@@ -55,6 +55,8 @@ TABLE = CommandTable(
         "seed": Setting(lambda label, value: sweep.parse_count(label, value, 0), 0),
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
         "allow_tf32": Setting(sweep.parse_flag, False),
+        "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
+        "allow_nondeterministic": Setting(sweep.parse_flag, False),
     },
     overrides=True,
 )
@@ -68,6 +70,8 @@ class ScanSettings:
     seed: int
     fail_on: tuple[str, ...]
     allow_tf32: bool = False  # fp32 cases judged against the TF32 baseline
+    repeat: int = 1  # runs per case, compared bit for bit
+    allow_nondeterministic: bool = False
 
     @property
     def axes(self) -> dict[str, list]:
@@ -90,7 +94,8 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     s = resolved.settings
     return ScanSettings(
         spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
-        seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"],
+        seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"], repeat=s["repeat"],
+        allow_nondeterministic=s["allow_nondeterministic"],
     )
 
 

@@ -2,7 +2,8 @@
 
 - nonfinite: the kernel's y or final states hold NaN/Inf where the reference is finite;
 - error: the same-precision baseline itself is non-finite, so the rule cannot judge;
-- fail: one judged figure exceeds tol_factor x the baseline's same figure + floor (or --rtol):
+- fail: with --repeat, runs on identical inputs that differ bit for bit (unless the kernel is
+  declared nondeterministic: its spread is then judged like an error); or one judged figure exceeds tol_factor x the baseline's same figure + floor (or --rtol):
   y over the whole output, the final states, y in its worst (sequence, chunk, head) group against
   the baseline's worst group, and the SSM part C·h alone (without D·x, before the z gate). One
   global figure averages a local error away: a 2% error in a partial last chunk, or a 1% error in
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
-from ssmcheck.scan.results import Comparison, NonfiniteToken, ScanVerdict, WorstGroup
+from ssmcheck.scan.results import Comparison, NonfiniteToken, RepeatSpread, ScanVerdict, WorstGroup
 
 
 def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteToken | None,
-          tolerance: Tolerance, worst_group: WorstGroup | None = None) -> ScanVerdict:
+          tolerance: Tolerance, worst_group: WorstGroup | None = None, repeat: RepeatSpread | None = None,
+          allow_nondeterministic: bool = False) -> ScanVerdict:
     if first_nonfinite is not None:
         return ScanVerdict(Status.NONFINITE, nonfinite_message(first_nonfinite))
+    if repeat is not None and not repeat.identical and not allow_nondeterministic:
+        return ScanVerdict(Status.FAIL, nondeterminism_message(repeat))
     outputs = [("y", kernel.y.rel, baseline.y.rel), ("states", kernel.states.rel, baseline.states.rel)]
     extra = []
     if worst_group is not None:
@@ -28,6 +32,8 @@ def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteTo
         extra.append((where, worst_group.rel, worst_group.baseline_rel))
     if kernel.ssm is not None and baseline.ssm is not None:
         extra.append(("SSM part C·h", kernel.ssm.rel, baseline.ssm.rel))
+    if repeat is not None and not repeat.identical:  # declared nondeterministic: judged on its spread
+        extra.append(("spread of y between runs", repeat.spread_rel, baseline.y.rel))
     if tolerance.rtol is None:
         for name, _, base in outputs + extra:
             if not base < float("inf"):
@@ -42,6 +48,12 @@ def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteTo
     if failed:
         return ScanVerdict(Status.FAIL, "; ".join(failed) + f" ({tolerance_rule(tolerance)})", limits)
     return ScanVerdict(Status.PASS, "", limits)
+
+
+def nondeterminism_message(spread: RepeatSpread) -> str:
+    at = f"sequence {spread.sequence}" + (f", token {spread.token}" if spread.token is not None else "")
+    return (f"nondeterministic: runs 1 and {spread.run} differ in {spread.output} at {at}, head {spread.head} "
+            f"(max |Δ| = {spread.max_abs:.3g} over {spread.runs} runs)")
 
 
 def nonfinite_message(where: NonfiniteToken) -> str:
