@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ssmcheck.core import config, runtime
@@ -56,13 +56,17 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
                         allow_nondeterministic=settings.allow_nondeterministic)
     under_test = _adapter(runner)
     _check_chunk_sizes(settings, under_test)
+    cases = cases(name or adapter.BUILTIN)
+    if settings.configs == "all":
+        cases = _every_config(cases, runner.autotuned())
     tol = settings.tolerance
     return Plan(
-        "scan", env, name or adapter.BUILTIN, settings, cases(name or adapter.BUILTIN), runner, {
+        "scan", env, name or adapter.BUILTIN, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
             "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32, "repeat": settings.repeat,
-            "allow_nondeterministic": settings.allow_nondeterministic,
+            "allow_nondeterministic": settings.allow_nondeterministic, "configs": settings.configs,
+            "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 1,
     )
 
@@ -105,6 +109,18 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )
+
+
+def _every_config(cases: list, tuned: list) -> list:
+    """Each case once per config of each autotuned function, one function at a time (the others left
+    to the autotuner, or to their first config in the interpreter): not the product of all."""
+    from ssmcheck.core import autotune  # noqa: PLC0415
+
+    configs = [json.dumps({"function": t.name, "index": i, **autotune.describe(c)}, sort_keys=True)
+               for t in tuned for i, c in enumerate(t.configs)]
+    if not configs:
+        return cases
+    return [replace(case, config=config) for case in cases for config in configs]
 
 
 def _configure(device: str | None) -> runtime.Environment:

@@ -422,3 +422,24 @@ def test_repeat_finds_a_race_and_passes_the_builtin_kernel(tmp_path):
     result, report = scan("--kernel", "builtin", "--preset", "smoke", "--repeat", "3", json_path=tmp_path / "b.json")
     assert result.exit_code == 0, result.output
     assert all(c["repeat"]["identical"] for c in report["cases"])
+
+
+def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):
+    """tests/tuned_kernels: the last element of y is never written under the copy's BLOCK=32 config only.
+    In the interpreter, which cannot autotune, `auto` runs each autotuned function's first config."""
+    kernel = f"{Path(__file__).parent / 'tuned_kernels' / 'scan.py'}:chunk_scan"
+    args = ("--kernel", kernel, "--preset", "smoke", "--regime", "normal,ragged")
+    result, report = scan(*args, json_path=tmp_path / "auto.json")
+    assert result.exit_code == 0, result.output
+    assert "configs: the first of each (tests.tuned_kernels.copy._copy_kernel (2 configs))" in result.stdout
+    result, report = scan(*args, "--configs", "all", json_path=tmp_path / "all.json")
+    assert result.exit_code == 3
+    by_config = {}
+    for case in report["cases"]:
+        by_config.setdefault(case["params"]["config"]["index"], set()).add(case["status"])
+    assert by_config == {0: {"pass"}, 1: {"nonfinite"}}
+    bad = next(c for c in report["cases"] if c["status"] == "nonfinite")
+    assert bad["id"].endswith("-cfg-_copy_kernel-1")
+    assert bad["params"]["config"] == {"function": "_copy_kernel", "index": 1, "kwargs": {"BLOCK": 32},
+                                       "num_warps": 2, "num_stages": 3}
+    assert "_copy_kernel config 1 (BLOCK=32, num_stages=3, num_warps=2): nonfinite in 2/2 cases" in result.stdout

@@ -55,6 +55,7 @@ def scan(
     rtol: float = typer.Option(None, metavar="X", help="Judge against this relative error instead of the baseline rule."),
     seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
     allow_tf32: bool = typer.Option(None, "--allow-tf32", metavar="", help="Judge fp32 cases against a baseline whose matmul operands are rounded to TF32 (10 fraction bits, the same on every device): for kernels whose fp32 tl.dot runs in TF32 by design."),
+    configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     repeat: int = typer.Option(None, metavar="K", help="Run each case K times on identical inputs and compare the outputs bit for bit: a difference (a race) fails the case (default 1)."),
     allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); judge the spread between runs like an error instead."),
     fail_on: cli_common.FailOn = None,
@@ -73,7 +74,7 @@ def scan(
         chunk_size=chunk_size, seqlen=seqlen, dtype=dtype, batch=batch, nheads=nheads, headdim=headdim,
         dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
-        allow_tf32=allow_tf32 or None, repeat=repeat, allow_nondeterministic=allow_nondeterministic or None,
+        allow_tf32=allow_tf32 or None, repeat=repeat, configs=configs, allow_nondeterministic=allow_nondeterministic or None,
     )
     try:
         plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,
@@ -84,7 +85,8 @@ def scan(
     files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
     from ssmcheck.scan import table  # noqa: PLC0415 (after the plan has configured the device)
 
-    out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings,
+                                                             plan.report_settings["autotuned"])
                                  + cli_common.files_note(plan.files), quiet)
     _, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
                                 isolate=isolate, case_timeout=timeout)

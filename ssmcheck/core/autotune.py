@@ -7,7 +7,8 @@ kernel under test is found:
 
 - in the module globals of the callable's module;
 - in the modules that module imports, and the modules of the functions it imports, as long as
-  they lie within the kernel's own package (its top-level package name).
+  they lie within the kernel's own package (its top-level package name), or, for a kernel loaded
+  from a file, in the file's folder or below it.
 
 An autotuner with a single config runs it without benchmarking, so pinning a config is setting
 the autotuner's config list to that one config, and restoring the list afterwards. That is also
@@ -21,6 +22,7 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,14 @@ def describe(config) -> dict:
 
 
 def config_text(config) -> str:
-    """`BLOCK_SIZE_M=128, ..., num_warps=4, num_stages=3`: for ids' companions, tables and summaries."""
-    d = describe(config)
-    parts = [f"{k}={v}" for k, v in d["kwargs"].items()] + [f"{k}={v}" for k, v in d.items() if k != "kwargs"]
-    return ", ".join(parts)
+    """`BLOCK_SIZE_M=128, ..., num_warps=4, num_stages=3`: for tables and summaries."""
+    return described_text(describe(config))
+
+
+def described_text(described: dict) -> str:
+    """The text of `describe`'s dict (other keys, such as a function name or an index, are left out)."""
+    launch = [f"{k}={v}" for k, v in described.items() if k in ("num_warps", "num_stages", "num_ctas", "maxnreg")]
+    return ", ".join([f"{k}={v}" for k, v in described["kwargs"].items()] + launch)
 
 
 def find(fn: Callable) -> list[Tuned]:
@@ -62,6 +68,14 @@ def find(fn: Callable) -> list[Tuned]:
     if start is None:
         return []
     package = start.__name__.partition(".")[0]
+    folder = Path(start.__file__).resolve().parent if getattr(start, "__file__", None) else None
+
+    def within(module) -> bool:
+        if module.__name__.partition(".")[0] == package:
+            return True
+        path = getattr(module, "__file__", None)
+        return folder is not None and path is not None and Path(path).resolve().is_relative_to(folder)
+
     found: dict[int, Tuned] = {}
     seen: set[str] = set()
     queue = [start]
@@ -75,7 +89,7 @@ def find(fn: Callable) -> list[Tuned]:
             if autotuner is not None:
                 found.setdefault(id(autotuner), Tuned(attr, module.__name__, autotuner))
             follow = value if isinstance(value, types.ModuleType) else inspect.getmodule(value)
-            if follow is not None and follow.__name__.partition(".")[0] == package:
+            if follow is not None and within(follow):
                 queue.append(follow)
     return sorted(found.values(), key=lambda t: (t.module, t.name))
 

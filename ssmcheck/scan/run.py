@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ssmcheck.core import autotune
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.status import Status
@@ -115,6 +116,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     except KernelExit as exc:
         return ScanResult(case, Status.ERROR, str(exc), inputs_note=inputs.note, stdout=transcript.text)
     except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
+        if case.config is not None and type(exc).__name__ == "OutOfResources":  # triton's: the config cannot launch
+            return ScanResult(case, Status.SKIPPED, f"the kernel rejects this config: {_describe(exc)}")
         return ScanResult(case, Status.ERROR, _describe(exc), inputs_note=inputs.note, stdout=transcript.text)
     kernel_seconds = time.perf_counter() - start
     storage = kernel.judged_storage(case, out[1].dtype)
@@ -232,8 +235,28 @@ class ScanRunner:
             _ADAPTERS[self] = resolve(self.kernel, self.interpreter, self.state_dtype_given)
         return _ADAPTERS[self]
 
+    def autotuned(self) -> list:
+        """The kernel's autotuned functions (core.autotune), found once per process."""
+        if self not in _TUNED:
+            _TUNED[self] = autotune.find(self.adapter().fn)
+        return _TUNED[self]
+
+    def pins(self, case: ScanCase) -> dict:
+        """The configs to pin for `case`: its own (--configs all) and, in the interpreter, which cannot
+        benchmark, every other autotuned function's first config."""
+        config = case.config_params
+        pins = {t: 0 for t in self.autotuned()} if self.interpreter else {}
+        for tuned in self.autotuned():
+            if config is not None and tuned.name == config["function"]:
+                pins[tuned] = config["index"]
+        return pins
+
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
         """Run one case (a scan case is one unit of progress: `advance` is not called)."""
+        with autotune.pinned(self.pins(case)):
+            return self._run(case)
+
+    def _run(self, case: ScanCase) -> ScanResult:
         return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32,
                         self.warmup, self.repeat, self.allow_nondeterministic)
 
@@ -244,3 +267,4 @@ class ScanRunner:
 
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
 _ADAPTERS: dict[ScanRunner, ScanAdapter] = {}
+_TUNED: dict[ScanRunner, list] = {}

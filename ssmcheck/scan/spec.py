@@ -8,6 +8,7 @@ array of such tables for several sub-sweeps). Scan adds one rule: with
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields, replace
 
 from ssmcheck.core import models, spec, sweep
@@ -56,6 +57,7 @@ TABLE = CommandTable(
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
         "allow_tf32": Setting(sweep.parse_flag, False),
         "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
+        "configs": Setting(_choice(("auto", "all")), "auto"),
         "allow_nondeterministic": Setting(sweep.parse_flag, False),
     },
     overrides=True,
@@ -71,6 +73,7 @@ class ScanSettings:
     fail_on: tuple[str, ...]
     allow_tf32: bool = False  # fp32 cases judged against the TF32 baseline
     repeat: int = 1  # runs per case, compared bit for bit
+    configs: str = "auto"  # "all": every case once per autotune config of the kernel (plan.py expands them)
     allow_nondeterministic: bool = False
 
     @property
@@ -95,7 +98,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     return ScanSettings(
         spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
         seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"], repeat=s["repeat"],
-        allow_nondeterministic=s["allow_nondeterministic"],
+        allow_nondeterministic=s["allow_nondeterministic"], configs=s["configs"],
     )
 
 
@@ -115,7 +118,14 @@ class ScanCase:
     rounding: str
     model: str | None
     seed: int
+    # With --configs all: the autotune config this case pins, as JSON {"function", "index", "kwargs",
+    # "num_warps", "num_stages", ...} (a string, so the case stays hashable); None: the autotuner's pick.
+    config: str | None = None
     skip_reason: str | None = None
+
+    @property
+    def config_params(self) -> dict | None:
+        return None if self.config is None else json.loads(self.config)
 
     @property
     def id(self) -> str:
@@ -123,6 +133,8 @@ class ScanCase:
         text = f"{self.regime}-{self.dtype}-c{self.chunk_size}-L{self.seqlen}-b{self.batch}-{widths}"
         if (self.state_dtype, self.rounding) != ("fp32", "nearest"):
             text += f"-state-{self.state_dtype}-{self.rounding}"
+        if self.config is not None:
+            text += f"-cfg-{self.config_params['function']}-{self.config_params['index']}"
         return text
 
     def params(self) -> dict:
@@ -130,7 +142,7 @@ class ScanCase:
             "kernel": self.kernel, "dtype": self.dtype, "chunk_size": self.chunk_size, "seqlen": self.seqlen,
             "batch": self.batch, "nheads": self.nheads, "headdim": self.headdim, "dstate": self.dstate,
             "ngroups": self.ngroups, "regime": self.regime, "seed": self.seed, "state_dtype": self.state_dtype,
-            "rounding": self.rounding, "model": self.model,
+            "rounding": self.rounding, "model": self.model, "config": self.config_params,
         }
 
     def shape(self) -> ScanShape:
@@ -164,6 +176,8 @@ def build_cases(settings: ScanSettings, kernel: str) -> list[ScanCase]:
 
 def case_from_params(params: dict, kernel: str) -> ScanCase:
     """The case a JSON report's `params` describe (seed included), to run again with `kernel`."""
-    names = [f.name for f in fields(ScanCase) if f.name not in ("kernel", "skip_reason")]
-    case = ScanCase(kernel=kernel, **{name: params[name] for name in names})
+    names = [f.name for f in fields(ScanCase) if f.name not in ("kernel", "skip_reason", "config")]
+    config = params.get("config")
+    case = ScanCase(kernel=kernel, config=None if config is None else json.dumps(config, sort_keys=True),
+                    **{name: params[name] for name in names})
     return replace(case, skip_reason=_skip_reason(case))

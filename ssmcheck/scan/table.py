@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 
@@ -9,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ssmcheck.core import autotune
 from ssmcheck.core.render import Column, STYLES, fitted_table, format_error, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
@@ -18,13 +20,22 @@ from ssmcheck.scan.results import ScanResult
 from ssmcheck.scan.spec import ScanSettings
 
 
-def header(env: Environment, kernel: str, settings: ScanSettings) -> str:
-    return (
+def header(env: Environment, kernel: str, settings: ScanSettings, autotuned: list[str] = ()) -> str:
+    """The environment and settings; with autotuned functions, which configs run."""
+    text = (
         f"{environment_line('scan', env)}\n"
         f"kernel {kernel} | reference {settings.reference} | tolerance {tolerance_rule(settings.tolerance)} | "
         f"seed {settings.seed} | fail on {','.join(settings.fail_on)}"
         + (" | fp32 judged against TF32 matmuls (--allow-tf32)" if settings.allow_tf32 else "")
     )
+    if autotuned:
+        if settings.configs == "all":
+            text += f"\nconfigs: every config of {', '.join(autotuned)}, one function at a time"
+        elif env.interpreter:
+            text += f"\nconfigs: the first of each ({', '.join(autotuned)}): the interpreter cannot autotune"
+        else:
+            text += f"\nconfigs: the autotuner's pick ({', '.join(autotuned)})"
+    return text
 
 
 def _location(result: ScanResult) -> str:
@@ -92,6 +103,8 @@ COLUMNS: tuple[Column[ScanResult], ...] = (
     Column("batch", lambda r: str(r.case.batch), PARAMS, "right"),
     Column("HxPxN/G", _widths, PARAMS),
     Column("state", _state, PARAMS),
+    Column("config", lambda r: "" if r.case.config is None else
+           f"{r.case.config_params['function']}#{r.case.config_params['index']}", PARAMS),
     Column("status", lambda r: Text(r.status.value, style=STYLES[r.status]), 0),
     Column("y err", lambda r: format_error(r.kernel.y.rel) if r.kernel else "-", 1, "right"),
     Column("state err", lambda r: format_error(r.kernel.states.rel) if r.kernel else "-", 2, "right"),
@@ -104,7 +117,8 @@ COLUMNS: tuple[Column[ScanResult], ...] = (
 
 def results_table(console: Console, results: list[ScanResult]) -> Table:
     """The table for `console.width`: the least important columns dropped until it fits."""
-    return fitted_table(console, COLUMNS, results)
+    tuned = any(r.case.config is not None for r in results)
+    return fitted_table(console, [c for c in COLUMNS if c.header != "config" or tuned], results)
 
 
 def _first_line(text: str, limit: int = 300) -> str:
@@ -129,8 +143,27 @@ def notes(results: list[ScanResult]) -> list[str]:
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
+    lines += config_failures(results)
     for r in results:
         lines += printed_lines(r.case.id, r.stdout)
+    return lines
+
+
+def config_failures(results: list[ScanResult]) -> list[str]:
+    """With --configs all: each config that fails anywhere, e.g. `_kernel config 7 (BLOCK=128, ...,
+    num_stages=4): nonfinite in 6/45 cases`."""
+    by_config: dict[str, list[ScanResult]] = {}
+    for r in results:
+        if r.case.config is not None and r.status is not Status.SKIPPED:
+            by_config.setdefault(r.case.config, []).append(r)
+    lines = []
+    for config, members in by_config.items():
+        bad = Counter(r.status.value for r in members if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR))
+        if bad:
+            c = json.loads(config)
+            text = autotune.described_text(c)
+            counts = ", ".join(f"{status} in {n}/{len(members)} cases" for status, n in bad.items())
+            lines.append(f"{c['function']} config {c['index']} ({text}): {counts}")
     return lines
 
 

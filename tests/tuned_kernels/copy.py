@@ -1,7 +1,7 @@
 """`copy(x)` copies a vector through an autotuned Triton kernel with two configs.
 
-Under BLOCK=32 the tail mask is off by one block element, so the last element of a length that is
-not a multiple of 32 is never written: a bug that only one config has.
+Under BLOCK=32 the tail mask is off by one element, so the last element is never written (it stays
+NaN): a bug that only one config has.
 """
 
 import torch

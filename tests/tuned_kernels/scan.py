@@ -1,0 +1,10 @@
+"""A chunk scan (the torch baseline) whose output passes through the autotuned copy of copy.py: correct
+under the copy's first config, missing the last element of y under its second (BLOCK=32)."""
+
+from ssmcheck.scan.adapter import torch_kernel
+from tests.tuned_kernels.copy import copy
+
+
+def chunk_scan(x, dt, A, B, C, chunk_size, **kwargs):
+    y, *states = torch_kernel(x, dt, A, B, C, chunk_size, **kwargs)
+    return (copy(y.flatten().float()).view_as(y).to(y.dtype), *states)
