@@ -13,7 +13,7 @@ def test_autotuners_are_found_through_the_modules_a_kernel_imports():
         {"kwargs": {"BLOCK": 16}, "num_warps": 1, "num_stages": 3},
         {"kwargs": {"BLOCK": 32}, "num_warps": 2, "num_stages": 3},
     ]
-    assert autotune.config_text(tuned.configs[1]) == "BLOCK=32, num_warps=2, num_stages=3"
+    assert autotune.described_text(autotune.describe(tuned.configs[1])) == "BLOCK=32, num_warps=2, num_stages=3"
 
 
 def test_pinning_runs_one_config_and_restores_the_list():

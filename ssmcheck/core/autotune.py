@@ -48,13 +48,9 @@ def describe(config) -> dict:
     return described
 
 
-def config_text(config) -> str:
-    """`BLOCK_SIZE_M=128, ..., num_warps=4, num_stages=3`: for tables and summaries."""
-    return described_text(describe(config))
-
-
 def described_text(described: dict) -> str:
-    """The text of `describe`'s dict (other keys, such as a function name or an index, are left out)."""
+    """`BLOCK_SIZE_M=128, ..., num_warps=4, num_stages=3` from `describe`'s dict, for tables and
+    summaries (other keys, such as a function name or an index, are left out)."""
     launch = [f"{k}={v}" for k, v in described.items() if k in ("num_warps", "num_stages", "num_ctas", "maxnreg")]
     return ", ".join([f"{k}={v}" for k, v in described["kwargs"].items()] + launch)
 
