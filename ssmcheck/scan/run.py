@@ -47,9 +47,10 @@ def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor
 
 
 def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
-             allow_tf32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same math in the kernel's dtype, its states stored in `storage` (the case's rounding); with
-    `allow_tf32`, fp32 matmul operands rounded to TF32 (--allow-tf32)."""
+             allow_tf32: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, states, the SSM part C·h of y) of the same math in the kernel's dtype, its states stored in
+    `storage` (the case's rounding); with `allow_tf32`, fp32 matmul operands rounded to TF32. C·h comes
+    out in x's dtype, as a kernel called without D and z returns it (it is bitwise that output)."""
     from ssmcheck.ops.chunk_scan.baseline import scan_baseline  # noqa: PLC0415
 
     out = scan_baseline(
@@ -57,7 +58,7 @@ def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
         state_dtype=storage, rounding=case.rounding, seed=case.seed,
         **precision.judged_baseline_options(inputs, allow_tf32),
     )
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states)
+    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm.to(inputs.x.dtype)
 
 
 def _describe(exc: BaseException) -> str:
@@ -103,22 +104,10 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     warmup_seconds = _warm_up(kernel, inputs, case, transcript, device) if warmup else None
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            # numpy's warnings from Triton's interpreter (e.g. exp overflow in masked lanes) say
-            # nothing about the results, which are judged below.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            out = kernel.call(inputs, case, transcript)
-            _sync(device)
-            again = []
-            for _ in range(repeat - 1):  # the same inputs again: a race shows as runs that differ
-                again.append(kernel.call(inputs, case, transcript))
-                _sync(device)
-    except KernelExit as exc:
-        return ScanResult(case, Status.ERROR, str(exc), inputs_note=inputs.note, stdout=transcript.text)
+        # With --repeat, the same inputs again: a race shows as runs that differ.
+        out, *again = _calls(kernel, inputs, case, transcript, device, repeat)
     except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
-        if case.config is not None and type(exc).__name__ == "OutOfResources":  # triton's: the config cannot launch
-            return ScanResult(case, Status.SKIPPED, f"the kernel rejects this config: {_describe(exc)}")
-        return ScanResult(case, Status.ERROR, _describe(exc), inputs_note=inputs.note, stdout=transcript.text)
+        return _kernel_failed(case, exc, inputs, transcript)
     kernel_seconds = time.perf_counter() - start
     storage = kernel.judged_storage(case, out[1].dtype)
     try:  # after the call: the states the kernel returned may say how it stores them
@@ -128,19 +117,11 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     ssm = None
     if inputs.D is not None or inputs.z is not None:
         # The SSM part alone: the same call without D and z, judged against C·h of the references.
-        ssm_inputs = replace(inputs, D=None, z=None)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                ssm_kernel = kernel.call(ssm_inputs, case, transcript)[0]
-        except KernelExit as exc:
-            return ScanResult(case, Status.ERROR, f"{exc} (the call without D and z)", inputs_note=inputs.note,
-                              stdout=transcript.text)
+            ssm_kernel = _calls(kernel, replace(inputs, D=None, z=None), case, transcript, device, 1)[0][0]
         except Exception as exc:  # noqa: BLE001
-            return ScanResult(case, Status.ERROR, f"{_describe(exc)} (the call without D and z)",
-                              inputs_note=inputs.note, stdout=transcript.text)
-        ssm = (measure.error_stats(ssm_kernel, ref[2]),
-               measure.error_stats(baseline(ssm_inputs, case, storage, allow_tf32)[0], ref[2]))
+            return _kernel_failed(case, exc, inputs, transcript, " (the call without D and z)")
+        ssm = (measure.error_stats(ssm_kernel, ref[2]), measure.error_stats(base[2], ref[2]))
 
     tokens = inputs.token_map()
     result = ScanResult(
@@ -192,13 +173,33 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     _WARM.add(key)
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            kernel.call(inputs, case, transcript)
-            _sync(device)
+        _calls(kernel, inputs, case, transcript, device, 1)
     except Exception:  # noqa: BLE001, S110 (the timed call reports it)
         pass
     return time.perf_counter() - start
+
+
+def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str,
+           count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` calls of the kernel on `inputs`, each waited for. Raises what the kernel raises."""
+    with warnings.catch_warnings():
+        # numpy's warnings from Triton's interpreter (e.g. exp overflow in masked lanes) say
+        # nothing about the results, which are judged afterwards.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outputs = []
+        for _ in range(count):
+            outputs.append(kernel.call(inputs, case, transcript))
+            _sync(device)
+    return outputs
+
+
+def _kernel_failed(case: ScanCase, exc: Exception, inputs: ScanInputs, transcript, which: str = "") -> ScanResult:
+    """The result of a kernel call that raised: the case's error (KernelExit's message is the whole
+    description), or a skip where a pinned autotune config cannot launch (triton's OutOfResources)."""
+    if case.config is not None and type(exc).__name__ == "OutOfResources":
+        return ScanResult(case, Status.SKIPPED, f"the kernel rejects this config: {_describe(exc)}")
+    message = str(exc) if isinstance(exc, KernelExit) else _describe(exc)
+    return ScanResult(case, Status.ERROR, message + which, inputs_note=inputs.note, stdout=transcript.text)
 
 
 def _classify(inputs, case, storage, ref, result: ScanResult, allow_tf32: bool) -> tuple[dict | None, str]:
