@@ -49,19 +49,20 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     from ssmcheck.scan.run import ScanRunner  # noqa: PLC0415
 
     settings, cases, kernel, preset_name, files = _sweep("scan", spec, kernel, preset, env, case, from_report, options)
-    name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
-    runner = ScanRunner(kernel or adapter.BUILTIN, settings.tolerance, settings.reference, env.device,
+    kernel = kernel or adapter.BUILTIN
+    name = _name(kernel)
+    runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device,
                         env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
                         allow_tf32=settings.allow_tf32, warmup=env.device == "cuda", repeat=settings.repeat,
                         allow_nondeterministic=settings.allow_nondeterministic)
     under_test = _adapter(runner)
     _check_chunk_sizes(settings, under_test)
-    cases = cases(name or adapter.BUILTIN)
+    cases = cases(name)
     if settings.configs == "all":
         cases = _every_config(cases, runner.autotuned())
     tol = settings.tolerance
     return Plan(
-        "scan", env, name or adapter.BUILTIN, settings, cases, runner, {
+        "scan", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
             "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32, "repeat": settings.repeat,
@@ -82,18 +83,19 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
     from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
 
     settings, cases, kernel, preset_name, files = _sweep("drift", spec, kernel, preset, env, case, from_report, options)
-    name = kernel if kernel is None or isinstance(kernel, str) else kernel_name(kernel)
+    kernel = kernel or adapter.BUILTIN
+    name = _name(kernel)
     if isinstance(philox_rounds, bool) or not isinstance(philox_rounds, int) or philox_rounds < 1:
         raise UsageError(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")
     if rounding_impl not in ROUNDING_IMPLS:
         raise UsageError(f"--rounding-impl: invalid value {rounding_impl!r} (choose from {', '.join(ROUNDING_IMPLS)})")
     if rounding_impl == "hardware":
-        if (name or adapter.BUILTIN) != adapter.BUILTIN:
+        if name != adapter.BUILTIN:
             raise UsageError("--rounding-impl hardware: applies to --kernel builtin only")
         reason = adapter.hardware_sr_unavailable(env.interpreter)
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             raise UsageError(f"--rounding-impl hardware: {reason}")
-    runner = DriftRunner(kernel or adapter.BUILTIN, settings.tolerance, env.device, env.interpreter, philox_rounds,
+    runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds,
                          rounding_impl)
     under_test = _adapter(runner)
     if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
@@ -102,7 +104,7 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         settings.axes["rounding"] = ["nearest"]
     tol = settings.tolerance
     return Plan(
-        "drift", env, name or adapter.BUILTIN, settings, cases(name or adapter.BUILTIN), runner, {
+        "drift", env, name, settings, cases(name), runner, {
             "preset": preset_name, "config_files": files, "steps": settings.steps, "trials": settings.trials,
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
             "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
@@ -121,6 +123,11 @@ def _every_config(cases: list, tuned: list) -> list:
     if not configs:
         return cases
     return [replace(case, config=config) for case in cases for config in configs]
+
+
+def _name(kernel: str | Callable) -> str:
+    """The kernel as reports name it: the --kernel value, or MODULE:QUALNAME for a callable."""
+    return kernel if isinstance(kernel, str) else kernel_name(kernel)
 
 
 def _configure(device: str | None) -> runtime.Environment:
