@@ -72,3 +72,15 @@ def test_bad_options_raise_one_line_usage_errors(call, named):
 def test_one_case_by_id():
     report = ssmcheck.scan(kernel="torch", preset="smoke", case="ragged-bf16-c16-L40-b2-h2x8n8g1")
     assert [c.id for c in report.cases] == ["ragged-bf16-c16-L40-b2-h2x8n8g1"]
+
+
+def test_the_api_runs_from_a_thread_other_than_the_main_one():
+    """Signal handlers can only be set in the main thread: a sweep run elsewhere must not try."""
+    import threading  # noqa: PLC0415
+
+    reports = []
+    worker = threading.Thread(target=lambda: reports.append(ssmcheck.scan(kernel="torch", preset="smoke",
+                                                                          regime="normal")))
+    worker.start()
+    worker.join()
+    assert len(reports) == 1 and reports[0].exit_code == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -40,7 +41,12 @@ class Interrupted(BaseException):
 
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM raise Interrupted in the main thread."""
+    """While inside, SIGINT and SIGTERM raise Interrupted in the main thread. Called from another
+    thread (a library user's), it changes nothing: only the main thread may set handlers, and only
+    it receives the signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def handler(signum, _frame):
         raise Interrupted(signal.Signals(signum).name)
