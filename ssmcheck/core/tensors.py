@@ -1,4 +1,4 @@
-"""Tensor facts the adapters share."""
+"""Tensor facts the adapters and measurements share."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import torch
 _SAME_SIZE_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bit patterns as integers of the same size (other tensors as they are)."""
+    return t.view(_SAME_SIZE_INTS[t.element_size()]) if t.is_floating_point() else t
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN equals the same NaN): what 'unchanged' means for a kernel's input."""
-    if a.is_floating_point():
-        a, b = a.view(_SAME_SIZE_INTS[a.element_size()]), b.view(_SAME_SIZE_INTS[b.element_size()])
-    return torch.equal(a, b)
+    return torch.equal(bits(a), bits(b))

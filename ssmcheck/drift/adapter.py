@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ssmcheck.core.callables import kernel_name, keywords, load_callable
-from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import dtype_name
-from ssmcheck.core.tensors import same_bits
+from ssmcheck.core.guard import KernelExit, changed_input, guarded_call, snapshot
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -82,26 +82,19 @@ class DriftAdapter:
             keywords["seed"] = seed
         inputs = {"x": step.x, "dt": step.dt, "A": problem.A, "B": step.B, "C": step.C, "D": problem.D,
                   "dt_bias": problem.dt_bias}
-        before = {name: t.clone() for name, t in inputs.items()} if check_inputs else {}
-        # Exactly SystemExit and KeyboardInterrupt beyond Exception, not BaseException: a user's
-        # Ctrl-C arrives as the CLI's own exception (core.execution.Interrupted) and must end
-        # the sweep, not this case.
+        before = snapshot(inputs) if check_inputs else {}
+        args = (state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
+                problem.dt_softplus)
         try:
-            with captured_stdout(transcript if transcript is not None else Transcript()):
-                out = self.fn(
-                    state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
-                    problem.dt_softplus, **keywords,
-                )
+            out = guarded_call(self.fn, args, keywords, transcript)
+        except KernelExit as exc:
+            raise KernelRaised(f"{exc} ({where})") from exc
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
             raise KernelRaised(f"{type(exc).__name__}: {exc} ({where})") from exc
-        except SystemExit as exc:
-            raise KernelRaised(f"SystemExit: {exc.code} (the kernel called sys.exit) ({where})") from exc
-        except KeyboardInterrupt as exc:
-            raise KernelRaised(f"KeyboardInterrupt raised by the kernel ({where})") from exc
         _check_out(out, step.x, where)
-        for name, copy in before.items():
-            if not same_bits(copy, inputs[name]):
-                raise KernelRaised(f"the kernel wrote into its input {name}: inputs must be left unchanged ({where})")
+        changed = changed_input(before, inputs)
+        if changed is not None:
+            raise KernelRaised(f"the kernel wrote into its input {changed}: inputs must be left unchanged ({where})")
         return out
 
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ssmcheck.core.callables import kernel_name, keywords, load_callable
-from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
-from ssmcheck.core.tensors import same_bits
+from ssmcheck.core.guard import changed_input, guarded_call, snapshot
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.spec import ScanCase
 
@@ -44,10 +44,6 @@ _POWERS_OF_TWO = tuple(2**k for k in range(17))
 
 class KernelOutputError(RuntimeError):
     """The kernel returned something other than the mamba signature promises, or changed its inputs."""
-
-
-class KernelExit(RuntimeError):
-    """The kernel raised SystemExit or KeyboardInterrupt; the message is the whole description."""
 
 
 @dataclass(frozen=True)
@@ -126,30 +122,25 @@ class ScanAdapter:
         """Run the kernel on `inputs`; return (y, states): final states per row, or per sequence for varlen.
 
         What the kernel prints goes to `transcript` (discarded without one). Raises what the
-        kernel raised, KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
+        kernel raised, core.guard.KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
         """
         state_keywords, storage, why = self._storage(inputs, case)
-        extra = {**self.options, **state_keywords}
-        before = _snapshot(inputs)
-        # Exactly these two, not BaseException: a user's Ctrl-C arrives as the CLI's own
-        # exception (core.execution.Interrupted) and must end the sweep, not this case.
-        try:
-            with captured_stdout(transcript if transcript is not None else Transcript()):
-                result = self.fn(
-                    inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
-                    seq_idx=inputs.seq_idx, return_final_states=not inputs.varlen,
-                    return_varlen_states=inputs.varlen, **extra,
-                )
-        except SystemExit as exc:
-            raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc
-        except KeyboardInterrupt as exc:
-            raise KernelExit("KeyboardInterrupt raised by the kernel") from exc
+        tensors = {name: getattr(inputs, name) for name in _INPUTS}
+        before = snapshot(tensors)
+        result = guarded_call(
+            self.fn, (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size),
+            {**inputs.kwargs(), "seq_idx": inputs.seq_idx, "return_final_states": not inputs.varlen,
+             "return_varlen_states": inputs.varlen, **self.options, **state_keywords},
+            transcript,
+        )
         y, states = _unpack(result)
         x = inputs.x
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
         _check_tensor("states", states, state_shape, storage, x.device, why)
-        _check_unchanged(before, inputs)
+        changed = changed_input(before, tensors)
+        if changed is not None:
+            raise KernelOutputError(f"the kernel wrote into its input {changed}: inputs must be left unchanged")
         return y, states
 
 
@@ -176,16 +167,6 @@ def _check_tensor(what: str, tensor: torch.Tensor, shape: tuple, dtypes: tuple, 
 
 
 _INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "cu_seqlens")
-
-
-def _snapshot(inputs: ScanInputs) -> dict[str, torch.Tensor]:
-    return {name: getattr(inputs, name).clone() for name in _INPUTS if getattr(inputs, name) is not None}
-
-
-def _check_unchanged(before: dict[str, torch.Tensor], inputs: ScanInputs) -> None:
-    for name, copy in before.items():
-        if not same_bits(copy, getattr(inputs, name)):
-            raise KernelOutputError(f"the kernel wrote into its input {name}: inputs must be left unchanged")
 
 
 def torch_kernel(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,

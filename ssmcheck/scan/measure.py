@@ -16,7 +16,7 @@ import math
 import torch
 
 from ssmcheck.scan.inputs import TokenMap
-from ssmcheck.core.tensors import same_bits
+from ssmcheck.core.tensors import bits, same_bits
 from ssmcheck.scan.results import ErrorStats, NonfiniteToken, RepeatSpread, WorstGroup
 
 
@@ -174,8 +174,7 @@ def repeat_spread(first: tuple, repeats: list[tuple], tokens: TokenMap) -> Repea
 
 def _first_difference(output: str, a: torch.Tensor, b: torch.Tensor, tokens: TokenMap) -> dict:
     """Where two runs' outputs first differ: in token order for y, index order for the states."""
-    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    differs = a.view(as_int) != b.view(as_int)
+    differs = bits(a) != bits(b)
     if output == "y":
         token_differs = differs.flatten(2).any(-1)  # (rows, tokens)
         first = torch.where(token_differs, tokens.order, torch.iinfo(torch.int64).max).flatten().argmin()

@@ -20,7 +20,8 @@ from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import measure, precision
-from ssmcheck.scan.adapter import KernelExit, ScanAdapter, resolve
+from ssmcheck.core.guard import KernelExit
+from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.results import Comparison, ErrorMap, ScanResult

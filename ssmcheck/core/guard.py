@@ -1,0 +1,42 @@
+"""Calling a kernel under test so that it cannot end the run, fake its verdict or write into the report.
+
+What it prints goes to a transcript (core.capture). SystemExit and KeyboardInterrupt raised inside
+the call become KernelExit, the case's own failure: exactly these two beyond Exception, not
+BaseException, because a user's Ctrl-C arrives as core.execution.Interrupted and must end the
+sweep, not this case. Both commands' adapters call their kernels through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.core.tensors import same_bits
+
+
+class KernelExit(RuntimeError):
+    """The kernel raised SystemExit or KeyboardInterrupt; the message is the whole description."""
+
+
+def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript | None):
+    """fn(*args, **kwargs), its printing kept in `transcript` (discarded without one). Raises what the
+    kernel raised, or KernelExit."""
+    try:
+        with captured_stdout(transcript if transcript is not None else Transcript()):
+            return fn(*args, **kwargs)
+    except SystemExit as exc:
+        raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc
+    except KeyboardInterrupt as exc:
+        raise KernelExit("KeyboardInterrupt raised by the kernel") from exc
+
+
+def snapshot(inputs: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    """Copies of a call's tensor inputs, to check afterwards that the call left them unchanged."""
+    return {name: t.clone() for name, t in inputs.items() if t is not None}
+
+
+def changed_input(before: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor | None]) -> str | None:
+    """The first input whose bits differ from its copy in `before`, or None."""
+    return next((name for name, copy in before.items() if not same_bits(copy, inputs[name])), None)
