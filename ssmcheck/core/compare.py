@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ssmcheck.core.report import worst_ratio
+
 FAILING = ("fail", "nonfinite", "error")
 COMMANDS = ("scan", "drift")
 
@@ -88,7 +90,7 @@ def compare_reports(old: dict, new: dict, max_growth: float = 1.5) -> Comparison
         elif was not in (None, "skipped") and now == "skipped":
             not_run.append(change)
         elif was == now == "pass":
-            ratios = _worst_ratio(command, before), _worst_ratio(command, case)
+            ratios = worst_ratio(before), worst_ratio(case)
             factor = _growth(*ratios)
             if factor is not None and factor > max_growth:
                 growth.append(Growth(case_id, *ratios, factor))
@@ -114,30 +116,6 @@ def _cases(which: str, report) -> dict[str, dict]:
             raise ValueError(f"the {which} report has case {case['id']!r} twice")
         by_id[case["id"]] = case
     return by_id
-
-
-def _number(value) -> float | None:
-    """A report figure as a float: the strings "nan", "inf", "-inf" are how JSON carries those; None stays None."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _worst_ratio(command: str, case: dict) -> float | None:
-    """The case's largest kernel/baseline error ratio; None when it has none, NaN when one is NaN."""
-    if command == "scan":
-        error = case.get("error") or {}
-        keys = ("worst_ratio",) if error.get("worst_ratio") is not None else ("ratio", "state_ratio")
-        figures = [_number(error.get(k)) for k in keys]
-    else:
-        figures = [_number(case.get("ratio"))]
-    figures = [f for f in figures if f is not None]
-    if any(math.isnan(f) for f in figures):
-        return math.nan
-    return max(figures, default=None)
 
 
 def _growth(old: float | None, new: float | None) -> float | None:

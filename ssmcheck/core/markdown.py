@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from ssmcheck.core.report import worst_ratio
+
 STATUSES = ("pass", "fail", "nonfinite", "error", "skipped")
 FAILING = ("fail", "nonfinite", "error")
 PAD_LIMIT = 60  # columns are padded to their widest cell up to this; longer cells (messages) stick out
@@ -29,7 +31,7 @@ def markdown_summary(report: dict, worst: int = 10) -> str:
             ("status", "case", "message"), [[c["status"], f"`{c['id']}`", c.get("message") or ""] for c in failing]))
     else:
         sections.append("No failing cases.")
-    ranked = sorted(((r, c) for c in cases if c["status"] != "skipped" and (r := _ratio(c)) is not None),
+    ranked = sorted(((r, c) for c in cases if c["status"] != "skipped" and (r := worst_ratio(c)) is not None),
                     key=lambda pair: _severity(pair[0]), reverse=True)[:worst]
     if ranked:
         sections.append("### Highest ratios (kernel error / baseline error)\n\n" + _table(
@@ -49,21 +51,6 @@ def _heading(report: dict) -> str:
         f"ssmcheck {report.get('version')} · device {where} · torch {env.get('torch')} · "
         f"triton {env.get('triton')} · python {env.get('python')}"
     )
-
-
-def _ratio(case: dict) -> float | None:
-    """The case's kernel/baseline ratio: scan keeps two (y, states) under "error", drift one at the top."""
-    error = case.get("error")
-    if isinstance(error, dict):
-        keys = ("worst_ratio",) if error.get("worst_ratio") is not None else ("ratio", "state_ratio")
-        values = [error.get(k) for k in keys]
-    else:
-        values = [case.get("ratio")]
-    # JSON writes NaN and Inf as strings, which float() reads back.
-    figures = [float(v) for v in values if v is not None]
-    if not figures:
-        return None
-    return math.nan if any(map(math.isnan, figures)) else max(figures)
 
 
 def _severity(ratio: float) -> tuple[bool, float]:

@@ -68,3 +68,30 @@ def environment_line(command: str, env: Environment) -> str:
 def summary_line(counts: dict[str, int], seconds: float, exit_code: int, prefix: str = "") -> str:
     parts = ", ".join(f"{n} {status}" for status, n in counts.items())
     return f"{prefix}{sum(counts.values())} cases: {parts} in {seconds:.1f}s; exit code {exit_code}"
+
+
+def figure(value) -> float | None:
+    """A figure read back from a JSON report, as a float: the strings "nan", "inf", "-inf" are how JSON
+    carries those; None (not measured), and anything that is no number, is None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def worst_ratio(case: dict) -> float | None:
+    """A JSON case's largest kernel/baseline error ratio: scan's `error.worst_ratio` (or, in reports
+    written before it, the larger of `error.ratio` and `error.state_ratio`), drift's `ratio`. NaN when
+    one is NaN, None when the case has none."""
+    error = case.get("error")
+    if isinstance(error, dict):
+        keys = ("worst_ratio",) if error.get("worst_ratio") is not None else ("ratio", "state_ratio")
+        values = [error.get(k) for k in keys]
+    else:
+        values = [case.get("ratio")]
+    figures = [f for f in map(figure, values) if f is not None]
+    if not figures:
+        return None
+    return math.nan if any(map(math.isnan, figures)) else max(figures)

@@ -6,7 +6,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ssmcheck.html.data import number, severity
+from ssmcheck.core.report import figure, worst_ratio
+from ssmcheck.html.data import severity
 from ssmcheck.html.page import Cell
 
 ROUNDING_TAGS = {"nearest": "RN", "stochastic": "SR"}
@@ -21,7 +22,7 @@ class Column:
 
 def _figure(value, fmt: str = ".2e", suffix: str = "") -> Cell:
     """A number of the report; NaN sorts as the largest (the worst), a missing one last either way."""
-    x = number(value)
+    x = figure(value)
     if x is None:
         return Cell("", "", kind="number")
     if math.isnan(x):
@@ -64,10 +65,8 @@ def _first_nonfinite(case: dict) -> Cell:
 
 
 def _scan_ratio(case: dict) -> Cell:
-    """The worse of the y and state ratios, as the terminal table shows it (NaN is the worst)."""
-    keys = ("worst_ratio",) if case["error"].get("worst_ratio") is not None else ("ratio", "state_ratio")
-    ratios = [number(case["error"][k]) for k in keys if case["error"].get(k) is not None]
-    return _figure(max(ratios, key=lambda r: math.inf if math.isnan(r) else r) if ratios else None, ".2f")
+    """The largest judged ratio, as the terminal table shows it (NaN is the worst)."""
+    return _figure(worst_ratio(case), ".2f")
 
 
 def _seconds(case: dict) -> Cell:

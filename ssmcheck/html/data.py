@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ssmcheck.core.report import figure
+
 COMMANDS = ("scan", "drift")
 MAPPED = ("fail", "nonfinite")  # the statuses whose scan cases carry an "error_map"
 # Most severe first, as the exit code ranks them (3 nonfinite, 4 error, 1 fail).
@@ -35,11 +37,6 @@ def check_report(report) -> None:
         raise NotAReport(f"not a scan or drift report (command {report.get('command')!r})")
     if not isinstance(report.get("cases"), list) or not isinstance(report.get("summary"), dict):
         raise NotAReport("not an ssmcheck report (no cases or no summary)")
-
-
-def number(value) -> float | None:
-    """A figure of the report as a float; None (not measured) stays None."""
-    return None if value is None else float(value)
 
 
 def severity(status: str) -> int:
@@ -84,7 +81,7 @@ def rounding_gain(configuration: DriftConfiguration) -> tuple[int, float, float]
     if set(ROUNDINGS) - set(last):
         return None
     rn, sr = (last[r] for r in ROUNDINGS)
-    errors = number(rn["state_rel"]), number(sr["state_rel"])
+    errors = figure(rn["state_rel"]), figure(sr["state_rel"])
     if rn["step"] != sr["step"] or not all(math.isfinite(e) and e > 0 for e in errors):
         return None
     return rn["step"], *errors

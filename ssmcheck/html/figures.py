@@ -13,7 +13,8 @@ from __future__ import annotations
 import io
 import math
 
-from ssmcheck.html.data import STATUS_COLOURS, DriftConfiguration, number
+from ssmcheck.core.report import figure
+from ssmcheck.html.data import STATUS_COLOURS, DriftConfiguration
 
 INSTALL_HINT = 'pip install "ssmcheck[plot]"'
 DPI = 100
@@ -90,7 +91,7 @@ def error_map(errors: list[list], chunk_size: int, tokens: int, per_chunk: list,
     from matplotlib.patches import Patch  # noqa: PLC0415
 
     plt = _pyplot()
-    grid = np.array([[number(e) for e in row] for row in errors], dtype=float).T  # (heads, chunks)
+    grid = np.array([[figure(e) for e in row] for row in errors], dtype=float).T  # (heads, chunks)
     nheads, nchunks = grid.shape
     finite = np.isfinite(grid)
     positive = grid[finite & (grid > 0)]
@@ -104,7 +105,7 @@ def error_map(errors: list[list], chunk_size: int, tokens: int, per_chunk: list,
     fig, (top, ax) = plt.subplots(2, 1, sharex=True, figsize=(MAP_WIDTH, CURVE_HEIGHT + map_height), layout="constrained",
                                   height_ratios=[CURVE_HEIGHT, map_height])
     centres = (edges[:-1] + edges[1:]) / 2
-    curve = [number(e) for e in per_chunk][:nchunks]
+    curve = [figure(e) for e in per_chunk][:nchunks]
     top.semilogy(*_positive(centres, curve), "-o", markersize=3, color="#37474f", label="all heads")
     _mark_nonfinite(top, centres, curve)
     _widen(top)
@@ -139,7 +140,7 @@ def chunk_drift(cases: list[dict]) -> bytes:
     fig, ax = plt.subplots(figsize=(MAP_WIDTH + 1.5, 3.4))  # room for the legend beside it
     # passing cases first, so the failing ones are drawn on top
     for case in sorted(cases, key=lambda c: c["status"] != "pass"):
-        values = [number(e) for e in case["drift"]["per_chunk"]]
+        values = [figure(e) for e in case["drift"]["per_chunk"]]
         chunks = range(len(values))
         failing = case["status"] != "pass"
         ax.semilogy(*_positive(chunks, values), "-o" if failing else "-", markersize=3, linewidth=1.4 if failing else 0.8,
@@ -170,7 +171,7 @@ def rounding_pair(configuration: DriftConfiguration) -> bytes:
                                      ("state, baseline", (case.get("baseline") or {}).get("checkpoints", []), "--"),
                                      ("output", case["checkpoints"], ":")):
             key = "out_rel" if label == "output" else "state_rel"
-            steps, values = [p["step"] for p in points], [number(p[key]) for p in points]
+            steps, values = [p["step"] for p in points], [figure(p[key]) for p in points]
             ax.loglog(*_positive(steps, values), style, markersize=3, color=colour if label == "state" else "#546e7a",
                       label=label)
             if label == "state":
