@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_invoke import assert_usage_error, invoke
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from broken_scan_kernels import NAN_HEAD, NAN_OFFSET
 from cli_invoke import assert_usage_error, invoke
 
-from broken_scan_kernels import NAN_HEAD, NAN_OFFSET
 from ssmcheck.html import build_html
 from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import TokenMap

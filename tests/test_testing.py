@@ -4,11 +4,10 @@ import functools
 from pathlib import Path
 
 import pytest
+from plugin_kernels import nan_in_varlen_partial_chunk
 
 from ssmcheck import Report, UsageError
 from ssmcheck.testing import assert_stable
-
-from plugin_kernels import nan_in_varlen_partial_chunk
 
 NAN_KERNEL = f"{Path(__file__).with_name('plugin_kernels.py')}:nan_in_varlen_partial_chunk"
 RAGGED = "ragged-bf16-c16-L40-b2-h2x8n8g1"

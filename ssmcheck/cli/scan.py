@@ -16,7 +16,6 @@ from ssmcheck.core import models
 from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR
 from ssmcheck.scan.regimes import REGIMES  # torch only, no triton: --help stays light
 
-
 SCAN_HELP = "\n\n".join([
     "Run the chunk-scan kernel over a sweep and judge every case against a float64 reference.",
     "A case passes when its error (norm-wise, relative, for y and for the final states) is at most "

@@ -29,6 +29,7 @@ from ssmcheck.core.jsonl import JsonLines
 from ssmcheck.core.report import summary_line, write_json
 from ssmcheck.core.status import ExitCode
 
+
 @dataclass(frozen=True)
 class Outputs:
     json: Path | None = None

@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from ssmcheck.scan.inputs import TokenMap
 from ssmcheck.core.tensors import bits, same_bits
+from ssmcheck.scan.inputs import TokenMap
 from ssmcheck.scan.results import ErrorStats, NonfiniteToken, RepeatSpread, WorstGroup
 
 

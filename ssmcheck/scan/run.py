@@ -17,10 +17,10 @@ import torch
 from ssmcheck.core import autotune
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
+from ssmcheck.core.guard import KernelExit
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import measure, precision
-from ssmcheck.core.guard import KernelExit
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES

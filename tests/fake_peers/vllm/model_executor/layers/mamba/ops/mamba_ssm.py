@@ -3,7 +3,6 @@ z after them, y written into a preallocated `out`, None returned, the state upda
 in its own dtype, rounded to nearest). Computed with ssmcheck's torch step. Every call is recorded
 in CALLS (the keywords it was given)."""
 
-import torch
 
 from ssmcheck.drift.adapter import torch_state_update
 
