@@ -155,7 +155,7 @@ def ssm_part_1pct(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, init
 def tf32_matmuls(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
                  cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
                  return_varlen_states=False):
-    """Correct, but its fp32 matmuls run in TF32 (operands rounded to 10 fraction bits), as the peers'
+    """Correct, but its fp32 matmuls run in TF32 (operands truncated to 10 fraction bits), as the peers'
     fp32 tl.dot does by default."""
     out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                         cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit, matmul_operand_bits=10)

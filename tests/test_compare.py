@@ -42,10 +42,10 @@ def test_a_planted_regression_pass_to_fail_gates():
     old = _report([_scan_case("a"), _scan_case("b")])
     new = _report([_scan_case("a"), _scan_case("b", "nonfinite", message="NaN at token 3\nmore detail")])
     c = compare_reports(old, new)
-    assert c.new_failures == [StatusChange("b", "pass", "nonfinite", "NaN at token 3")]
+    assert c.new_failures == [StatusChange("b", "pass", "nonfinite", "NaN at token 3 ... more detail")]
     assert c.regression and c.exit_code == 1
     lines = text_lines(c)
-    assert lines[0] == "new failure: b: pass -> nonfinite (NaN at token 3)"
+    assert lines[0] == "new failure: b: pass -> nonfinite (NaN at token 3 ... more detail)"
     assert lines[-1].startswith("compared 2 scan cases: new failures 1,") and lines[-1].endswith("exit code 1")
 
 

@@ -117,3 +117,28 @@ def test_regime_inputs_know_where_they_are_finite():
     assert inputs.finite_for_sequence(1, 0)
     inputs.initial_states[1, 0, 0, 0] = float("nan")
     assert not inputs.finite_for_sequence(1, 0) and inputs.finite_for_sequence(1, 1)
+
+
+@pytest.mark.parametrize("rounding, draws", [("stochastic", 4), ("nearest", 1)])
+def test_a_stochastic_cases_worst_group_is_judged_against_several_baseline_draws(rounding, draws):
+    """One group's error under stochastic rounding is a random draw: the baseline's worst group is the
+    largest over STOCHASTIC_DRAWS seeds (each group's maximum), under round to nearest its one run."""
+    from ssmcheck.core.tolerance import Tolerance
+    from ssmcheck.scan import run
+    from ssmcheck.scan.adapter import resolve
+    from ssmcheck.scan.spec import ScanCase
+
+    assert run.STOCHASTIC_DRAWS == 4
+    case = ScanCase(kernel="torch", regime="initial-state", dtype="fp32", chunk_size=16, seqlen=64, batch=3,
+                    nheads=4, headdim=8, dstate=16, ngroups=2, state_dtype="bf16", rounding=rounding,
+                    model=None, seed=1234)
+    result = run.run_case(case, resolve("torch", interpreter=True), Tolerance(), "fp64", "cpu")
+    inputs = REGIMES["initial-state"].generate(case.shape(), torch.float32, case.seed, state_dtype=torch.bfloat16)
+    ref = run.reference(inputs, "fp64")
+    tokens = inputs.token_map()
+    per_draw = [measure.group_errors(run.baseline(inputs, ScanCase(**{**case.__dict__, "seed": case.seed + k}),
+                                                  torch.bfloat16)[0], ref[0], tokens, 16).max().item()
+                for k in range(draws)]
+    assert result.worst_group.baseline_rel == pytest.approx(max(per_draw), rel=1e-12)
+    if draws > 1:
+        assert len(set(per_draw)) == draws  # the draws differ: the seed reaches the rounding

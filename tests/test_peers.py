@@ -193,7 +193,13 @@ def test_vllm_is_told_the_state_dtype_a_case_asks_for(fakes, state_dtype, given,
     y, states = adapter.call(inputs, case)
     (call,) = fake.CALLS
     assert call["state_dtype"] == passed and states.dtype == stored and y.dtype == torch.bfloat16
-    assert torch.equal(call["initial_states"], inputs.initial_states)  # one per sequence
+    # One per sequence, in the storage dtype (as vLLM's state cache holds them); the case's own
+    # initial states are values that dtype holds exactly, so the references start from the same states.
+    assert call["initial_states"].dtype == stored and call["initial_states"].shape[0] == 3
+    cached = adapter.cached_inputs(inputs, case).initial_states
+    assert cached.dtype == inputs.initial_states.dtype and torch.equal(cached.to(stored).to(cached.dtype), cached)
+    assert torch.equal(call["initial_states"], inputs.initial_states.to(stored))
+    assert stored == torch.float32 or not torch.equal(cached, inputs.initial_states)  # fresh draws need rounding
     assert states.shape == (3, 2, 4, 8)
 
 
@@ -222,6 +228,22 @@ def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     cu = _ints(ragged["cu_seqlens"])
     assert len(cu) == 3 and any(b % 16 for b in cu[1:-1])  # a boundary mid-chunk
     assert _ints(ragged["cu_chunk_seqlens"]) == _metadata(cu, 16)[0]
+
+
+@pytest.mark.parametrize("state_dtype", [None, "fp16"])
+def test_vllm_continues_from_initial_states_as_its_cache_holds_them(fakes, state_dtype):
+    """vLLM takes initial states only in the dtype it stores states in: each case hands it states of
+    that dtype, and the references start from the same values, so a correct kernel passes."""
+    fake = fakes(VARLEN_SCAN)
+    options = {} if state_dtype is None else {"state_dtype": state_dtype}
+    report = api.scan(kernel="vllm", preset="smoke", regime="initial-state,long", **options)
+    assert report.cases and {c.status for c in report.cases} == {"pass"}
+    stored = torch.bfloat16 if state_dtype is None else torch.float16
+    given = [call["initial_states"] for call in fake.CALLS if call["initial_states"] is not None]
+    assert given and all(t.dtype == stored for t in given)
+    # The fake is the baseline's math: started from the very states the baseline starts from, it
+    # errs exactly as much (were they rounded for the kernel alone, its error would differ).
+    assert all(c.error["y_max_rel"] == c.error["baseline_y_max_rel"] for c in report.cases)
 
 
 def test_scan_kernel_vllm_with_state_dtype_passes_it_and_skips_stochastic(fakes, tmp_path):

@@ -208,3 +208,17 @@ def test_a_finished_case_is_one_log_line():
         "pass stagnation-fp16-stochastic-b1-h8x64n128g1 ratio 0.12 30.1s",
         "error decay-bf16-nearest-b1-h8x64n128g1 0.2s: ValueError: boom",
     ]
+
+
+def test_a_multi_line_message_keeps_its_first_and_last_line():
+    from ssmcheck.core.render import headline
+
+    compile_error = ("CompilationError: at 91:4:\n\n    seq_idx = tl.load(seq_idx_ptr)\n"
+                     "    if HAS_INITSTATES and (seq_idx != seq_idx_prev):\n    ^\n"
+                     "AssertionError('Mismatched type for prev_states_ptr')\n")
+    assert headline(compile_error) == ("CompilationError: at 91:4: ... "
+                                       "AssertionError('Mismatched type for prev_states_ptr')")
+    assert headline("y error 0.1 > limit 0.01") == "y error 0.1 > limit 0.01"
+    assert headline(None) == headline("  \n ") == ""
+    long = headline("x" * 400)
+    assert len(long) == 300 and long.endswith("...")

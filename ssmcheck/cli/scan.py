@@ -53,7 +53,7 @@ def scan(
     floor: float = typer.Option(None, metavar="X", help=f"Added to the allowed error (default {DEFAULT_FLOOR:g})."),
     rtol: float = typer.Option(None, metavar="X", help="Judge against this relative error instead of the baseline rule."),
     seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); each case's seed derives from it and the case's parameters."),
-    allow_tf32: bool = typer.Option(None, "--allow-tf32", metavar="", help="Judge fp32 cases against a baseline whose matmul operands are rounded to TF32 (10 fraction bits, the same on every device): for kernels whose fp32 tl.dot runs in TF32 by design."),
+    allow_tf32: bool = typer.Option(None, "--allow-tf32", metavar="", help="Judge fp32 cases against a baseline whose matmul operands are truncated to TF32 (10 fraction bits, as tensor cores read fp32; the same on every device): for kernels whose fp32 tl.dot runs in TF32 by design."),
     configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     repeat: int = typer.Option(None, metavar="K", help="Run each case K times on identical inputs and compare the outputs bit for bit: a difference (a race) fails the case (default 1)."),
     allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); judge the spread between runs like an error instead."),

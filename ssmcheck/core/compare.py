@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ssmcheck.core.render import headline
 from ssmcheck.core.report import worst_ratio
 
 FAILING = ("fail", "nonfinite", "error")
@@ -80,7 +81,7 @@ def compare_reports(old: dict, new: dict, max_growth: float = 1.5) -> Comparison
     for case_id, case in new_cases.items():
         before = old_cases.get(case_id)
         was, now = before["status"] if before else None, case["status"]
-        change = StatusChange(case_id, was, now, _first_line(case.get("message")))
+        change = StatusChange(case_id, was, now, headline(case.get("message")))
         if now in FAILING and was in FAILING:
             still_failing.append(case_id)
         elif now in FAILING:
@@ -131,11 +132,6 @@ def _growth(old: float | None, new: float | None) -> float | None:
     if old == 0:
         return math.inf
     return new / old  # 0 when old is inf; inf when new is
-
-
-def _first_line(message) -> str:
-    lines = str(message or "").splitlines()
-    return lines[0] if lines else ""
 
 
 def text_lines(comparison: Comparison) -> list[str]:

@@ -20,6 +20,19 @@ STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red"
           Status.SKIPPED: "dim"}
 
 
+def headline(message: str | None, limit: int = 300) -> str:
+    """A case's message as one line, for logs and notes (JSON keeps it whole).
+
+    A multi-line message keeps its first and its last line: a Triton CompilationError starts with
+    the kernel's line number and ends with what went wrong ("... Mismatched type for
+    prev_states_ptr ..."); the source lines between are left out."""
+    lines = [line.strip() for line in str(message or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def sparkline(values: Sequence[float], log: bool = True) -> str:
     """A unicode sparkline; log-scaled by default since errors span decades.
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, printed_lines, sparkline
+from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -117,13 +117,13 @@ def case_line(result: DriftResult) -> str:
         line += f" ratio {result.verdict.ratio:.2f}"
     if result.status is not Status.SKIPPED:
         line += f" {_time(result)}"
-    return line + (f": {result.verdict.message}" if result.status is not Status.PASS and result.verdict.message else "")
+    return line + (f": {headline(result.verdict.message)}" if result.status is not Status.PASS and result.verdict.message else "")
 
 
 def notes(results: list[DriftResult]) -> list[str]:
     """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
     kernels printed, case by case."""
-    lines = [f"{r.status.value}: {r.case.id}: {r.verdict.message}" for r in results
+    lines = [f"{r.status.value}: {r.case.id}: {headline(r.verdict.message)}" for r in results
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.verdict.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]

@@ -115,7 +115,8 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
     cu_seqlens): the row's sequences; seq_idx is implied by cu_seqlens and not read. The tokens
     are flattened into vLLM's (tokens, ...) layout (views of contiguous inputs), `out` is
     allocated in x's dtype, `state_dtype` is passed through (None: vLLM stores the states in C's
-    dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
+    dtype), and initial_states are cast to that storage dtype, as vLLM's model code passes them
+    from its state cache (its kernel takes them in no other dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
     the varlen states in varlen mode (the final states of a varlen row are its last sequence's).
     """
     batch, seqlen, nheads, headdim = x.shape
@@ -136,6 +137,8 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
         return None if t is None else t.reshape(tokens, *t.shape[2:])
 
     out = torch.empty((tokens, nheads, headdim), dtype=x.dtype, device=x.device)
+    if initial_states is not None:  # as vLLM's state cache holds them: in the dtype its states are stored in
+        initial_states = initial_states.to(C.dtype if state_dtype is None else state_dtype)
     states = varlen(
         flat(x), flat(dt), A, flat(B), flat(C), chunk_size, cu_seqlens=cu,
         cu_chunk_seqlens=meta.cu_chunk_seqlens, last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx,

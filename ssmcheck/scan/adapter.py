@@ -20,7 +20,7 @@ The adapter owns:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -65,6 +65,11 @@ class ScanAdapter:
     # `state_dtype_given` (--state-dtype was on the command line, fp32 included).
     default_state_dtype: str | None = None
     state_dtype_given: bool = False
+    # Reads its initial states as a state cache holds them: in its storage dtype (vLLM's kernel takes
+    # them in the dtype it stores states in; fp32 initial states with bf16 storage do not compile).
+    # The case's initial states are then values that dtype holds exactly (`cached_inputs`), so the
+    # kernel and the references start from the same states, as a served model's prefill does.
+    initial_states_stored: bool = False
 
     def skip_reason(self, case: ScanCase) -> str | None:
         """Why this kernel cannot run `case` (None: it can)."""
@@ -104,6 +109,15 @@ class ScanAdapter:
         """Whether `case` calls the kernel without state_dtype, to store its states its own way."""
         return (self.default_state_dtype == INPUTS and self.takes_state_dtype and not self.takes_state_options
                 and not self.state_dtype_given and (case.state_dtype, case.rounding) == ("fp32", "nearest"))
+
+    def cached_inputs(self, inputs: ScanInputs, case: ScanCase) -> ScanInputs:
+        """`inputs` with the initial states a kernel that reads them from its state cache can be given
+        (see initial_states_stored): rounded to its storage dtype, kept in their own dtype."""
+        storage = self._storage(inputs, case)[1]
+        if not self.initial_states_stored or inputs.initial_states is None or len(storage) != 1:
+            return inputs
+        initial = inputs.initial_states
+        return replace(inputs, initial_states=initial.to(storage[0]).to(initial.dtype))
 
     def _storage(self, inputs: ScanInputs, case: ScanCase) -> tuple[dict, tuple, str]:
         """(the state keywords of the call, the dtypes the states may come back in, why those)."""
@@ -208,7 +222,7 @@ def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = F
         return ScanAdapter(
             spec, vllm.chunk_scan(), takes_state_options=False, chunk_sizes=_POWERS_OF_TWO,
             chunk_size_rule="vLLM's chunk scan takes power-of-two chunk sizes", takes_state_dtype=True,
-            default_state_dtype=INPUTS, state_dtype_given=state_dtype_given,
+            default_state_dtype=INPUTS, state_dtype_given=state_dtype_given, initial_states_stored=True,
         )
     if callable(spec):
         return _discovered(kernel_name(spec), spec, state_dtype_given)

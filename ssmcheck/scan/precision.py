@@ -5,7 +5,7 @@ The kernel's norm-wise relative errors of y and of the states are compared with 
 same-precision baselines (ops/chunk_scan/baseline.py) run at each reduced precision on the
 same inputs, and with the case's own baseline:
 
-- "tf32 matmuls": matmul operands rounded to 10 fraction bits (fp32 inputs only; for fp16/bf16
+- "tf32 matmuls": matmul operands truncated to 10 fraction bits, as tensor cores read them (fp32 inputs only; for fp16/bf16
   inputs it is the baseline itself);
 - "fp16 state storage", "bf16 state storage": states stored in that format (only a format with
   fewer fraction bits than the case's storage: a finer one cannot explain an error above the
@@ -180,6 +180,6 @@ def as_json(found: tuple[Precision, float] | None, precisions: list[Precision]) 
 
 def judged_baseline_options(inputs: ScanInputs, allow_tf32: bool) -> dict:
     """scan_baseline keywords of the baseline a case is judged against: with --allow-tf32, fp32
-    inputs are judged against the TF32 baseline (operands rounded to 10 bits on every device)."""
+    inputs are judged against the TF32 baseline (operands truncated to 10 bits on every device)."""
     return dict(matmul_operand_bits=TF32_BITS) if allow_tf32 and inputs.x.dtype == torch.float32 else {}
 

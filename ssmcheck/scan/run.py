@@ -32,6 +32,8 @@ from ssmcheck.scan.verdict import judge
 # (tested against the sequential one to ~1e-12) instead of a Python loop over time.
 SEQUENTIAL_REFERENCE_MAX_TOKENS = 8192
 REFERENCE_CHUNK = 128
+# Baseline draws behind the worst-group figure of a stochastically rounded case (_baseline_group_errors).
+STOCHASTIC_DRAWS = 4
 
 
 def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,6 +97,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         inputs = REGIMES[case.regime].generate(
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
         ).to(device)
+        inputs = kernel.cached_inputs(inputs, case)
         ref = reference(inputs, reference_kind)
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"setting up the case raised {_describe(exc)}")
@@ -135,7 +138,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
                             ssm[1] if ssm else None),
         worst_group=measure.worst_group(
             measure.group_errors(out[0], ref[0], tokens, case.chunk_size),
-            measure.group_errors(base[0], ref[0], tokens, case.chunk_size),
+            _baseline_group_errors(base, inputs, case, storage, allow_tf32, ref, tokens),
             measure.group_shape(tokens, case.chunk_size, out[0].shape[2]),
         ),
         first_nonfinite_state=measure.locate_nonfinite_states(out[1], ref[1], inputs),
@@ -157,6 +160,24 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
                                     measure.per_chunk_head_error(out[0], ref[0], tokens, case.chunk_size))
     return result
+
+
+def _baseline_group_errors(base, inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
+                           ref, tokens) -> torch.Tensor:
+    """The baseline's error in each (sequence, chunk, head) group of y, for the worst-group rule.
+
+    With stochastic rounding into a narrower storage, one group's error is a draw of a few rounding
+    errors: the kernel's worst group and the baseline's are two samples of a maximum, and a correct
+    kernel's came out 2.2x the baseline's in one thorough case on the H200. There the baseline is run
+    with STOCHASTIC_DRAWS seeds and each group keeps its largest error: the worst a correct
+    implementation showed in that many draws. Deterministic rounding needs one draw."""
+    groups = measure.group_errors(base[0], ref[0], tokens, case.chunk_size)
+    if case.rounding != "stochastic" or storage == torch.float32:
+        return groups
+    for draw in range(1, STOCHASTIC_DRAWS):
+        y = baseline(inputs, replace(case, seed=case.seed + draw), storage, allow_tf32)[0]
+        groups = torch.maximum(groups, measure.group_errors(y, ref[0], tokens, case.chunk_size))
+    return groups
 
 
 # Per process: the (kernel, shape) pairs already called once, so compiled and autotuned.

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ssmcheck.core import autotune
-from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, printed_lines, sparkline
+from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -121,11 +121,6 @@ def results_table(console: Console, results: list[ScanResult]) -> Table:
     return fitted_table(console, [c for c in COLUMNS if c.header != "config" or tuned], results)
 
 
-def _first_line(text: str, limit: int = 300) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def case_line(result: ScanResult) -> str:
     """One finished case as a line, for a log to show progress in (a terminal has the progress bar)."""
     line = f"{result.status.value} {result.case.id}"
@@ -133,13 +128,13 @@ def case_line(result: ScanResult) -> str:
         line += f" ratio {_ratio(result)}"
     if result.status is not Status.SKIPPED:
         line += f" {_time(result)}"
-    return line + (f": {_first_line(result.message)}" if result.status is not Status.PASS and result.message else "")
+    return line + (f": {headline(result.message)}" if result.status is not Status.PASS and result.message else "")
 
 
 def notes(results: list[ScanResult]) -> list[str]:
     """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
     kernels printed, case by case."""
-    lines = [f"{r.status.value}: {r.case.id}: {_first_line(r.message)}" for r in results
+    lines = [f"{r.status.value}: {r.case.id}: {headline(r.message)}" for r in results
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]

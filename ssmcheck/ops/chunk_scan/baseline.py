@@ -24,29 +24,27 @@ TF32_BITS = 10
 ACCUMULATION_STEP = 16
 
 
-def round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Float32 `x` rounded to `bits` fraction bits (0..23), fp32's exponent range kept, round to nearest even.
+def truncate_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Float32 `x` with its fraction cut to `bits` bits (0..23), i.e. rounded toward zero, fp32's
+    exponent range kept: the 23 - bits low bits of the pattern are cleared.
 
-    Exact, on the float32 bit pattern: add half an ulp of the new format, less one, plus
-    the lowest kept bit (the tie goes to even), then clear the 23 - bits dropped bits.
-    A carry out of the fraction raises the exponent, as rounding up should; past the
-    largest finite value it reaches the inf pattern (magnitudes that round to 2**128 are
-    inf, as in ops.rounding). Subnormals keep fp32's spacing scaled by 2**(23 - bits),
-    i.e. a format with fp32's emin. NaN and inf pass through; the sign is kept (-0.0 too).
-    bits=7 is bfloat16's rounding; bits=10 is TF32's.
+    This is how tensor cores take fp32 registers as TF32 operands (bits=10): Triton's fp32 tl.dot
+    on an H200 matched operands truncated this way to 1e-7 relative, and missed operands rounded
+    to nearest by 1e-3 (the project's device notes, 2026-11-30). Truncation errs twice as much
+    as rounding to nearest and always toward zero, so its products are biased low by about
+    2**-10 and a TF32 matmul's error does not average out. Subnormals keep fp32's spacing scaled
+    by 2**(23 - bits); NaN and inf pass through (clearing a NaN's low bits could make it inf);
+    the sign is kept (-0.0 too).
     """
     if x.dtype != torch.float32:
-        raise ValueError(f"round_mantissa takes float32, got {x.dtype}")
+        raise ValueError(f"truncate_mantissa takes float32, got {x.dtype}")
     if not 0 <= bits <= 23:
         raise ValueError(f"bits must be in 0..23 (float32 has 23 fraction bits), got {bits}")
     drop = 23 - bits
     if drop == 0:
         return x.clone()
-    pattern = x.contiguous().view(torch.int32)
-    lowest_kept = (pattern >> drop) & 1
-    # No int32 overflow: a finite magnitude is at most 0x7F7FFFFF and the bias below 2**22.
-    rounded = (pattern + ((1 << (drop - 1)) - 1) + lowest_kept) & ~((1 << drop) - 1)
-    return torch.where(torch.isfinite(x), rounded.view(torch.float32), x)
+    truncated = (x.contiguous().view(torch.int32) & ~((1 << drop) - 1)).view(torch.float32)
+    return torch.where(torch.isfinite(x), truncated, x)
 
 
 def matmul_accumulating(a: torch.Tensor, b: torch.Tensor, accumulate: torch.dtype,
@@ -66,14 +64,14 @@ def matmul_accumulating(a: torch.Tensor, b: torch.Tensor, accumulate: torch.dtyp
 @dataclass(frozen=True)
 class _ReducedArithmetic(Arithmetic):
     """The baseline's arithmetic with narrower matmuls: operands rounded to x.dtype (`operand`) and
-    then to `operand_bits` fraction bits (None: not), products summed in float32 when `compute`
+    then truncated to `operand_bits` fraction bits (None: not), products summed in float32 when `compute`
     is float32, else by `matmul_accumulating` into `compute` (fp16/bf16 accumulation)."""
 
     operand_bits: int | None = None
 
     def _operand(self, t: torch.Tensor) -> torch.Tensor:
         t = t.to(self.operand).to(torch.float32)
-        return t if self.operand_bits is None else round_mantissa(t, self.operand_bits)
+        return t if self.operand_bits is None else truncate_mantissa(t, self.operand_bits)
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a, b = self._operand(a), self._operand(b)
@@ -99,8 +97,8 @@ def scan_baseline(
 
     Reduced-precision variants (defaults: none, the above exactly):
     - matmul_operand_bits: every matmul operand, after its rounding to x.dtype, is
-      rounded to this many fraction bits (round to nearest even, fp32's exponent
-      range; TF32_BITS = 10 is TF32). The result has min(bits, x.dtype's) bits: for
+      truncated to this many fraction bits (toward zero, fp32's exponent range;
+      TF32_BITS = 10 is TF32 as tensor cores read fp32 operands, truncate_mantissa). The result has min(bits, x.dtype's) bits: for
       fp16 (10) or bf16 (7) inputs, 10 bits change nothing. Emulated the same way on
       every device, so it does not depend on torch's allow_tf32 flags.
     - accumulate: the dtype everything is accumulated and computed in: float16 (or

@@ -58,6 +58,10 @@ def mamba_chunk_scan_combined_varlen(
     _check_metadata(chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, seqlen)
 
     stored = state_dtype if state_dtype is not None else C.dtype
+    # vLLM's state passing kernel loads initial states through the pointer it stores states through:
+    # another dtype fails to compile ("Mismatched type for prev_states_ptr").
+    assert initial_states is None or initial_states.dtype == stored, (
+        f"initial_states in {initial_states.dtype}, states stored in {stored}")
     result = scan_baseline(
         x[None], dt[None], A, B[None], C[None], chunk_size, D=D, z=None if z is None else z[None], dt_bias=dt_bias,
         initial_states=initial_states, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
