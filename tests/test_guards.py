@@ -99,3 +99,22 @@ def test_the_capture_keeps_the_start_and_counts_the_rest():
         with captured_stdout(transcript):
             os.write(1, b"0123456789abcdef")
     assert transcript.text == "0123456789\n[... 38 more bytes not kept]"
+
+
+def test_an_exception_without_a_message_is_described_by_where_it_was_raised(tmp_path, monkeypatch):
+    """mamba_ssm's varlen chunk scan rejects per-sequence initial states with a bare `assert`: the
+    case's message names the file, line and source of the assertion instead of 'AssertionError'."""
+    from ssmcheck.core.guard import describe
+
+    package = tmp_path / "peerpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ops.py").write_text("def scan(n):\n    assert n == 1\n    return n\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from peerpkg import ops
+
+    with pytest.raises(AssertionError) as raised:
+        ops.scan(3)
+    assert describe(raised.value) == "AssertionError at peerpkg/ops.py:2: assert n == 1"
+    assert describe(ValueError("bad shape\n")) == "ValueError: bad shape"
+    assert describe(KeyError()) == "KeyError"  # never raised: no traceback to name

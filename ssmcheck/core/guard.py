@@ -8,7 +8,10 @@ sweep, not this case. Both commands' adapters call their kernels through here.
 
 from __future__ import annotations
 
+import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -18,6 +21,29 @@ from ssmcheck.core.tensors import same_bits
 
 class KernelExit(RuntimeError):
     """The kernel raised SystemExit or KeyboardInterrupt; the message is the whole description."""
+
+
+def describe(exc: BaseException) -> str:
+    """'TypeName: message'; for an exception without a message (a bare `assert` in a peer's kernel),
+    where it was raised instead: 'AssertionError at mamba_ssm/ops/triton/ssd_combined.py:418:
+    assert initial_states.shape == ...', the file named from its import root."""
+    text = str(exc).strip()
+    if text:
+        return f"{type(exc).__name__}: {text}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    frame = frames[-1]
+    return f"{type(exc).__name__} at {_importable(frame.filename)}:{frame.lineno}" + (
+        f": {frame.line.strip()}" if frame.line else "")
+
+
+def _importable(filename: str) -> str:
+    """`filename` relative to the longest sys.path entry holding it (the path its import uses)."""
+    path = Path(filename).resolve()
+    roots = [Path(p or ".").resolve() for p in sys.path]
+    inside = [r for r in roots if r == path or r in path.parents]
+    return str(path.relative_to(max(inside, key=lambda r: len(r.parts)))) if inside else filename
 
 
 def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript | None):

@@ -31,6 +31,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 
 from ssmcheck.core import runtime
+from ssmcheck.core.guard import describe
 
 # Seconds a worker may take to import torch and triton and configure the device.
 STARTUP_TIMEOUT = 600.0
@@ -198,8 +199,7 @@ def _signal_name(number: int) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return " ".join(describe(exc).split())
 
 
 # ---------------------------------------------------------------------------- in the worker

@@ -32,7 +32,7 @@ import torch
 from ssmcheck.core.callables import kernel_name, keywords, load_callable
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import dtype_name
-from ssmcheck.core.guard import KernelExit, changed_input, guarded_call, snapshot
+from ssmcheck.core.guard import KernelExit, changed_input, describe, guarded_call, snapshot
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -90,7 +90,7 @@ class DriftAdapter:
         except KernelExit as exc:
             raise KernelRaised(f"{exc} ({where})") from exc
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
-            raise KernelRaised(f"{type(exc).__name__}: {exc} ({where})") from exc
+            raise KernelRaised(f"{describe(exc)} ({where})") from exc
         _check_out(out, step.x, where)
         changed = changed_input(before, inputs)
         if changed is not None:

@@ -17,7 +17,7 @@ import torch
 from ssmcheck.core import autotune
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
-from ssmcheck.core.guard import KernelExit
+from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import measure, precision
@@ -64,11 +64,6 @@ def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
     return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm.to(inputs.x.dtype)
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -100,7 +95,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         inputs = kernel.cached_inputs(inputs, case)
         ref = reference(inputs, reference_kind)
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
-        return ScanResult(case, Status.ERROR, f"setting up the case raised {_describe(exc)}")
+        return ScanResult(case, Status.ERROR, f"setting up the case raised {describe(exc)}")
 
     torch.manual_seed(case.seed)  # for kernels that draw random bits from torch's generator
     _sync(device)
@@ -117,7 +112,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     try:  # after the call: the states the kernel returned may say how it stores them
         base = baseline(inputs, case, storage, allow_tf32)
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
-        return ScanResult(case, Status.ERROR, f"computing the baseline raised {_describe(exc)}")
+        return ScanResult(case, Status.ERROR, f"computing the baseline raised {describe(exc)}")
     ssm = None
     if inputs.D is not None or inputs.z is not None:
         # The SSM part alone: the same call without D and z, judged against C·h of the references.
@@ -219,8 +214,8 @@ def _kernel_failed(case: ScanCase, exc: Exception, inputs: ScanInputs, transcrip
     """The result of a kernel call that raised: the case's error (KernelExit's message is the whole
     description), or a skip where a pinned autotune config cannot launch (triton's OutOfResources)."""
     if case.config is not None and type(exc).__name__ == "OutOfResources":
-        return ScanResult(case, Status.SKIPPED, f"the kernel rejects this config: {_describe(exc)}")
-    message = str(exc) if isinstance(exc, KernelExit) else _describe(exc)
+        return ScanResult(case, Status.SKIPPED, f"the kernel rejects this config: {describe(exc)}")
+    message = str(exc) if isinstance(exc, KernelExit) else describe(exc)
     return ScanResult(case, Status.ERROR, message + which, inputs_note=inputs.note, stdout=transcript.text)
 
 
@@ -233,7 +228,7 @@ def _classify(inputs, case, storage, ref, result: ScanResult, allow_tf32: bool) 
                                                     result.baseline.states.rel, allow_tf32=allow_tf32)
         found = precision.closest(result.kernel.y.rel, result.kernel.states.rel, candidates)
     except Exception as exc:  # noqa: BLE001
-        return None, f"precision not classified ({_describe(exc)})"
+        return None, f"precision not classified ({describe(exc)})"
     return precision.as_json(found, candidates), precision.describe(found)
 
 
