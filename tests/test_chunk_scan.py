@@ -365,3 +365,18 @@ def test_gpu_repeat_runs_are_identical(dtype):
         again = run_kernel(case, inputs)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
+
+
+def test_the_gpus_tiling_passes_the_smoke_preset_in_the_interpreter(monkeypatch):
+    """The interpreter runs whole-chunk tiles; the GPU's smaller tiles (loops over row and column blocks,
+    partial blocks at chunk ends, headdim split into blocks) must stay correct on the CPU too."""
+    import ssmcheck
+    from ssmcheck.ops.chunk_scan import chunk_cb, chunk_output, chunk_state
+
+    for stage in (chunk_cb, chunk_output, chunk_state):
+        gpu = stage.default_config
+        # The stages pass `interpret` last: dropped, the GPU's configuration comes back.
+        monkeypatch.setattr(stage, "default_config", lambda *a, _gpu=gpu: _gpu(*a[:-1]))
+    assert chunk_output.default_config(48, 16, 64, True)["BLOCK_K"] == 32
+    report = ssmcheck.scan(preset="smoke", headdim="48")  # 48 channels: blocks of 64 with a masked part
+    assert report.summary["pass"] == len(report.cases) > 0

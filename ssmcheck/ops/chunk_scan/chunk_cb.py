@@ -37,8 +37,14 @@ def _chunk_cb_kernel(
     tl.store(cb_ptr + ((tl.cast(c, tl.int64) * ngroups + g) * CHUNK + m[:, None]) * CHUNK + k[None, :], acc)
 
 
-def default_config(dstate: int, chunk_size: int) -> dict:
-    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md)."""
+def default_config(dstate: int, chunk_size: int, interpret: bool = False) -> dict:
+    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md); in the
+    interpreter, whole-chunk tiles: it runs the programs one after
+    another and each tile op is one numpy call, so fewer, larger programs run faster (the default
+    preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
+    if interpret:
+        return dict(BLOCK_M=chunk_size, BLOCK_K=chunk_size, BLOCK_D=max(16, triton.next_power_of_2(dstate)),
+                    num_warps=4, num_stages=1)
     return dict(BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 64),
                 BLOCK_D=max(16, min(triton.next_power_of_2(dstate), 64)), num_warps=4, num_stages=3)
 
@@ -48,7 +54,7 @@ def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | 
     past a chunk's end are zero, tiles above the diagonal are zero."""
     ngroups, dstate = C.shape[1], C.shape[2]
     cs = table.chunk_size
-    cfg = {**default_config(dstate, cs), **(config or {})}
+    cfg = {**default_config(dstate, cs, interpret), **(config or {})}
     cb = torch.empty((table.nchunks, ngroups, cs, cs), device=C.device, dtype=torch.float32)
     grid = (table.nchunks * ngroups * (cs // cfg["BLOCK_M"]) * (cs // cfg["BLOCK_K"]),)
     _chunk_cb_kernel[grid](

@@ -97,8 +97,14 @@ def _chunk_output_kernel(
                  mask=out_mask)
 
 
-def default_config(headdim: int, dstate: int, chunk_size: int) -> dict:
-    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md)."""
+def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:
+    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md); in the
+    interpreter, whole-chunk tiles: it runs the programs one after
+    another and each tile op is one numpy call, so fewer, larger programs run faster (the default
+    preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
+    if interpret:
+        return dict(BLOCK_ROWS=chunk_size, BLOCK_M=chunk_size, BLOCK_K=chunk_size,
+                    BLOCK_P=max(16, triton.next_power_of_2(headdim)), num_warps=4, num_stages=1)
     return dict(BLOCK_ROWS=chunk_size, BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 32),
                 BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)), num_warps=4, num_stages=3)
 
@@ -109,7 +115,7 @@ def chunk_output(x, z, C, D, cb, dt_proc, dA_cs, states, y, mm_dtype, table: Chu
     _, nheads, headdim = x.shape
     ngroups, dstate = C.shape[1], C.shape[2]
     cs = table.chunk_size
-    cfg = {**default_config(headdim, dstate, cs), **(config or {})}
+    cfg = {**default_config(headdim, dstate, cs, interpret), **(config or {})}
     grid = (table.nchunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
     zz = z if z is not None else x
     _chunk_output_kernel[grid](
