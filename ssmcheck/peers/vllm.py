@@ -119,21 +119,30 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
     from its state cache (its kernel takes them in no other dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
     the varlen states in varlen mode (the final states of a varlen row are its last sequence's).
     """
-    batch, seqlen, nheads, headdim = x.shape
-    layout = _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype)
-    flat = layout.flat
-    out = torch.empty((layout.tokens, nheads, headdim), dtype=x.dtype, device=x.device)
-    meta = layout.meta
-    states = varlen(
-        flat(x), flat(dt), A, flat(B), flat(C), chunk_size, cu_seqlens=layout.cu_seqlens,
-        cu_chunk_seqlens=meta.cu_chunk_seqlens, last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx,
-        out=out, D=D, z=flat(z), dt_bias=dt_bias, initial_states=layout.initial_states, dt_softplus=dt_softplus,
-        dt_limit=tuple(dt_limit), state_dtype=state_dtype,
-    )
-    y = out.view(batch, seqlen, nheads, headdim)
+    args, kwargs = varlen_arguments(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                                    dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
+    states = varlen(*args, **kwargs)
+    y = kwargs["out"].view(x.shape)
     final = states if cu_seqlens is None else states[-1:]
     extra = ([final] if return_final_states else []) + ([states] if return_varlen_states else [])
     return (y, *extra) if extra else y
+
+
+def varlen_arguments(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                     cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf), return_final_states=False,
+                     return_varlen_states=False, state_dtype=None) -> tuple[tuple, dict]:
+    """The (positional, keyword) arguments of `mamba_chunk_scan_combined_varlen` for a call with our signature
+    (the return flags are ours alone: vLLM returns every sequence's state); `out` is allocated, y's buffer."""
+    layout = _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype)
+    flat, meta = layout.flat, layout.meta
+    out = torch.empty((layout.tokens, *x.shape[2:]), dtype=x.dtype, device=x.device)
+    return (flat(x), flat(dt), A, flat(B), flat(C), chunk_size), dict(
+        cu_seqlens=layout.cu_seqlens, cu_chunk_seqlens=meta.cu_chunk_seqlens,
+        last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx, out=out, D=D, z=flat(z), dt_bias=dt_bias,
+        initial_states=layout.initial_states, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+        state_dtype=state_dtype,
+    )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -20,7 +21,7 @@ from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import KernelExit
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import measure, precision, stages
+from ssmcheck.scan import measure, precision, repro, stages
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -312,9 +313,20 @@ class ScanRunner:
         return pins
 
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
-        """Run one case (a scan case is one unit of progress: `advance` is not called)."""
+        """Run one case (a scan case is one unit of progress: `advance` is not called); with `repro`, a
+        failing case's reproducer is written (scan.repro)."""
         with autotune.pinned(self.pins(case)):
-            return self._run(case)
+            result = self._run(case)
+        if self.repro is not None and result.status in repro.REPRODUCED:  # its runs pin their own configs
+            try:
+                result.repro = str(repro.write(Path(self.repro), self, case, result))
+            except Exception as exc:  # noqa: BLE001 (advisory: the case's verdict stands)
+                result.message += f"; no reproducer written ({_describe(exc)})"
+        return result
+
+    def without_extras(self) -> ScanRunner:
+        """This runner without stage comparisons and reproducers: the case's verdict alone."""
+        return replace(self, stages=False, repro=None)
 
     def _run(self, case: ScanCase) -> ScanResult:
         return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32,
