@@ -51,7 +51,7 @@ def chunk_scan_stages() -> Callable:
         if seq_idx is not None or cu_seqlens is not None:
             raise ValueError("mamba_ssm's chunks straddle the sequences of a varlen row: its stages have no "
                              "chunk per sequence to compare")
-        batch, seqlen, nheads, headdim = x.shape
+        batch, _, nheads, headdim = x.shape
         dstate = B.shape[-1]
         # The contiguity mamba_ssm's combined function ensures before its stages.
         x, B, C = x.contiguous(), B.contiguous(), C.contiguous()

@@ -47,15 +47,18 @@ def _smaller(case: ScanCase) -> list[tuple[str, list[int]]]:
     # Whole chunks fewer, keeping the partial last chunk (where mask bugs live); or half the tokens.
     seqlens = sorted({rest + case.chunk_size * k for k in (0, 1, whole // 2) if rest + case.chunk_size * k > 0}
                      | {case.seqlen // 2})
-    halves = lambda n, least=1: sorted({max(least, n // 4), max(least, n // 2)})  # noqa: E731
     return [
         ("batch", sorted({1, case.batch // 2})),
         ("seqlen", seqlens),
         ("ngroups", [1]),
-        ("nheads", [n for n in halves(case.nheads) if n % case.ngroups == 0]),
-        ("headdim", halves(case.headdim)),
-        ("dstate", halves(case.dstate)),
+        ("nheads", [n for n in _halves(case.nheads) if n % case.ngroups == 0]),
+        ("headdim", _halves(case.headdim)),
+        ("dstate", _halves(case.dstate)),
     ]
+
+
+def _halves(n: int) -> list[int]:
+    return sorted({max(1, n // 4), max(1, n // 2)})
 
 
 def shrink(case: ScanCase, status: Status, run: Callable[[ScanCase], ScanResult]) -> tuple[ScanCase, ScanResult]:

@@ -86,7 +86,11 @@ def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, sto
     try:
         ref = naive.scan_chunked(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size,
                                  **inputs.kwargs(), record_stages=True)
-        base = _baseline_output(inputs, case, storage, allow_tf32, record_stages=True)
+        # The baseline stores the states it passes as the kernel stores its own: mamba_ssm keeps them in C's
+        # dtype between chunks while its final states come back in fp32.
+        passed = found["passed_states"].dtype
+        base = _baseline_output(inputs, case, passed if passed in DTYPES.values() else storage, allow_tf32,
+                                record_stages=True)
         return stages.localise(found, {**ref.stages, "y": ref.y}, {**base.stages, "y": base.y}, inputs,
                                case.chunk_size, tolerance)
     except Exception as exc:  # noqa: BLE001
