@@ -54,9 +54,13 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device,
                         env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
                         allow_tf32=settings.allow_tf32, warmup=env.device == "cuda", repeat=settings.repeat,
-                        allow_nondeterministic=settings.allow_nondeterministic)
+                        allow_nondeterministic=settings.allow_nondeterministic, stages=settings.stages,
+                        repro=settings.repro)
     under_test = _adapter(runner)
     _check_chunk_sizes(settings, under_test)
+    if settings.stages and under_test.stages is None:
+        raise UsageError(f"--stages: kernel {name!r} offers no SSD stages (builtin, mamba_ssm and vllm do; a "
+                         f"MODULE:FUNCTION kernel offers them as its {adapter.STAGES_ATTRIBUTE!r} attribute)")
     cases = cases(name)
     if settings.configs == "all":
         cases = _every_config(cases, runner.autotuned())
@@ -67,6 +71,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
             "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32, "repeat": settings.repeat,
             "allow_nondeterministic": settings.allow_nondeterministic, "configs": settings.configs,
+            "stages": settings.stages, "repro": settings.repro,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 1,
     )

@@ -57,6 +57,8 @@ def scan(
     configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     repeat: int = typer.Option(None, metavar="K", help="Run each case K times on identical inputs and compare the outputs bit for bit: a difference (a race) fails the case (default 1)."),
     allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); judge the spread between runs like an error instead."),
+    stages: bool = typer.Option(None, "--stages", metavar="", help="Compare every case's SSD stages (cumulative decay, chunk states, state passing, C·Bᵀ, output) with the float64 reference's, each judged against the baseline's same stage; failing cases are always compared, where the kernel offers its stages (builtin, mamba_ssm, vllm, or a callable's ssd_stages attribute). The message names the first wrong stage and where (sequence, chunk, head)."),
+    repro: str = typer.Option(None, "--repro", metavar="DIR", help="For each failing case (fail, nonfinite, error), shrink it (seqlen, batch, heads, widths, chunks) while it keeps its status, and write DIR/CASE_ID/repro.py with its inputs and float64 reference (torch.save): a script that re-runs the kernel call and prints the verdict without ssmcheck."),
     fail_on: cli_common.FailOn = None,
     case_id: cli_common.CaseId = None,
     from_report: cli_common.FromReport = None,
@@ -74,6 +76,7 @@ def scan(
         dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
         allow_tf32=allow_tf32 or None, repeat=repeat, configs=configs, allow_nondeterministic=allow_nondeterministic or None,
+        stages=stages or None, repro=repro,
     )
     try:
         plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
+from pathlib import Path
 
 from ssmcheck.core.status import FAIL_ON
 
@@ -80,6 +82,22 @@ def parse_flag(label: str, value) -> bool:
     if not isinstance(value, bool):
         raise SweepError(f"{label}: invalid value {value!r} (expected true or false)")
     return value
+
+
+def parse_folder(label: str, value) -> str | None:
+    """A folder to write into (None: none): an existing writable folder, or a path whose nearest existing
+    ancestor is a writable folder (it is created when first written to)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise SweepError(f"{label}: invalid value {value!r} (expected a folder)")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise SweepError(f"{label}: {str(path)!r} is a file, not a folder")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise SweepError(f"{label}: cannot write into {str(existing)!r}")
+    return str(path)
 
 
 def positive_int(text: str) -> int:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from ssmcheck.peers import import_ops
 
 NAME = "mamba_ssm"
@@ -33,6 +35,44 @@ _WHAT = "mamba_ssm's Triton ops"
 def chunk_scan() -> Callable:
     """mamba_ssm's `mamba_chunk_scan_combined`. Raises KernelSpecError when it cannot be imported."""
     return import_ops(NAME, _WHAT, "mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+
+
+def chunk_scan_stages() -> Callable:
+    """mamba_ssm's five SSD stage functions (imported by its ssd_combined), composed as its
+    `_mamba_chunk_scan_combined_fwd` composes them, behind our chunk-scan signature without the return
+    flags: a function returning the stages in the built-in kernel's layout (scan.stages). mamba_ssm cuts
+    every batch row into chunks from its first token, as the built-in kernel does a sequence; a varlen
+    row's chunks straddle its sequences, so there it raises ValueError. Raises KernelSpecError when
+    mamba_ssm cannot be imported."""
+    ops = import_ops(NAME, _WHAT, "mamba_ssm.ops.triton.ssd_combined")
+
+    def mamba_ssm_stages(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
+        if seq_idx is not None or cu_seqlens is not None:
+            raise ValueError("mamba_ssm's chunks straddle the sequences of a varlen row: its stages have no "
+                             "chunk per sequence to compare")
+        batch, _, nheads, headdim = x.shape
+        dstate = B.shape[-1]
+        # The contiguity mamba_ssm's combined function ensures before its stages.
+        x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+        z = None if z is None else z.contiguous()
+        dA_cumsum, dt_out = ops._chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                  dt_limit=dt_limit)
+        nchunks = dA_cumsum.shape[2]
+        poisoned = torch.full((batch, nchunks, nheads, headdim, dstate), float("nan"), device=x.device)
+        local = ops._chunk_state_fwd(B, x, dt_out, dA_cumsum, states=poisoned, states_in_fp32=True)
+        before, _ = ops._state_passing_fwd(
+            local.flatten(-2), dA_cumsum[:, :, :, -1],
+            initial_states=None if initial_states is None else initial_states.flatten(-2),
+            chunk_size=chunk_size, out_dtype=C.dtype,
+        )
+        before = before.unflatten(-1, (headdim, dstate))
+        cb = ops._bmm_chunk_fwd(C, B, chunk_size, output_dtype=torch.float32)
+        y, _ = ops._chunk_scan_fwd(cb, x, dt_out, dA_cumsum, C, before, D=None if D is None else D.contiguous(), z=z)
+        return {"cumsum": dA_cumsum.transpose(1, 2).flatten(0, 1), "chunk_states": local.flatten(0, 1),
+                "passed_states": before.flatten(0, 1), "cb": cb.flatten(0, 1), "y": y}
+
+    return mamba_ssm_stages
 
 
 def state_update() -> Callable:

@@ -119,7 +119,47 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
     from its state cache (its kernel takes them in no other dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
     the varlen states in varlen mode (the final states of a varlen row are its last sequence's).
     """
-    batch, seqlen, nheads, headdim = x.shape
+    args, kwargs = varlen_arguments(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                                    dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
+    states = varlen(*args, **kwargs)
+    y = kwargs["out"].view(x.shape)
+    final = states if cu_seqlens is None else states[-1:]
+    extra = ([final] if return_final_states else []) + ([states] if return_varlen_states else [])
+    return (y, *extra) if extra else y
+
+
+def varlen_arguments(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                     cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf), return_final_states=False,
+                     return_varlen_states=False, state_dtype=None) -> tuple[tuple, dict]:
+    """The (positional, keyword) arguments of `mamba_chunk_scan_combined_varlen` for a call with our signature
+    (the return flags are ours alone: vLLM returns every sequence's state); `out` is allocated, y's buffer."""
+    layout = _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype)
+    flat, meta = layout.flat, layout.meta
+    out = torch.empty((layout.tokens, *x.shape[2:]), dtype=x.dtype, device=x.device)
+    return (flat(x), flat(dt), A, flat(B), flat(C), chunk_size), dict(
+        cu_seqlens=layout.cu_seqlens, cu_chunk_seqlens=meta.cu_chunk_seqlens,
+        last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx, out=out, D=D, z=flat(z), dt_bias=dt_bias,
+        initial_states=layout.initial_states, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+        state_dtype=state_dtype,
+    )
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """Our (batch, seqlen, ...) layout as vLLM's one flat token set."""
+
+    tokens: int
+    cu_seqlens: torch.Tensor  # (nseq + 1,) int32
+    meta: ChunkMetadata
+    initial_states: torch.Tensor | None  # in the storage dtype, as vLLM's state cache holds them
+
+    def flat(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(self.tokens, *t.shape[2:])
+
+
+def _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype) -> _Packed:
+    batch, seqlen = x.shape[:2]
     if cu_seqlens is None:
         if seq_idx is not None:
             raise ValueError("vLLM's chunk scan: seq_idx without cu_seqlens (pass cu_seqlens for packed sequences)")
@@ -130,25 +170,51 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
         cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
         if int(cu[-1]) != seqlen:
             raise ValueError(f"vLLM's chunk scan: cu_seqlens ends at {int(cu[-1])}, expected seqlen {seqlen}")
-    meta = chunk_metadata(cu, chunk_size, device=x.device)
-    tokens = batch * seqlen
-
-    def flat(t):
-        return None if t is None else t.reshape(tokens, *t.shape[2:])
-
-    out = torch.empty((tokens, nheads, headdim), dtype=x.dtype, device=x.device)
     if initial_states is not None:  # as vLLM's state cache holds them: in the dtype its states are stored in
         initial_states = initial_states.to(C.dtype if state_dtype is None else state_dtype)
-    states = varlen(
-        flat(x), flat(dt), A, flat(B), flat(C), chunk_size, cu_seqlens=cu,
-        cu_chunk_seqlens=meta.cu_chunk_seqlens, last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx,
-        out=out, D=D, z=flat(z), dt_bias=dt_bias, initial_states=initial_states, dt_softplus=dt_softplus,
-        dt_limit=tuple(dt_limit), state_dtype=state_dtype,
-    )
-    y = out.view(batch, seqlen, nheads, headdim)
-    final = states if cu_seqlens is None else states[-1:]
-    extra = ([final] if return_final_states else []) + ([states] if return_varlen_states else [])
-    return (y, *extra) if extra else y
+    return _Packed(batch * seqlen, cu, chunk_metadata(cu, chunk_size, device=x.device), initial_states)
+
+
+def chunk_scan_stages() -> Callable:
+    """vLLM's five SSD stage functions, composed as its `_mamba_chunk_scan_combined_fwd` composes them, behind
+    our chunk-scan signature (without the return flags; `state_dtype=None` as for `chunk_scan`): a function
+    returning the stages in the built-in kernel's layout (scan.stages). vLLM's chunks are the built-in's
+    (each sequence chunked from its own start); its state passing keeps the state *after* each chunk, so
+    the state entering a chunk is the previous chunk's, or the sequence's initial state (zero without).
+    Raises KernelSpecError when vLLM's ops cannot be imported."""
+    ops = import_ops(NAME, _WHAT, _SCAN_MODULE)
+
+    def vllm_stages(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                    cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf), *, state_dtype=None):
+        batch, seqlen, nheads, headdim = x.shape
+        dstate = B.shape[-1]
+        layout = _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype)
+        flat, meta = layout.flat, layout.meta
+        # The contiguity vLLM's combined function ensures before its stages.
+        xf, zf, Bf, Cf = (None if t is None else flat(t).contiguous() for t in (x, z, B, C))
+        dA_cumsum, dt_out = ops._chunk_cumsum_fwd(flat(dt), A, chunk_size, meta.cu_chunk_seqlens, dt_bias=dt_bias,
+                                                  dt_softplus=dt_softplus, dt_limit=tuple(dt_limit))
+        poisoned = torch.full((dA_cumsum.shape[1], nheads, headdim, dstate), math.nan, device=x.device)
+        local = ops._chunk_state_fwd(Bf, xf, dt_out, dA_cumsum, meta.cu_chunk_seqlens, states=poisoned,
+                                     states_in_fp32=True)
+        init = layout.initial_states
+        after = ops._state_passing_fwd(
+            local.flatten(-2), dA_cumsum, meta.last_chunk_indices,
+            initial_states=None if init is None else init.flatten(-2),
+            out_dtype=C.dtype if state_dtype is None else state_dtype,
+        ).unflatten(-1, (headdim, dstate))
+        cb = ops._bmm_chunk_fwd(Cf, Bf, chunk_size, meta.cu_chunk_seqlens, output_dtype=torch.float32)
+        out = torch.full((layout.tokens, nheads, headdim), math.nan, dtype=x.dtype, device=x.device)
+        ops._chunk_scan_fwd(cb, xf, dt_out, dA_cumsum, Cf, after, meta.cu_chunk_seqlens, out, meta.seq_idx,
+                            D=None if D is None else D.contiguous(), z=zf, initial_states=init)
+        first = torch.zeros(after.shape[0], dtype=torch.bool, device=x.device)
+        first[torch.cat([meta.last_chunk_indices.new_zeros(1), meta.last_chunk_indices[:-1] + 1]).long()] = True
+        start = torch.zeros_like(after) if init is None else init[meta.seq_idx.long()].to(after.dtype)
+        before = torch.where(first[:, None, None, None], start, after.roll(1, dims=0))
+        return {"cumsum": dA_cumsum.transpose(0, 1), "chunk_states": local, "passed_states": before, "cb": cb,
+                "y": out.view(batch, seqlen, nheads, headdim)}
+
+    return vllm_stages
 
 
 # ---------------------------------------------------------------------------- the state update

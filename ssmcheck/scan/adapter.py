@@ -14,7 +14,10 @@ The adapter owns:
   KernelExit, one case's error rather than the end of the tool;
 - output validation: a tuple (out, states) of the promised shapes, dtypes and
   device, and the inputs unchanged after the call. Anything else raises
-  KernelOutputError with one line saying what was expected and what came back.
+  KernelOutputError with one line saying what was expected and what came back;
+- the kernel's SSD stages, where it offers them (`stages`: the built-in kernel's
+  `chunk_scan_stages`, the peers' stage functions composed in ssmcheck.peers, or a
+  callable's `ssd_stages` attribute), for scan.stages.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ MAMBA_SSM, VLLM = "mamba_ssm", "vllm"
 STATE_OPTIONS = ("state_dtype", "rounding", "seed")
 # ScanAdapter.default_state_dtype: told no state_dtype, the kernel stores its states in its inputs' dtype (C's).
 INPUTS = "inputs"
+# The stages a kernel's `stages` callable returns (scan.stages describes them), and the attribute through which a
+# MODULE:FUNCTION kernel offers such a callable: the chunk-scan arguments and state keywords, without the return_*
+# flags.
+STAGE_NAMES = ("cumsum", "chunk_states", "passed_states", "cb", "y")
+STAGES_ATTRIBUTE = "ssd_stages"
 # vLLM's chunk scan asserts a power-of-two chunk size.
 _POWERS_OF_TWO = tuple(2**k for k in range(17))
 
@@ -70,6 +78,7 @@ class ScanAdapter:
     # The case's initial states are then values that dtype holds exactly (`cached_inputs`), so the
     # kernel and the references start from the same states, as a served model's prefill does.
     initial_states_stored: bool = False
+    stages: Callable | None = None  # the kernel's SSD stages (STAGE_NAMES), where it offers them
 
     def skip_reason(self, case: ScanCase) -> str | None:
         """Why this kernel cannot run `case` (None: it can)."""
@@ -138,15 +147,10 @@ class ScanAdapter:
         What the kernel prints goes to `transcript` (discarded without one). Raises what the
         kernel raised, core.guard.KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
         """
-        state_keywords, storage, why = self._storage(inputs, case)
+        storage, why = self._storage(inputs, case)[1:]
         tensors = {name: getattr(inputs, name) for name in _INPUTS}
         before = snapshot(tensors)
-        result = guarded_call(
-            self.fn, (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size),
-            {**inputs.kwargs(), "seq_idx": inputs.seq_idx, "return_final_states": not inputs.varlen,
-             "return_varlen_states": inputs.varlen, **self.options, **state_keywords},
-            transcript,
-        )
+        result = guarded_call(self.fn, *self.arguments(inputs, case), transcript)
         y, states = _unpack(result)
         x = inputs.x
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
@@ -156,6 +160,25 @@ class ScanAdapter:
         if changed is not None:
             raise KernelOutputError(f"the kernel wrote into its input {changed}: inputs must be left unchanged")
         return y, states
+
+    def arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool = True) -> tuple[tuple, dict]:
+        """(positional, keyword) arguments of the kernel's call on `inputs`; `returns`: with the
+        return_final_states/return_varlen_states flags (a stages callable takes none)."""
+        flags = {"return_final_states": not inputs.varlen, "return_varlen_states": inputs.varlen} if returns else {}
+        return ((inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size),
+                {**inputs.kwargs(), "seq_idx": inputs.seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]})
+
+    def call_stages(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> dict:
+        """The kernel's SSD stages on `inputs` (STAGE_NAMES, in the built-in kernel's layout), checked for
+        presence and device. Raises what the kernel raises, KernelOutputError."""
+        args, kwargs = self.arguments(inputs, case, returns=False)
+        stages = guarded_call(self.stages, args, kwargs, transcript)
+        if not isinstance(stages, dict) or set(STAGE_NAMES) - set(stages):
+            raise KernelOutputError(f"the stages callable returned no dict of {', '.join(STAGE_NAMES)}")
+        for name in STAGE_NAMES:
+            if not isinstance(stages[name], torch.Tensor) or stages[name].device != inputs.x.device:
+                raise KernelOutputError(f"stage {name} is not a tensor on {inputs.x.device}")
+        return stages
 
 
 def _unpack(result) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,18 +227,18 @@ def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = F
     `vllm`) that cannot be imported. `builtin` and the peers import triton: configure the runtime
     first. `state_dtype_given`: --state-dtype was on the command line (see ScanAdapter)."""
     if spec == BUILTIN:
-        from ssmcheck.ops.chunk_scan.chunk import CHUNK_SIZES, chunk_scan_combined  # noqa: PLC0415
+        from ssmcheck.ops.chunk_scan.chunk import CHUNK_SIZES, chunk_scan_combined, chunk_scan_stages  # noqa: PLC0415
 
         sizes = sorted(CHUNK_SIZES)
         return ScanAdapter(
             spec, chunk_scan_combined, takes_state_options=True, chunk_sizes=tuple(sizes),
             chunk_size_rule=f"the built-in kernel takes power-of-two chunk sizes {sizes[0]}..{sizes[-1]}",
-            options={"interpret": interpreter}, takes_state_dtype=True,
+            options={"interpret": interpreter}, takes_state_dtype=True, stages=chunk_scan_stages,
         )
     if spec == MAMBA_SSM:
         from ssmcheck.peers import mamba_ssm  # noqa: PLC0415
 
-        return _discovered(spec, mamba_ssm.chunk_scan(), state_dtype_given)
+        return replace(_discovered(spec, mamba_ssm.chunk_scan(), state_dtype_given), stages=mamba_ssm.chunk_scan_stages())
     if spec == VLLM:
         from ssmcheck.peers import vllm  # noqa: PLC0415
 
@@ -223,6 +246,7 @@ def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = F
             spec, vllm.chunk_scan(), takes_state_options=False, chunk_sizes=_POWERS_OF_TWO,
             chunk_size_rule="vLLM's chunk scan takes power-of-two chunk sizes", takes_state_dtype=True,
             default_state_dtype=INPUTS, state_dtype_given=state_dtype_given, initial_states_stored=True,
+            stages=vllm.chunk_scan_stages(),
         )
     if callable(spec):
         return _discovered(kernel_name(spec), spec, state_dtype_given)
@@ -233,4 +257,4 @@ def _discovered(name: str, fn: Callable, state_dtype_given: bool) -> ScanAdapter
     """The adapter of a kernel whose capabilities are the keywords its signature names."""
     named = keywords(fn)
     return ScanAdapter(name, fn, set(STATE_OPTIONS) <= named, takes_state_dtype="state_dtype" in named,
-                       state_dtype_given=state_dtype_given)
+                       state_dtype_given=state_dtype_given, stages=getattr(fn, STAGES_ATTRIBUTE, None))

@@ -3,6 +3,9 @@
 Keys are always present; figures a case did not produce (skipped, error) are null.
 `y_max_rel` and `state_max_rel` are the norm-wise relative errors ||out - ref|| / ||ref||.
 `stdout` is what the kernel printed ("" when nothing).
+`stages` (with --stages, and for failing cases where the kernel offers its stages; else null) is {"first_wrong":
+null | {"stage", "label", "status", "sequence", "chunk", "head"}, "note", "figures": {stage: StageFigure's fields}}
+(scan.stages); `repro` the folder of the case's reproducer (--repro), else null.
 `error_map` (fail and nonfinite cases only, else null) is {"chunk_size", "tokens", "per_chunk_head"}: the
 relative error of y per [chunk][head], each sequence chunked on its own, to 3 significant digits (a colour
 map's worth), and the longest sequence's length.
@@ -53,8 +56,19 @@ def case_json(result: ScanResult) -> dict:
         "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
         "repeat": asdict(result.repeat) if result.repeat else None,
         "error_map": _error_map(result),
+        "stages": _stages(result),
+        "repro": result.repro,
         "stdout": result.stdout,
     }
+
+
+def _stages(result: ScanResult) -> dict | None:
+    report = result.stages
+    if report is None:
+        return None
+    first = report.first_wrong
+    return {"first_wrong": None if first is None else {k: getattr(first, k) for k in ("stage", "label", "status", "sequence", "chunk", "head")},
+            "note": report.note, "figures": {f.stage: {k: v for k, v in asdict(f).items() if k != "stage"} for f in report.figures}}
 
 
 def _error_map(result: ScanResult) -> dict | None:

@@ -86,6 +86,34 @@ class ErrorMap:
 
 
 @dataclass(frozen=True)
+class StageFigure:
+    """One SSD stage of a kernel against the float64 reference's same stage (scan.stages)."""
+
+    stage: str  # cumsum, chunk_states, passed_states, cb, output
+    label: str  # in words: cumulative decay, chunk states, state passing, C·Bᵀ, output
+    status: str  # ok, nonfinite, out of tolerance
+    rel: float  # norm-wise relative error of the whole stage
+    baseline_rel: float  # the same-precision baseline's
+    limit: float  # the largest accepted `rel`
+    group_rel: float  # the error of the (chunk, head) group below
+    worst_group_rel: float  # the largest (chunk, head) group error
+    baseline_worst_group_rel: float
+    group_limit: float  # the largest accepted group error
+    sequence: int  # the first wrong group (chunk order) when the stage is wrong, else the worst group
+    chunk: int  # within its sequence
+    head: int  # a group of B and C for the cb stage
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """Every stage's figures, and the first stage (pipeline order) that is non-finite or out of tolerance."""
+
+    figures: tuple[StageFigure, ...] = ()
+    first_wrong: StageFigure | None = None
+    note: str = ""  # why the stages were not compared (figures then empty)
+
+
+@dataclass(frozen=True)
 class ScanVerdict:
     status: Status
     message: str = ""
@@ -115,6 +143,8 @@ class ScanResult:
     # Only for the cases that failed or were non-finite: the report's error maps, without bloating
     # the passing cases.
     error_map: ErrorMap | None = None
+    stages: StageReport | None = None  # with --stages, and for cases that failed or were non-finite
+    repro: str | None = None  # with --repro: the folder of this case's reproducer
     stdout: str = ""  # what the kernel printed (core.capture: the start, the rest counted)
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -20,11 +21,11 @@ from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import measure, precision
+from ssmcheck.scan import measure, precision, repro, stages
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
-from ssmcheck.scan.results import Comparison, ErrorMap, ScanResult
+from ssmcheck.scan.results import Comparison, ErrorMap, ScanResult, StageReport
 from ssmcheck.scan.spec import ScanCase
 from ssmcheck.scan.verdict import judge
 
@@ -54,14 +55,46 @@ def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
     """(y, states, the SSM part C·h of y) of the same math in the kernel's dtype, its states stored in
     `storage` (the case's rounding); with `allow_tf32`, fp32 matmul operands rounded to TF32. C·h comes
     out in x's dtype, as a kernel called without D and z returns it (it is bitwise that output)."""
+    out = _baseline_output(inputs, case, storage, allow_tf32)
+    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm.to(inputs.x.dtype)
+
+
+def _baseline_output(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
+                     record_stages: bool = False):
     from ssmcheck.ops.chunk_scan.baseline import scan_baseline  # noqa: PLC0415
 
-    out = scan_baseline(
+    return scan_baseline(
         inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
         state_dtype=storage, rounding=case.rounding, seed=case.seed,
-        **precision.judged_baseline_options(inputs, allow_tf32),
+        **precision.judged_baseline_options(inputs, allow_tf32), record_stages=record_stages,
     )
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm.to(inputs.x.dtype)
+
+
+def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
+                    allow_tf32: bool, tolerance: Tolerance, transcript=None) -> StageReport:
+    """The kernel's SSD stages against the float64 chunked reference's at the case's chunk size, judged
+    against the baseline's (scan.stages). Advisory: a failure to compare is the report's note, never
+    the case's verdict."""
+    from ssmcheck.ops.chunk_scan import naive  # noqa: PLC0415
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # as for _calls
+            found = kernel.call_stages(inputs, case, transcript)
+    except Exception as exc:  # noqa: BLE001 (a kernel's failure is the report's)
+        return StageReport(note=f"the kernel's stages raised {_describe(exc)}")
+    try:
+        ref = naive.scan_chunked(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size,
+                                 **inputs.kwargs(), record_stages=True)
+        # The baseline stores the states it passes as the kernel stores its own: mamba_ssm keeps them in C's
+        # dtype between chunks while its final states come back in fp32.
+        passed = found["passed_states"].dtype
+        base = _baseline_output(inputs, case, passed if passed in DTYPES.values() else storage, allow_tf32,
+                                record_stages=True)
+        return stages.localise(found, {**ref.stages, "y": ref.y}, {**base.stages, "y": base.y}, inputs,
+                               case.chunk_size, tolerance)
+    except Exception as exc:  # noqa: BLE001
+        return StageReport(note=f"comparing the stages raised {_describe(exc)}")
 
 
 def _sync(device: str) -> None:
@@ -71,8 +104,9 @@ def _sync(device: str) -> None:
 
 def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, reference_kind: str,
              device: str, allow_tf32: bool = False, warmup: bool = False, repeat: int = 1,
-             allow_nondeterministic: bool = False) -> ScanResult:
-    """Measure and judge one case. With `warmup`, the first call of the kernel for each shape (where a
+             allow_nondeterministic: bool = False, compare_stages: bool = False) -> ScanResult:
+    """Measure and judge one case. The kernel's stages are compared with the reference's (scan.stages)
+    with `compare_stages`, and for every case that fails or is non-finite where the kernel offers them. With `warmup`, the first call of the kernel for each shape (where a
     GPU compiles and autotunes) is made once before the timed one and timed apart: the case's
     `seconds` then leave it out, and `warmup_seconds` hold it. With `repeat` K > 1 the kernel runs K
     times on identical inputs and the runs are compared bit for bit (a race shows as a difference)."""
@@ -81,13 +115,13 @@ def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, referenc
         return ScanResult(case, Status.SKIPPED, reason)
     start = time.perf_counter()
     result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
-                  allow_nondeterministic)
+                  allow_nondeterministic, compare_stages)
     result.seconds = time.perf_counter() - start - (result.warmup_seconds or 0.0)
     return result
 
 
 def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
-         allow_nondeterministic) -> ScanResult:
+         allow_nondeterministic, compare_stages) -> ScanResult:
     try:
         inputs = REGIMES[case.regime].generate(
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
@@ -154,6 +188,12 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     if result.status in (Status.FAIL, Status.NONFINITE):
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
                                     measure.per_chunk_head_error(out[0], ref[0], tokens, case.chunk_size))
+    failed = result.status in (Status.FAIL, Status.NONFINITE)
+    if kernel.stages is not None and (compare_stages or failed):
+        result.stages = localise_stages(kernel, inputs, case, storage, allow_tf32, tolerance, transcript)
+        result.stdout = transcript.text
+        if failed:
+            result.message += f"; {stages.describe(result.stages)}"
     return result
 
 
@@ -246,6 +286,8 @@ class ScanRunner:
     warmup: bool = False  # time each kernel's first call per shape apart (compile, autotune): on a GPU
     repeat: int = 1  # runs per case on identical inputs, compared bit for bit
     allow_nondeterministic: bool = False  # the kernel declares itself nondeterministic: judge its spread
+    stages: bool = False  # compare every case's SSD stages (failing cases' always are, where the kernel offers them)
+    repro: str | None = None  # write a shrunk reproducer of each failing case into this folder (scan.repro)
 
     def adapter(self) -> ScanAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -270,13 +312,24 @@ class ScanRunner:
         return pins
 
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
-        """Run one case (a scan case is one unit of progress: `advance` is not called)."""
+        """Run one case (a scan case is one unit of progress: `advance` is not called); with `repro`, a
+        failing case's reproducer is written (scan.repro)."""
         with autotune.pinned(self.pins(case)):
-            return self._run(case)
+            result = self._run(case)
+        if self.repro is not None and result.status in repro.REPRODUCED:  # its runs pin their own configs
+            try:
+                result.repro = str(repro.write(Path(self.repro), self, case, result))
+            except Exception as exc:  # noqa: BLE001 (advisory: the case's verdict stands)
+                result.message += f"; no reproducer written ({_describe(exc)})"
+        return result
+
+    def without_extras(self) -> ScanRunner:
+        """This runner without stage comparisons and reproducers: the case's verdict alone."""
+        return replace(self, stages=False, repro=None)
 
     def _run(self, case: ScanCase) -> ScanResult:
         return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32,
-                        self.warmup, self.repeat, self.allow_nondeterministic)
+                        self.warmup, self.repeat, self.allow_nondeterministic, self.stages)
 
     def failed(self, case: ScanCase, message: str, seconds: float) -> ScanResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""

@@ -59,6 +59,8 @@ TABLE = CommandTable(
         "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
         "configs": Setting(_choice(("auto", "all")), "auto"),
         "allow_nondeterministic": Setting(sweep.parse_flag, False),
+        "stages": Setting(sweep.parse_flag, False),
+        "repro": Setting(sweep.parse_folder, None),
     },
     overrides=True,
 )
@@ -75,6 +77,8 @@ class ScanSettings:
     repeat: int = 1  # runs per case, compared bit for bit
     configs: str = "auto"  # "all": every case once per autotune config of the kernel (plan.py expands them)
     allow_nondeterministic: bool = False
+    stages: bool = False  # compare every case's SSD stages with the reference's (scan.stages)
+    repro: str | None = None  # the folder --repro writes each failing case's reproducer into (scan.repro)
 
     @property
     def axes(self) -> dict[str, list]:
@@ -98,7 +102,8 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     return ScanSettings(
         spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
         seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"], repeat=s["repeat"],
-        allow_nondeterministic=s["allow_nondeterministic"], configs=s["configs"],
+        allow_nondeterministic=s["allow_nondeterministic"], configs=s["configs"], stages=s["stages"],
+        repro=s["repro"],
     )
 
 

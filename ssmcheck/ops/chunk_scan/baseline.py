@@ -83,7 +83,7 @@ class _ReducedArithmetic(Arithmetic):
 def scan_baseline(
     x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
     dt_softplus=False, dt_limit=NO_DT_LIMIT, state_dtype=torch.float32, rounding="nearest", seed=0,
-    matmul_operand_bits: int | None = None, accumulate: torch.dtype = torch.float32,
+    matmul_operand_bits: int | None = None, accumulate: torch.dtype = torch.float32, record_stages: bool = False,
 ) -> ScanOutput:
     """The SSD form as a straightforward implementation in x.dtype computes it.
 
@@ -109,6 +109,7 @@ def scan_baseline(
       chunk, D·x and the gate. That is a kernel computing in fp16 throughout; its
       cumulative sums of log-decays dominate its error (about 10x the fp16 baseline's
       at chunk 256). States are still stored in state_dtype.
+    With `record_stages`, ScanOutput.stages holds the SSD form's intermediates (naive._ssd).
     """
     generator = torch.Generator(device=x.device).manual_seed(seed)
 
@@ -123,6 +124,6 @@ def scan_baseline(
         arith = _ReducedArithmetic(accumulate, x.dtype, store_state=store_state, exact_segments=False,
                                    operand_bits=matmul_operand_bits)
     out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
-                   dt_limit, arith)
+                   dt_limit, arith, record_stages)
     out.y = out.y.to(x.dtype)
     return out

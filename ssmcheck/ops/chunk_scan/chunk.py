@@ -14,6 +14,9 @@ carried in fp32 and stored in `state_dtype`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from ssmcheck.ops.common import interpreting
@@ -78,20 +81,72 @@ def _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, roundi
     check_rounding(state_dtype, rounding, seed, DEFAULT_PHILOX_ROUNDS, "software")
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """The five stage functions the chunk scan composes, each with the signature of the built-in one.
+
+    A test builds a kernel with one stage replaced (`dataclasses.replace(PIPELINE, chunk_cb=...)`)
+    to check that a wrong stage is found where it is."""
+
+    dt_cumsum: Callable = dt_cumsum
+    chunk_state: Callable = chunk_state
+    state_passing: Callable = state_passing
+    chunk_cb: Callable = chunk_cb
+    chunk_output: Callable = chunk_output
+
+
+PIPELINE = Pipeline()
+
+
+def _poisoned(shape, *, device, dtype):
+    """torch.empty's signature, NaN-filled: an entry a stage never writes shows as NaN, not as stale memory."""
+    return torch.full(shape, float("nan"), device=device, dtype=dtype)
+
+
 def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                         return_final_states=False, return_varlen_states=False, *,
                         state_dtype=torch.float32, rounding="nearest", seed=0, out=None,
-                        interpret: bool | None = None):
+                        interpret: bool | None = None, pipeline: Pipeline = PIPELINE):
     """Returns out; (out, final_states); (out, varlen_states); or (out, final_states, varlen_states).
 
     out (batch, seqlen, nheads, headdim) in x.dtype (written into `out` when given);
     final_states (batch, nheads, headdim, dstate) and varlen_states (nseq, ...) in state_dtype.
     `interpret`: whether Triton runs the kernels through its interpreter (None: as TRITON_INTERPRET says).
     """
-    _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, rounding, seed)
     _check(not return_varlen_states or cu_seqlens is not None or seq_idx is not None,
            "return_varlen_states needs cu_seqlens")
+    stages = _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                  dt_limit, state_dtype, rounding, seed, out, interpret, pipeline, keep_stages=False)
+    result = (stages["y"],)
+    if return_final_states:
+        result += (stages["final_states"],)
+    if return_varlen_states:
+        result += (stages["seq_states"],)
+    return result[0] if len(result) == 1 else result
+
+
+def chunk_scan_stages(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                      seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), *,
+                      state_dtype=torch.float32, rounding="nearest", seed=0, interpret: bool | None = None,
+                      pipeline: Pipeline = PIPELINE) -> dict[str, torch.Tensor]:
+    """The chunk scan with every stage's result kept, its buffers NaN-filled before the stages run:
+    "cumsum" (nchunks, nheads, chunk_size) fp64 cumulative dt·A within each chunk, "chunk_states"
+    (nchunks, nheads, headdim, dstate) fp32 each chunk's state from zero, "passed_states" (same shape,
+    state_dtype) the state entering each chunk, "cb" (nchunks, ngroups, chunk_size, chunk_size) fp32
+    C·Bᵀ, "y" (batch, seqlen, nheads, headdim). Chunks follow sequences (layout.py), in order."""
+    stages = _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                  dt_limit, state_dtype, rounding, seed, torch.full_like(x, float("nan")), interpret, pipeline,
+                  keep_stages=True)
+    return {name: stages[name] for name in ("cumsum", "chunk_states", "passed_states", "cb", "y")}
+
+
+def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
+         state_dtype, rounding, seed, out, interpret, pipeline: Pipeline, keep_stages: bool) -> dict[str, torch.Tensor]:
+    """Check the inputs and run the stages; every stage's result by name ("chunk_states" None unless
+    `keep_stages`, which also NaN-fills the buffers), "final_states" (per row, or the last sequence's for
+    varlen) and "seq_states" (per sequence)."""
+    _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, rounding, seed)
     batch, seqlen, nheads, headdim = x.shape
     dstate = B.shape[3]
     table = _table(batch, seqlen, chunk_size, cu_seqlens, seq_idx, x.device)
@@ -108,6 +163,7 @@ def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     if interpret is None:
         interpret = interpreting()
     mm_dtype = triton_dtype(x.dtype)
+    alloc = _poisoned if keep_stages else torch.empty
     ntok = batch * seqlen
     x2 = x.reshape(ntok, nheads, headdim)
     B2 = B.reshape(ntok, *B.shape[2:])
@@ -115,21 +171,18 @@ def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     z2 = z.reshape(ntok, nheads, headdim) if z is not None else None
     D2 = D.contiguous() if D is not None else None
 
-    dt_proc, dA_cs = dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
-                               dt_bias.contiguous() if dt_bias is not None else None,
-                               dt_softplus, dt_limit, table)
-    local = chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret)
-    states, seq_final = state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic", seed,
-                                      table, interpret)
-    del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
-    cb = chunk_cb(C2, B2, mm_dtype, table, interpret)
-    chunk_output(x2, z2, C2, D2, cb, dt_proc, dA_cs, states, y, mm_dtype, table, interpret)
+    dt_proc, dA_cs = pipeline.dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
+                                        dt_bias.contiguous() if dt_bias is not None else None,
+                                        dt_softplus, dt_limit, table, alloc=alloc)
+    local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
+    states, seq_final = pipeline.state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic",
+                                               seed, table, interpret, alloc=alloc)
+    if not keep_stages:
+        del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
+    cb = pipeline.chunk_cb(C2, B2, mm_dtype, table, interpret, alloc=alloc)
+    pipeline.chunk_output(x2, z2, C2, D2, cb, dt_proc, dA_cs, states, y, mm_dtype, table, interpret)
 
     varlen = cu_seqlens is not None or seq_idx is not None
-    final_states = seq_final[table.last_seq : table.last_seq + 1] if varlen else seq_final
-    result = (out,)
-    if return_final_states:
-        result += (final_states,)
-    if return_varlen_states:
-        result += (seq_final,)
-    return result[0] if len(result) == 1 else result
+    return {"cumsum": dA_cs, "chunk_states": local if keep_stages else None, "passed_states": states, "cb": cb, "y": out,
+            "final_states": seq_final[table.last_seq : table.last_seq + 1] if varlen else seq_final,
+            "seq_states": seq_final}

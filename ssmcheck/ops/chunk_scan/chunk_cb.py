@@ -49,13 +49,13 @@ def default_config(dstate: int, chunk_size: int, interpret: bool = False) -> dic
                 BLOCK_D=max(16, min(triton.next_power_of_2(dstate), 64)), num_warps=4, num_stages=3)
 
 
-def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None):
-    """C, B (ntok, ngroups, dstate) -> CB (nchunks, ngroups, chunk_size, chunk_size) fp32; rows/columns
-    past a chunk's end are zero, tiles above the diagonal are zero."""
+def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None, alloc=torch.empty):
+    """C, B (ntok, ngroups, dstate) -> CB (nchunks, ngroups, chunk_size, chunk_size) fp32, allocated by
+    `alloc`; rows/columns past a chunk's end are zero, tiles above the diagonal are zero."""
     ngroups, dstate = C.shape[1], C.shape[2]
     cs = table.chunk_size
     cfg = {**default_config(dstate, cs, interpret), **(config or {})}
-    cb = torch.empty((table.nchunks, ngroups, cs, cs), device=C.device, dtype=torch.float32)
+    cb = alloc((table.nchunks, ngroups, cs, cs), device=C.device, dtype=torch.float32)
     grid = (table.nchunks * ngroups * (cs // cfg["BLOCK_M"]) * (cs // cfg["BLOCK_K"]),)
     _chunk_cb_kernel[grid](
         C, B, table.chunk_token, table.chunk_len, cb,

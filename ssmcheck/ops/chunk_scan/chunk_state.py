@@ -64,13 +64,14 @@ def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool =
                 BLOCK_N=max(16, min(triton.next_power_of_2(dstate), 128)), num_warps=8, num_stages=3)
 
 
-def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None):
+def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None,
+                alloc=torch.empty):
     """x (ntok, nheads, headdim), B (ntok, ngroups, dstate) -> each chunk's own state,
-    (nchunks, nheads, headdim, dstate) fp32."""
+    (nchunks, nheads, headdim, dstate) fp32, allocated by `alloc` (torch.empty's signature)."""
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1], B.shape[2]
     cfg = {**default_config(headdim, dstate, table.chunk_size, interpret), **(config or {})}
-    local = torch.empty((table.nchunks, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
+    local = alloc((table.nchunks, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
     grid = (table.nchunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * triton.cdiv(dstate, cfg["BLOCK_N"]),)
     _chunk_state_kernel[grid](
         x, B, dt_proc, dA_cs, table.chunk_token, table.chunk_len, local,

@@ -44,12 +44,13 @@ def _dt_cumsum_kernel(
     tl.store(dA_cs_ptr + out, dA_cs, mask=hv[None, :])
 
 
-def dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table: ChunkTable):
-    """dt (ntok, nheads) -> (dt processed (fp32), cumulative dt*A (fp64)), each (nchunks, nheads, chunk_size)."""
+def dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table: ChunkTable, alloc=torch.empty):
+    """dt (ntok, nheads) -> (dt processed (fp32), cumulative dt*A (fp64)), each (nchunks, nheads, chunk_size).
+    `alloc` (torch.empty's signature) allocates the results."""
     nheads = dt.shape[1]
     shape = (table.nchunks, nheads, table.chunk_size)
-    dt_out = torch.empty(shape, device=dt.device, dtype=torch.float32)
-    dA_cs = torch.empty(shape, device=dt.device, dtype=torch.float64)
+    dt_out = alloc(shape, device=dt.device, dtype=torch.float32)
+    dA_cs = alloc(shape, device=dt.device, dtype=torch.float64)
     has_limit = tuple(dt_limit) != (0.0, float("inf"))
     block_h = min(triton.next_power_of_2(nheads), max(1, 2048 // table.chunk_size))
     grid = (table.nchunks, triton.cdiv(nheads, block_h))

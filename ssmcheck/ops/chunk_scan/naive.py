@@ -28,6 +28,8 @@ class ScanOutput:
     final_states: torch.Tensor  # (batch, nheads, headdim, dstate): state after each batch row's last token
     varlen_states: torch.Tensor | None  # (nseq, nheads, headdim, dstate) with cu_seqlens, else None
     y_ssm: torch.Tensor | None = None  # C·h alone: y before the D skip and the z gate
+    # The SSD form's intermediates, when asked for (scan_ssd's record_stages): see _ssd.
+    stages: dict[str, torch.Tensor] | None = None
 
 
 def _sequence_bounds(x, B, cu_seqlens, initial_states) -> list[int] | None:
@@ -166,12 +168,17 @@ def _pieces(bounds: list[tuple[int, int]], chunk_size: int) -> list[_Piece]:
     ]
 
 
-def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic):
+def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic, record_stages: bool = False):
     """The SSD form over flattened tokens.
 
     x (T, nheads, headdim), dt (T, nheads) processed, A (nheads,), B/C (T, ngroups, dstate),
     all in arith.compute; bounds: [begin, end) of each sequence. Returns y (T, nheads, headdim)
-    without D and z, and the stored state at the end of each sequence (nseq, nheads, headdim, dstate).
+    without D and z, the stored state at the end of each sequence (nseq, nheads, headdim, dstate),
+    and, with `record_stages`, the intermediates of every piece in piece order (else None):
+    "cumsum" (pieces, nheads, Q) the log-decay from the piece start, "chunk_states" (pieces, nheads,
+    headdim, dstate) the state a piece leaves from zero, "passed_states" (same) the stored state
+    entering it, "cb" (pieces, ngroups, Q, Q) C·Bᵀ; Q is the longest piece, padding past a piece's
+    end holds dt = 0 terms.
     """
     T, nheads, headdim = x.shape
     ngroups, dstate = B.shape[-2:]
@@ -184,6 +191,7 @@ def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic):
     offsets = torch.arange(Q, device=dev)
     block = max(1, _BLOCK_ELEMENTS // (nheads * Q * Q))
     carry = zero
+    recorded = {name: [] for name in ("cumsum", "chunk_states", "passed_states", "cb")} if record_stages else None
     for b0 in range(0, len(pieces), block):
         blk = pieces[b0 : b0 + block]
         starts = torch.tensor([p.start for p in blk], device=dev)
@@ -198,7 +206,8 @@ def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic):
         dA = dtq * A[None, :, None]
         cum = torch.cumsum(dA, dim=-1)  # log-decay from the piece start
         decays = arith.segment_decays(dA, cum)  # (P, nheads, Q, Q)
-        CB = heads_of_groups(arith.matmul(Cq, Bq.transpose(-1, -2)), nheads, dim=1)
+        CB_groups = arith.matmul(Cq, Bq.transpose(-1, -2))  # (P, ngroups, Q, Q)
+        CB = heads_of_groups(CB_groups, nheads, dim=1)
         y_intra = arith.matmul(CB * decays * dtq[:, :, None, :], xq)  # (P, nheads, Q, headdim)
         to_end = decays[..., Q - 1, :] * dtq  # (P, nheads, Q): weight of token j in the piece's state
         Bh = heads_of_groups(Bq, nheads, dim=1)  # (P, nheads, Q, dstate)
@@ -213,15 +222,21 @@ def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic):
             if p.last:
                 seq_states[p.seq] = arith.store_state(carry)
         Ch = heads_of_groups(Cq, nheads, dim=1)
+        if recorded is not None:
+            for name, value in (("cumsum", cum), ("chunk_states", piece_states), ("passed_states", torch.stack(incoming)),
+                                ("cb", CB_groups)):
+                recorded[name].append(value)
         state_part = arith.matmul(Ch, torch.stack(incoming).to(arith.compute).transpose(-1, -2))
         y_piece = y_intra + state_part * torch.exp(cum)[..., None]
         y[idx[valid]] = y_piece.permute(0, 2, 1, 3)[valid]
-    return y, torch.stack(seq_states)
+    stages = None if recorded is None else {name: torch.cat(parts) for name, parts in recorded.items() if parts}
+    return y, torch.stack(seq_states), stages
 
 
 def scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
-             arith: Arithmetic) -> ScanOutput:
-    """Validate, flatten to sequences, run the SSD form, and shape the results like scan_recurrent."""
+             arith: Arithmetic, record_stages: bool = False) -> ScanOutput:
+    """Validate, flatten to sequences, run the SSD form, and shape the results like scan_recurrent
+    (with `record_stages`, ScanOutput.stages holds the intermediates, as _ssd describes them)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     batch, seqlen, nheads, headdim = x.shape
@@ -231,7 +246,7 @@ def scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqle
     else:
         bounds = list(zip(cu[:-1], cu[1:]))
     dtype = arith.compute
-    y, seq_states = _ssd(
+    y, seq_states, stages = _ssd(
         x.to(dtype).reshape(batch * seqlen, nheads, headdim),
         process_dt(dt, dt_bias, dt_softplus, dt_limit, dtype).reshape(batch * seqlen, nheads),
         A.to(dtype),
@@ -241,23 +256,26 @@ def scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqle
         None if initial_states is None else initial_states.to(dtype),
         bounds,
         arith,
+        record_stages,
     )
     y_ssm = y.reshape(x.shape)
     y = skip_and_gate(y_ssm, x, D, z, dtype)
     if cu is None:
-        return ScanOutput(y=y, final_states=seq_states, varlen_states=None, y_ssm=y_ssm)
-    return ScanOutput(y=y, final_states=seq_states[_last_sequence(cu)][None], varlen_states=seq_states, y_ssm=y_ssm)
+        return ScanOutput(y=y, final_states=seq_states, varlen_states=None, y_ssm=y_ssm, stages=stages)
+    return ScanOutput(y=y, final_states=seq_states[_last_sequence(cu)][None], varlen_states=seq_states, y_ssm=y_ssm,
+                      stages=stages)
 
 
 def scan_chunked(
     x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
-    dt_softplus=False, dt_limit=NO_DT_LIMIT, dtype=torch.float64,
+    dt_softplus=False, dt_limit=NO_DT_LIMIT, dtype=torch.float64, record_stages=False,
 ) -> ScanOutput:
     """The chunked (SSD) form in `dtype` (float64: the ground truth for long sequences).
 
     Same inputs and results as scan_recurrent; segment decays are summed directly,
-    so it agrees with the recurrence to ~1e-12 relative in float64.
+    so it agrees with the recurrence to ~1e-12 relative in float64. With `record_stages`,
+    ScanOutput.stages holds its intermediates (_ssd): the ground truth of a kernel's stages.
     """
     arith = Arithmetic(dtype, dtype, store_state=lambda s: s, exact_segments=True)
     return scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
-                    dt_limit, arith)
+                    dt_limit, arith, record_stages)

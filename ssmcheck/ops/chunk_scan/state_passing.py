@@ -61,13 +61,13 @@ def default_config(headdim: int, dstate: int) -> dict:
 
 
 def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, seed: int, table: ChunkTable,
-                  interpret: bool, config: dict | None = None):
+                  interpret: bool, config: dict | None = None, alloc=torch.empty):
     """local (nchunks, nheads, headdim, dstate) fp32 -> (incoming state of every chunk, same shape,
-    state after every sequence (nseq, nheads, headdim, dstate)), both in state_dtype."""
+    state after every sequence (nseq, nheads, headdim, dstate)), both in state_dtype, allocated by `alloc`."""
     _, nheads, headdim, dstate = local.shape
     cfg = {**default_config(headdim, dstate), **(config or {})}
-    states = torch.empty(local.shape, device=local.device, dtype=state_dtype)
-    final = torch.empty((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)
+    states = alloc(local.shape, device=local.device, dtype=state_dtype)
+    final = alloc((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)
     grid = (table.nseq * nheads * triton.cdiv(headdim * dstate, cfg["BLOCK"]),)
     init = initial_states if initial_states is not None else states
     _state_passing_kernel[grid](

@@ -1,0 +1,149 @@
+"""Reproduce one failing chunk-scan case: the kernel call on the inputs saved beside this script, judged
+against the float64 reference output saved with them.
+
+Standalone: it needs torch, triton and the kernel, not ssmcheck (`ssmcheck scan --repro` copies this file
+beside the case's `inputs.pt`). Without a CUDA GPU the kernel runs in Triton's interpreter.
+Exit codes as ssmcheck's: 0 pass, 1 fail, 3 non-finite, 4 the kernel raised.
+"""
+
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is first imported: before the kernel's import
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_kernel(spec):
+    """MODULE:FUNCTION, or path/to/file.py:FUNCTION (relative to the current directory or to this folder)."""
+    where, _, name = spec.rpartition(":")
+    if where.endswith(".py"):
+        path = next(p for p in (Path(where), HERE / where) if p.exists())
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[path.stem] = module
+        module_spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: modules of the current directory import
+        module = importlib.import_module(where)
+    for part in name.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def pin_configs(pins):
+    """Run each autotuned function with one config, as the failing case did (its list cut to that config)."""
+    from triton.runtime.autotuner import Autotuner
+
+    for pin in pins:
+        tuned = getattr(importlib.import_module(pin["module"]), pin["name"])
+        while not isinstance(tuned, Autotuner):  # under wrappers such as triton.heuristics
+            tuned = tuned.fn
+        config = tuned.configs[pin["index"]]
+        print(f"pinned {pin['name']} config {pin['index']}: {pin['config']}")
+        tuned.configs = [config]
+
+
+def call(fn, case, args, kwargs):
+    """(y, states) of one call on fresh copies of the inputs, y written into a NaN-filled buffer."""
+    if "out" in kwargs:
+        kwargs = {**kwargs, "out": torch.full_like(kwargs["out"], math.nan)}
+    result = fn(*args, **kwargs)
+    if case["y_from_out"]:
+        return kwargs["out"].view(case["y_shape"]), result
+    return result[0], result[1]
+
+
+def relative(out, ref):
+    diff = torch.linalg.vector_norm(out.double() - ref)
+    norm = torch.linalg.vector_norm(ref)
+    return float(diff / norm) if norm > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def worst_group(y, ref, sequence, position, chunk_size):
+    """The largest relative error of y over (sequence, chunk, head) groups, and that group."""
+    key = (sequence * (int(position.max()) // chunk_size + 1) + position // chunk_size).flatten()
+    groups = int(key.max()) + 1
+    diff2 = (y.double() - ref).square().sum(-1).flatten(0, 1)
+    ref2 = ref.square().sum(-1).flatten(0, 1)
+    num = torch.zeros(groups, y.shape[2], dtype=torch.float64).index_add_(0, key, diff2)
+    den = torch.zeros(groups, y.shape[2], dtype=torch.float64).index_add_(0, key, ref2)
+    rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt().nan_to_num(nan=math.inf)
+    where = int(rel.argmax())
+    group, head = divmod(where, y.shape[2])
+    chunks = int(position.max()) // chunk_size + 1
+    return float(rel.flatten()[where]), f"sequence {group // chunks} chunk {group % chunks} head {head}"
+
+
+def first_nonfinite(y, ref, sequence, position):
+    bad = ~torch.isfinite(y) & torch.isfinite(ref)
+    if not bad.any():
+        return None
+    row, token, head, channel = (int(i) for i in bad.nonzero()[0])
+    return (f"y non-finite from sequence {int(sequence[row, token])} token {int(position[row, token])} head {head} "
+            f"channel {channel}; {int(bad.sum())} elements")
+
+
+def verdict(case, y, states, y_ssm):
+    """(status, message) as ssmcheck judges the case, from the saved reference and limits."""
+    ref, limits = case["reference"], case["limits"]
+    sequence, position = case["sequence"], case["position"]
+    nonfinite = first_nonfinite(y.cpu(), ref["y"], sequence, position)
+    if nonfinite is None and (~torch.isfinite(states.cpu()) & torch.isfinite(ref["states"])).any():
+        nonfinite = "final states non-finite"
+    if nonfinite is not None:
+        return "nonfinite", nonfinite
+    group_rel, group = worst_group(y.cpu(), ref["y"], sequence, position, case["chunk_size"])
+    judged = [("y", relative(y.cpu(), ref["y"]), limits["y"]),
+              ("states", relative(states.cpu(), ref["states"]), limits["states"]),
+              (f"y in {group}", group_rel, limits["group"])]
+    if y_ssm is not None:
+        judged.append(("SSM part C·h", relative(y_ssm.cpu(), ref["y_ssm"]), limits["ssm"]))
+    failed = [f"{name} error {err:.3g} > limit {limit:.3g}" for name, err, limit in judged
+              if not err <= limit]
+    if failed:
+        return "fail", "; ".join(failed)
+    return "pass", ", ".join(f"{name} error {err:.3g} <= {limit:.3g}" for name, err, limit in judged)
+
+
+def main():
+    case = torch.load(HERE / "inputs.pt", weights_only=True)
+    device = "cuda" if CUDA else "cpu"
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in case["args"]]
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case["kwargs"].items()}
+    if "interpret" in kwargs:
+        kwargs["interpret"] = not CUDA
+    print(f"case {case['id']} ({case['params']}) on {device}")
+    print(f"ssmcheck's verdict: {case['expected']['status']}: {case['expected']['message']}")
+    fn = load_kernel(case["kernel"])
+    pin_configs(case["pins"])
+    torch.manual_seed(case["params"]["seed"])  # for kernels that draw random bits from torch
+    try:
+        runs = [call(fn, case, args, kwargs) for _ in range(case["repeat"])]
+        y_ssm = None
+        if case["reference"]["y_ssm"] is not None:  # the SSM part alone: the call without D and z
+            y_ssm = call(fn, case, args, {**kwargs, "D": None, "z": None})[0]
+    except Exception as exc:  # noqa: BLE001 (a kernel that raises is this case's verdict)
+        print(f"error: {type(exc).__name__}: {exc}")
+        return 4
+    (y, states), *again = runs
+    for run, (y2, states2) in enumerate(again, start=2):
+        for name, a, b in (("y", y, y2), ("states", states, states2)):
+            if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+                print(f"fail: nondeterministic: runs 1 and {run} differ in {name}")
+                return 1
+    status, message = verdict(case, y, states, y_ssm)
+    print(f"{status}: {message}")
+    return {"pass": 0, "fail": 1, "nonfinite": 3}[status]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Reproducers (`scan --repro DIR`, issue #11): a failing case shrunk and written as a standalone script that
+reproduces the verdict in a fresh process, without ssmcheck; nothing written for passing cases; usage errors."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cli_invoke import assert_usage_error, invoke
+
+from ssmcheck.core.status import Status
+from ssmcheck.scan import repro
+from ssmcheck.scan.results import ScanResult
+from ssmcheck.scan.spec import ScanCase
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDTHS = ["--nheads", "4", "--headdim", "16", "--dstate", "16", "--ngroups", "1"]
+
+
+def _run_script(folder: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # for the kernels under test, which import ssmcheck's
+    env.pop("TRITON_INTERPRET", None)  # the script chooses the interpreter itself, before importing triton
+    return subprocess.run([sys.executable, str(Path(folder) / "repro.py")], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_script_needs_no_ssmcheck():
+    tree = ast.parse(repro.SCRIPT.read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported and not any(name.partition(".")[0] == "ssmcheck" for name in imported), imported
+
+
+def test_planted_nan_reproduces_in_a_fresh_process(tmp_path):
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:nan_in_partial_last_chunk",
+                            "--regime", "normal", "--dtype", "bf16", "--seqlen", "200", "--chunk-size", "32",
+                            "--batch", "2", *WIDTHS, "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    assert result.exit_code == 3, result.output
+    case = report["cases"][0]
+    assert case["status"] == "nonfinite" and Path(case["repro"]) == out / case["id"]
+    run = _run_script(case["repro"], tmp_path)
+    assert run.returncode == 3, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    shrunk = lines[0]
+    assert "L200" not in shrunk and "-b1-" in shrunk, shrunk  # fewer tokens, one row
+    assert lines[-1].startswith("nonfinite: y non-finite from sequence 0 token"), run.stdout
+
+
+def test_config_only_bug_reproduces_with_its_config(tmp_path):
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests.tuned_kernels.scan:chunk_scan", "--configs", "all",
+                            "--regime", "normal", "--dtype", "fp32", "--seqlen", "40", "--chunk-size", "16",
+                            "--batch", "1", *WIDTHS, "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    failing = [c for c in report["cases"] if c["status"] != "pass"]
+    assert result.exit_code in (1, 3) and len(failing) == 1, result.output
+    status, index = failing[0]["status"], failing[0]["params"]["config"]["index"]
+    assert [c["repro"] for c in report["cases"] if c["status"] == "pass"] == [None]
+    run = _run_script(failing[0]["repro"], ROOT)
+    assert run.returncode == result.exit_code, run.stdout + run.stderr
+    assert f"pinned _copy_kernel config {index}:" in run.stdout
+    assert run.stdout.splitlines()[-1].startswith(f"{status}: y "), run.stdout
+
+
+def test_passing_cases_write_nothing(tmp_path):
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--regime", "normal", "--dtype", "fp32", "--seqlen", "40", "--chunk-size", "16",
+                            "--batch", "1", *WIDTHS, "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0 and report["cases"][0]["repro"] is None
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_repro_must_be_a_folder(tmp_path):
+    existing = tmp_path / "file.txt"
+    existing.write_text("")
+    result, _ = invoke("scan", "--regime", "normal", "--repro", existing)
+    assert_usage_error(result, "--repro")
+
+
+def _case(**params) -> ScanCase:
+    base = dict(kernel="k", regime="normal", dtype="bf16", chunk_size=16, seqlen=100, batch=4, nheads=8, headdim=16,
+                dstate=32, ngroups=2, state_dtype="fp32", rounding="nearest", model=None, seed=7)
+    return ScanCase(**{**base, **params})
+
+
+def test_shrink_keeps_the_status():
+    """A bug that needs a partial last chunk and a second head shrinks to one row, the partial chunk alone,
+    two heads of one group, and the smallest widths tried; every case run was smaller than the last kept."""
+    runs = []
+
+    def run(case: ScanCase) -> ScanResult:
+        runs.append(case)
+        broken = case.seqlen % case.chunk_size != 0 and case.nheads >= 2
+        return ScanResult(case, Status.NONFINITE if broken else Status.PASS)
+
+    small, result = repro.shrink(_case(), Status.NONFINITE, run)
+    assert result.status is Status.NONFINITE and result.case == small
+    assert (small.batch, small.seqlen, small.ngroups, small.nheads, small.headdim, small.dstate) == (1, 4, 1, 2, 4, 8)
+    assert len(runs) <= repro.SHRINK_RUNS + 1
