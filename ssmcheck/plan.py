@@ -9,10 +9,10 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from ssmcheck.core import config, runtime
+from ssmcheck.core import autotune, config, runtime
 from ssmcheck.core.callables import KernelSpecError, kernel_name
 from ssmcheck.core.sweep import SweepError, parse_number
 
@@ -63,7 +63,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
                          f"MODULE:FUNCTION kernel offers them as its {adapter.STAGES_ATTRIBUTE!r} attribute)")
     cases = cases(name)
     if settings.configs == "all":
-        cases = _every_config(cases, runner.autotuned())
+        cases = autotune.every_config(cases, runner.autotuned())
     tol = settings.tolerance
     return Plan(
         "scan", env, name, settings, cases, runner, {
@@ -107,27 +107,20 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         # A kernel without a rounding keyword stores its state one way only, which only the user can
         # declare (--rounding); a preset's list of modes declares nothing about this kernel.
         settings.axes["rounding"] = ["nearest"]
+    cases = cases(name)
+    if settings.configs == "all":
+        cases = autotune.every_config(cases, runner.autotuned())
     tol = settings.tolerance
     return Plan(
-        "drift", env, name, settings, cases(name), runner, {
+        "drift", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "steps": settings.steps, "trials": settings.trials,
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
             "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
+            "configs": settings.configs,
+            "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )
-
-
-def _every_config(cases: list, tuned: list) -> list:
-    """Each case once per config of each autotuned function, one function at a time (the others left
-    to the autotuner, or to their first config in the interpreter): not the product of all."""
-    from ssmcheck.core import autotune  # noqa: PLC0415
-
-    configs = [json.dumps({"function": t.name, "index": i, **autotune.describe(c)}, sort_keys=True)
-               for t in tuned for i, c in enumerate(t.configs)]
-    if not configs:
-        return cases
-    return [replace(case, config=config) for case in cases for config in configs]
 
 
 def _name(kernel: str | Callable) -> str:

@@ -25,3 +25,22 @@ def test_pinning_runs_one_config_and_restores_the_list():
         out = entry.run(x)
     assert torch.equal(out[:39], x[:39]) and out[39].isnan()  # the bug only BLOCK=32 has
     assert len(tuned.autotuner.configs) == 2
+
+
+def test_a_wrapper_is_searched_from_the_kernel_it_names_as_its_origin():
+    """The peers' adapters wrap vLLM's kernels in functions of ssmcheck.peers: the search must start from
+    the wrapped kernel's module, which the wrapper names in autotune.ORIGIN."""
+    import sys
+    import types
+
+    module = types.ModuleType("wrapperpkg.wrap")
+    exec("def wrapper(x, _run=None):\n    return _run(x)\n", module.__dict__)  # noqa: S102 (a module with no imports)
+    sys.modules["wrapperpkg.wrap"] = module
+    try:
+        wrapper = module.wrapper
+        assert autotune.find(wrapper) == []
+        setattr(wrapper, autotune.ORIGIN, entry.run)
+        assert [(t.name, t.module) for t in autotune.find(wrapper)] == [("_copy_kernel", "tests.tuned_kernels.copy")]
+    finally:
+        del sys.modules["wrapperpkg.wrap"]
+

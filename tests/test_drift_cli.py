@@ -86,6 +86,7 @@ def test_exit_codes(args, code):
         (["--rounding-impl", "magic"], "--rounding-impl"),
         (["--rounding-impl", "hardware"], "--rounding-impl"),  # no sm_100+ here (and never on the CPU)
         (["--rounding-impl", "hardware", "--kernel", "torch"], "--rounding-impl"),
+        (["--configs", "some"], "--configs"),
     ],
 )
 def test_bad_options_are_one_line_usage_errors(args, named):
@@ -206,3 +207,24 @@ def test_a_kernel_without_a_rounding_keyword_runs_only_what_is_declared(tmp_path
     # The built-in kernel implements both: the preset's modes run and are compared.
     result, report = drift("--preset", "smoke", json_path=tmp_path / "r3.json")
     assert report["settings"]["rounding"] == "implemented by the kernel" and "stochastic rounding:" in result.stdout
+
+
+def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):
+    """tests/tuned_kernels/state_update.py: the last element of out is never written under the copy's
+    BLOCK=32 config only. `auto` runs, in the interpreter, each autotuned function's first config."""
+    args = ("--kernel", "tests.tuned_kernels.state_update:state_update", "--regime", "normal",
+            "--state-dtype", "fp16", "--rounding", "nearest", *TINY)
+    result, report = drift(*args, json_path=tmp_path / "auto.json")
+    assert result.exit_code == 0, result.output
+    assert "configs: the first of each (tests.tuned_kernels.copy._copy_kernel (2 configs))" in result.stdout
+    assert [c["params"]["config"] for c in report["cases"]] == [None]
+    result, report = drift(*args, "--configs", "all", json_path=tmp_path / "all.json")
+    assert result.exit_code == 3, result.output
+    by_config = {c["params"]["config"]["index"]: c for c in report["cases"]}
+    assert by_config[0]["status"] == "pass" and by_config[1]["status"] == "nonfinite"
+    assert by_config[1]["id"].endswith("-cfg-_copy_kernel-1")
+    assert by_config[1]["params"]["config"] == {"function": "_copy_kernel", "index": 1, "kwargs": {"BLOCK": 32},
+                                                "num_warps": 2, "num_stages": 3}
+    assert "non-finite out at step 1" in by_config[1]["message"]
+    assert report["settings"]["configs"] == "all"
+    assert "_copy_kernel config 1 (BLOCK=32, num_stages=3, num_warps=2): nonfinite in 1/1 cases" in result.stdout

@@ -330,3 +330,13 @@ def test_the_api_raises_usage_error_for_a_missing_peer(no_peers):
     with pytest.raises(KernelSpecError, match="^--kernel mamba_ssm: cannot import mamba_ssm's Triton ops: No module"):
         scan_adapter.resolve("mamba_ssm", interpreter=True)
 
+
+
+def test_the_vllm_wrappers_name_vllms_kernels_for_the_autotuner_search(fakes):
+    """--configs searches from the kernel a wrapper names (core.autotune.ORIGIN): vLLM's, not ssmcheck.peers."""
+    from ssmcheck.core import autotune
+
+    for factory, module, name in ((vllm_peer.chunk_scan, VARLEN_SCAN, "mamba_chunk_scan_combined_varlen"),
+                                  (vllm_peer.state_update, VLLM_SSU, "selective_state_update")):
+        origin = getattr(factory(), autotune.ORIGIN)
+        assert origin is getattr(fakes(module), name)

@@ -65,6 +65,7 @@ def drift(
     tol_factor: float = typer.Option(None, "--tol-factor", metavar="X", help=f"Allowed multiple of the baseline's drift (default {DEFAULT_TOL_FACTOR:g})."),
     rtol: float = typer.Option(None, metavar="X", help="Judge the drift against this relative error instead of the baseline rule."),
     fail_on: cli_common.FailOn = None,
+    configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function of the kernel runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     philox_rounds: int = typer.Option(10, "--philox-rounds", metavar="N", help="Philox rounds of the built-in kernel's software stochastic rounding."),
     rounding_impl: str = typer.Option("software", "--rounding-impl", metavar="IMPL", help="Built-in kernel's stochastic rounding: software (Philox, any GPU and the interpreter) or hardware (PTX cvt.rs, sm_100+ only)."),
     case_id: cli_common.CaseId = None,
@@ -82,7 +83,7 @@ def drift(
     options = dict(
         state_dtype=state_dtype, rounding=rounding, regime=regime, steps=steps, trials=trials, batch=batch,
         nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, model=model, seed=seed,
-        tol_factor=tol_factor, rtol=rtol, fail_on=fail_on,
+        tol_factor=tol_factor, rtol=rtol, fail_on=fail_on, configs=configs,
     )
     try:
         plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report,
@@ -100,7 +101,8 @@ def drift(
             usage_error(str(exc))
     files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
     session.check_writable("--plot", plot_path)
-    out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings)
+    out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings,
+                                                              plan.report_settings["autotuned"])
                                  + cli_common.files_note(plan.files), quiet)
     implements_rounding = plan.runner.adapter().takes_rounding
 

@@ -18,11 +18,20 @@ how an autotuned kernel runs in Triton's interpreter, which has no driver to ben
 from __future__ import annotations
 
 import inspect
+import json
 import types
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+
+# A wrapper that adapts another kernel's signature (ssmcheck.peers) names that kernel in this attribute:
+# the search starts from the wrapped kernel's module, not the wrapper's.
+ORIGIN = "autotune_origin"
+# --configs: "auto", the autotuner's pick (the first config in the interpreter); "all", each in turn.
+CONFIGS = ("auto", "all")
 
 
 @dataclass(frozen=True)
@@ -56,11 +65,11 @@ def described_text(described: dict) -> str:
 
 
 def find(fn: Callable) -> list[Tuned]:
-    """Every autotuner reachable from `fn`'s module within its package, in a stable order (by module,
-    then by name), each once."""
+    """Every autotuner reachable from `fn`'s module (or its ORIGIN's) within its package, in a stable
+    order (by module, then by name), each once."""
     from triton.runtime.autotuner import Autotuner  # noqa: PLC0415 (triton: only once the runtime is configured)
 
-    start = inspect.getmodule(inspect.unwrap(fn))
+    start = inspect.getmodule(inspect.unwrap(getattr(fn, ORIGIN, fn)))
     if start is None:
         return []
     package = start.__name__.partition(".")[0]
@@ -112,3 +121,64 @@ def pinned(choices: dict[Tuned, int]) -> Iterator[None]:
     finally:
         for tuned, configs in saved.items():
             tuned.autotuner.configs = configs
+
+
+def header_line(configs: str, autotuned: list[str], interpreter: bool) -> str:
+    """Which configs of the kernel's autotuned functions (`find`, as 'module.name (N configs)') run:
+    '' when it has none."""
+    if not autotuned:
+        return ""
+    if configs == "all":
+        return f"configs: every config of {', '.join(autotuned)}, one function at a time"
+    if interpreter:
+        return f"configs: the first of each ({', '.join(autotuned)}): the interpreter cannot autotune"
+    return f"configs: the autotuner's pick ({', '.join(autotuned)})"
+
+
+def every_config(cases: list, tuned: list[Tuned]) -> list:
+    """Each case once per config of each autotuned function, one function at a time (the others left
+    to the autotuner, or to their first config in the interpreter): not the product of all. A case's
+    `config` is the JSON text {"function", "index", **describe(config)} (text keeps the case hashable)."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    configs = [json.dumps({"function": t.name, "index": i, **describe(c)}, sort_keys=True)
+               for t in tuned for i, c in enumerate(t.configs)]
+    if not configs:
+        return cases
+    return [replace(case, config=config) for case in cases for config in configs]
+
+
+def pins(tuned: list[Tuned], config: str | None, interpreter: bool) -> dict[Tuned, int]:
+    """The configs to pin for a case whose `config` is `every_config`'s text (None: no config of its own):
+    its own and, in the interpreter, which cannot benchmark, every other autotuned function's first."""
+    chosen = None if config is None else json.loads(config)
+    choices = {t: 0 for t in tuned} if interpreter else {}
+    for t in tuned:
+        if chosen is not None and t.name == chosen["function"]:
+            choices[t] = chosen["index"]
+    return choices
+
+
+def config_failures(results: list) -> list[str]:
+    """With --configs all: each config that fails anywhere, e.g. `_kernel config 7 (BLOCK=128, ...,
+    num_stages=4): nonfinite in 6/45 cases`. `results` are any command's: `.case.config`, `.status`."""
+    by_config: dict[str, list] = {}
+    for r in results:
+        if r.case.config is not None and r.status.value != "skipped":
+            by_config.setdefault(r.case.config, []).append(r)
+    lines = []
+    for config, members in by_config.items():
+        bad = Counter(r.status.value for r in members if r.status.value in ("fail", "nonfinite", "error"))
+        if bad:
+            c = json.loads(config)
+            counts = ", ".join(f"{status} in {n}/{len(members)} cases" for status, n in bad.items())
+            lines.append(f"{c['function']} config {c['index']} ({described_text(c)}): {counts}")
+    return lines
+
+
+def config_label(config: str | None) -> str:
+    """A case's config as a table shows it: `function#index`, '' for the autotuner's pick."""
+    if config is None:
+        return ""
+    c = json.loads(config)
+    return f"{c['function']}#{c['index']}"

@@ -70,6 +70,16 @@ def parse_number(label: str, value, *, strict: bool = True) -> float:
     return number
 
 
+def parse_choice(choices: tuple[str, ...]):
+    """A setting's parser accepting one of `choices`."""
+    def parse(label: str, value) -> str:
+        if value not in choices:
+            raise SweepError(f"{label}: invalid value {value!r} (choose from {', '.join(choices)})")
+        return value
+
+    return parse
+
+
 def parse_count(label: str, value, minimum: int) -> int:
     """An integer >= minimum, from the command line or a preset (a TOML 2.0 or true is refused)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

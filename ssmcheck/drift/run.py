@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core import sweep
+from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
 from ssmcheck.core.tolerance import Tolerance
@@ -146,9 +146,17 @@ class DriftRunner:
             _ADAPTERS[self] = resolve(self.kernel, self.philox_rounds, self.rounding_impl, self.interpreter)
         return _ADAPTERS[self]
 
+    def autotuned(self) -> list:
+        """The kernel's autotuned functions (core.autotune), found once per process."""
+        if self not in _TUNED:
+            _TUNED[self] = autotune.find(self.adapter().fn)
+        return _TUNED[self]
+
     def __call__(self, case: DriftCase, advance: Callable[[], None]) -> DriftResult:
-        """Run one case, calling `advance` once per decode step."""
-        return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance)
+        """Run one case, calling `advance` once per decode step, its autotune config pinned
+        (core.autotune.pins)."""
+        with autotune.pinned(autotune.pins(self.autotuned(), case.config, self.interpreter)):
+            return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance)
 
     def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""
@@ -157,3 +165,5 @@ class DriftRunner:
 
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
 _ADAPTERS: dict[DriftRunner, DriftAdapter] = {}
+# Per process: the kernel's autotuned functions.
+_TUNED: dict[DriftRunner, list] = {}

@@ -7,11 +7,13 @@ table's default.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 from ssmcheck.core import models, spec, sweep
+from ssmcheck.core.autotune import CONFIGS
 from ssmcheck.core.formats import DTYPES, ROUNDINGS
 from ssmcheck.core.models import WIDTHS
 from ssmcheck.core.spec import Axis, CommandTable, Setting
@@ -42,6 +44,7 @@ TABLE = CommandTable(
         "tol_factor": Setting(sweep.parse_number, DEFAULT_TOL_FACTOR),
         "rtol": Setting(lambda label, value: None if value is None else sweep.parse_number(label, value), None),
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
+        "configs": Setting(sweep.parse_choice(CONFIGS), "auto"),
     },
 )
 
@@ -54,6 +57,7 @@ class DriftSettings:
     seed: int
     tolerance: Tolerance
     fail_on: tuple[str, ...]
+    configs: str = "auto"  # "all": every case once per autotune config of the kernel (plan.py expands them)
 
     @property
     def axes(self) -> dict[str, list]:
@@ -67,6 +71,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
     return DriftSettings(
         spec=resolved, steps=s["steps"], trials=s["trials"], seed=s["seed"],
         tolerance=Tolerance(tol_factor=s["tol_factor"], rtol=s["rtol"]), fail_on=s["fail_on"],
+        configs=s["configs"],
     )
 
 
@@ -85,18 +90,30 @@ class DriftCase:
     model: str | None
     seed: int  # of the inputs; trial seeds derive from it
     trials: int  # runs with different rounding seeds (1 for round-to-nearest: it is deterministic)
+    # With --configs all: the autotune config this case pins (core.autotune.every_config's JSON text);
+    # None: the autotuner's pick.
+    config: str | None = None
     skip_reason: str | None = None
+
+    @property
+    def config_params(self) -> dict | None:
+        return None if self.config is None else json.loads(self.config)
 
     @property
     def id(self) -> str:
         widths = self.model or f"h{self.nheads}x{self.headdim}n{self.dstate}g{self.ngroups}"
-        return f"{self.regime}-{self.state_dtype}-{self.rounding}-b{self.batch}-{widths}"
+        return f"{self.regime}-{self.state_dtype}-{self.rounding}-b{self.batch}-{widths}{self._config_suffix}"
 
     @property
     def configuration(self) -> str:
         """The case without its rounding mode: cases that differ only in rounding share it."""
         widths = self.model or f"h{self.nheads}x{self.headdim}n{self.dstate}g{self.ngroups}"
-        return f"{self.regime}-{self.state_dtype}-b{self.batch}-{widths}"
+        return f"{self.regime}-{self.state_dtype}-b{self.batch}-{widths}{self._config_suffix}"
+
+    @property
+    def _config_suffix(self) -> str:
+        c = self.config_params
+        return "" if c is None else f"-cfg-{c['function']}-{c['index']}"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -110,7 +127,7 @@ class DriftCase:
             "kernel": self.kernel, "state_dtype": self.state_dtype, "rounding": self.rounding,
             "regime": self.regime, "steps": self.steps, "batch": self.batch, "nheads": self.nheads,
             "headdim": self.headdim, "dstate": self.dstate, "ngroups": self.ngroups, "model": self.model,
-            "seed": self.seed, "trials": self.trials,
+            "seed": self.seed, "trials": self.trials, "config": self.config_params,
         }
 
 
@@ -147,6 +164,8 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
 
 def case_from_params(params: dict, kernel: str) -> DriftCase:
     """The case a JSON report's `params` describe (seed included), to run again with `kernel`."""
-    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason")]
-    case = DriftCase(kernel=kernel, **{name: params[name] for name in names})
+    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason", "config")]
+    config = params.get("config")
+    case = DriftCase(kernel=kernel, config=None if config is None else json.dumps(config, sort_keys=True),
+                     **{name: params[name] for name in names})
     return replace(case, skip_reason=_skip_reason(case))

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ssmcheck.core import autotune
 from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
@@ -17,12 +18,15 @@ from ssmcheck.drift.results import DriftResult
 from ssmcheck.drift.spec import DriftSettings
 
 
-def header(env: Environment, kernel: str, settings: DriftSettings) -> str:
-    return (
+def header(env: Environment, kernel: str, settings: DriftSettings, autotuned: list[str] = ()) -> str:
+    """The environment and settings; with autotuned functions, which configs run."""
+    text = (
         f"{environment_line('drift', env)}\n"
         f"kernel {kernel} | steps {settings.steps} | trials {settings.trials} | "
         f"tolerance {tolerance_rule(settings.tolerance)} | seed {settings.seed} | fail on {','.join(settings.fail_on)}"
     )
+    configs = autotune.header_line(settings.configs, list(autotuned), env.interpreter)
+    return text + (f"\n{configs}" if configs else "")
 
 
 def _optional(value: float | None, spec: str) -> str:
@@ -69,6 +73,7 @@ COLUMNS: tuple[Column[DriftResult], ...] = (
     Column("batch", lambda r: str(r.case.batch), PARAMS, "right"),
     Column("HxPxN/G", _widths, PARAMS),
     Column("steps", lambda r: str(r.case.steps), PARAMS, "right"),
+    Column("config", lambda r: autotune.config_label(r.case.config), PARAMS),
     Column("status", lambda r: Text(r.status.value, style=STYLES[r.status]), 0),
     Column("drift", _drift, 1, "right"),
     Column("baseline", _baseline, 2, "right"),
@@ -83,7 +88,8 @@ COLUMNS: tuple[Column[DriftResult], ...] = (
 
 def results_table(console: Console, results: list[DriftResult]) -> Table:
     """The table for `console.width`: the least important columns dropped until it fits."""
-    return fitted_table(console, COLUMNS, results)
+    tuned = any(r.case.config is not None for r in results)
+    return fitted_table(console, [c for c in COLUMNS if c.header != "config" or tuned], results)
 
 
 def rounding_comparisons(results: list[DriftResult]) -> list[str]:
@@ -127,6 +133,7 @@ def notes(results: list[DriftResult]) -> list[str]:
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.verdict.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
+    lines += autotune.config_failures(results)
     for r in results:
         lines += printed_lines(r.case.id, r.stdout)
     return lines

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core import autotune
 from ssmcheck.peers import import_ops
 
 NAME = "vllm"
@@ -103,6 +104,7 @@ def chunk_scan() -> Callable:
             state_dtype=state_dtype,
         )
 
+    setattr(vllm_chunk_scan, autotune.ORIGIN, varlen)  # --configs: vLLM's autotuners, not ours
     return vllm_chunk_scan
 
 
@@ -228,6 +230,7 @@ def state_update() -> Callable:
     def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
         return call_state_update(update, state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
 
+    setattr(vllm_state_update, autotune.ORIGIN, update)
     return vllm_state_update
 
 

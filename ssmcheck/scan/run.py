@@ -82,7 +82,7 @@ def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, sto
             warnings.simplefilter("ignore", RuntimeWarning)  # as for _calls
             found = kernel.call_stages(inputs, case, transcript)
     except Exception as exc:  # noqa: BLE001 (a kernel's failure is the report's)
-        return StageReport(note=f"the kernel's stages raised {_describe(exc)}")
+        return StageReport(note=f"the kernel's stages raised {describe(exc)}")
     try:
         ref = naive.scan_chunked(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size,
                                  **inputs.kwargs(), record_stages=True)
@@ -94,7 +94,7 @@ def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, sto
         return stages.localise(found, {**ref.stages, "y": ref.y}, {**base.stages, "y": base.y}, inputs,
                                case.chunk_size, tolerance)
     except Exception as exc:  # noqa: BLE001
-        return StageReport(note=f"comparing the stages raised {_describe(exc)}")
+        return StageReport(note=f"comparing the stages raised {describe(exc)}")
 
 
 def _sync(device: str) -> None:
@@ -302,14 +302,8 @@ class ScanRunner:
         return _TUNED[self]
 
     def pins(self, case: ScanCase) -> dict:
-        """The configs to pin for `case`: its own (--configs all) and, in the interpreter, which cannot
-        benchmark, every other autotuned function's first config."""
-        config = case.config_params
-        pins = {t: 0 for t in self.autotuned()} if self.interpreter else {}
-        for tuned in self.autotuned():
-            if config is not None and tuned.name == config["function"]:
-                pins[tuned] = config["index"]
-        return pins
+        """The configs to pin for `case` (core.autotune.pins)."""
+        return autotune.pins(self.autotuned(), case.config, self.interpreter)
 
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
         """Run one case (a scan case is one unit of progress: `advance` is not called); with `repro`, a
@@ -320,7 +314,7 @@ class ScanRunner:
             try:
                 result.repro = str(repro.write(Path(self.repro), self, case, result))
             except Exception as exc:  # noqa: BLE001 (advisory: the case's verdict stands)
-                result.message += f"; no reproducer written ({_describe(exc)})"
+                result.message += f"; no reproducer written ({describe(exc)})"
         return result
 
     def without_extras(self) -> ScanRunner:

@@ -12,24 +12,15 @@ import json
 from dataclasses import dataclass, fields, replace
 
 from ssmcheck.core import models, spec, sweep
+from ssmcheck.core.autotune import CONFIGS
 from ssmcheck.core.formats import DTYPES, ROUNDINGS
 from ssmcheck.core.spec import Axis, CommandTable, Setting
 from ssmcheck.core.status import FAIL_ON
-from ssmcheck.core.sweep import SweepError
 from ssmcheck.core.tolerance import DEFAULT_FLOOR, DEFAULT_TOL_FACTOR, Tolerance
 from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 
 REFERENCES = ("fp64", "fp32")
-
-
-def _choice(choices: tuple[str, ...]):
-    def parse(label: str, value) -> str:
-        if value not in choices:
-            raise SweepError(f"{label}: invalid value {value!r} (choose from {', '.join(choices)})")
-        return value
-
-    return parse
 
 
 TABLE = CommandTable(
@@ -49,7 +40,7 @@ TABLE = CommandTable(
         "model": Axis(str.lower, tuple(models.MODELS), ()),
     },
     settings={
-        "reference": Setting(_choice(REFERENCES), "fp64"),
+        "reference": Setting(sweep.parse_choice(REFERENCES), "fp64"),
         "tol_factor": Setting(sweep.parse_number, DEFAULT_TOL_FACTOR),
         "floor": Setting(lambda label, value: sweep.parse_number(label, value, strict=False), DEFAULT_FLOOR),
         "rtol": Setting(lambda label, value: None if value is None else sweep.parse_number(label, value), None),
@@ -57,7 +48,7 @@ TABLE = CommandTable(
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
         "allow_tf32": Setting(sweep.parse_flag, False),
         "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
-        "configs": Setting(_choice(("auto", "all")), "auto"),
+        "configs": Setting(sweep.parse_choice(CONFIGS), "auto"),
         "allow_nondeterministic": Setting(sweep.parse_flag, False),
         "stages": Setting(sweep.parse_flag, False),
         "repro": Setting(sweep.parse_folder, None),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 
@@ -28,13 +27,9 @@ def header(env: Environment, kernel: str, settings: ScanSettings, autotuned: lis
         f"seed {settings.seed} | fail on {','.join(settings.fail_on)}"
         + (" | fp32 judged against TF32 matmuls (--allow-tf32)" if settings.allow_tf32 else "")
     )
-    if autotuned:
-        if settings.configs == "all":
-            text += f"\nconfigs: every config of {', '.join(autotuned)}, one function at a time"
-        elif env.interpreter:
-            text += f"\nconfigs: the first of each ({', '.join(autotuned)}): the interpreter cannot autotune"
-        else:
-            text += f"\nconfigs: the autotuner's pick ({', '.join(autotuned)})"
+    configs = autotune.header_line(settings.configs, list(autotuned), env.interpreter)
+    if configs:
+        text += f"\n{configs}"
     return text
 
 
@@ -103,8 +98,7 @@ COLUMNS: tuple[Column[ScanResult], ...] = (
     Column("batch", lambda r: str(r.case.batch), PARAMS, "right"),
     Column("HxPxN/G", _widths, PARAMS),
     Column("state", _state, PARAMS),
-    Column("config", lambda r: "" if r.case.config is None else
-           f"{r.case.config_params['function']}#{r.case.config_params['index']}", PARAMS),
+    Column("config", lambda r: autotune.config_label(r.case.config), PARAMS),
     Column("status", lambda r: Text(r.status.value, style=STYLES[r.status]), 0),
     Column("y err", lambda r: format_error(r.kernel.y.rel) if r.kernel else "-", 1, "right"),
     Column("state err", lambda r: format_error(r.kernel.states.rel) if r.kernel else "-", 2, "right"),
@@ -138,27 +132,9 @@ def notes(results: list[ScanResult]) -> list[str]:
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
-    lines += config_failures(results)
+    lines += autotune.config_failures(results)
     for r in results:
         lines += printed_lines(r.case.id, r.stdout)
-    return lines
-
-
-def config_failures(results: list[ScanResult]) -> list[str]:
-    """With --configs all: each config that fails anywhere, e.g. `_kernel config 7 (BLOCK=128, ...,
-    num_stages=4): nonfinite in 6/45 cases`."""
-    by_config: dict[str, list[ScanResult]] = {}
-    for r in results:
-        if r.case.config is not None and r.status is not Status.SKIPPED:
-            by_config.setdefault(r.case.config, []).append(r)
-    lines = []
-    for config, members in by_config.items():
-        bad = Counter(r.status.value for r in members if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR))
-        if bad:
-            c = json.loads(config)
-            text = autotune.described_text(c)
-            counts = ", ".join(f"{status} in {n}/{len(members)} cases" for status, n in bad.items())
-            lines.append(f"{c['function']} config {c['index']} ({text}): {counts}")
     return lines
 
 
