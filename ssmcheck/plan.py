@@ -101,7 +101,7 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             raise UsageError(f"--rounding-impl hardware: {reason}")
     runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds,
-                         rounding_impl)
+                         rounding_impl, repeat=settings.repeat, allow_nondeterministic=settings.allow_nondeterministic)
     under_test = _adapter(runner)
     if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
         # A kernel without a rounding keyword stores its state one way only, which only the user can
@@ -117,7 +117,8 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
             "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
-            "configs": settings.configs,
+            "configs": settings.configs, "repeat": settings.repeat,
+            "allow_nondeterministic": settings.allow_nondeterministic,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )

@@ -87,6 +87,7 @@ def test_exit_codes(args, code):
         (["--rounding-impl", "hardware"], "--rounding-impl"),  # no sm_100+ here (and never on the CPU)
         (["--rounding-impl", "hardware", "--kernel", "torch"], "--rounding-impl"),
         (["--configs", "some"], "--configs"),
+        (["--repeat", "0"], "--repeat"),
     ],
 )
 def test_bad_options_are_one_line_usage_errors(args, named):
@@ -228,3 +229,32 @@ def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):
     assert "non-finite out at step 1" in by_config[1]["message"]
     assert report["settings"]["configs"] == "all"
     assert "_copy_kernel config 1 (BLOCK=32, num_stages=3, num_warps=2): nonfinite in 1/1 cases" in result.stdout
+
+
+def test_repeat_finds_a_race_that_one_run_passes(tmp_path):
+    """racy_store stores one element a unit in the last place off on every third launch: one run per
+    step passes; --repeat 3 runs every step three times from the same state and fails the case where
+    the runs first differ; --allow-nondeterministic accepts it and records the spread."""
+    args = ("--kernel", f"{BROKEN}:racy_store", "--regime", "normal", "--state-dtype", "fp16", *TINY)
+    result, report = drift(*args, json_path=tmp_path / "once.json")
+    assert result.exit_code == 0, result.output
+    assert report["cases"][0]["repeat"] is None
+    result, report = drift(*args, "--repeat", "3", json_path=tmp_path / "three.json")
+    assert result.exit_code == 1, result.output
+    (case,) = report["cases"]
+    repeat = case["repeat"]
+    assert repeat["runs"] == 3 and not repeat["identical"] and repeat["output"] == "state"
+    assert (repeat["trial"], repeat["batch"], repeat["head"], repeat["channel"]) == (0, 0, 0, 0)
+    assert repeat["step"] == 1 and repeat["run"] in (2, 3) and 0 < repeat["max_abs"] < 1e-2
+    assert case["message"].startswith(f"nondeterministic: runs 1 and {repeat['run']} of trial 0, step 1 differ in state")
+    result, report = drift(*args, "--repeat", "3", "--allow-nondeterministic", json_path=tmp_path / "allowed.json")
+    assert result.exit_code == 0, result.output
+    assert report["cases"][0]["repeat"]["identical"] is False
+    assert report["settings"]["repeat"] == 3 and report["settings"]["allow_nondeterministic"] is True
+
+
+def test_repeat_passes_the_builtin_kernel(tmp_path):
+    result, report = drift("--kernel", "builtin", "--preset", "smoke", "--repeat", "2", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    assert ran and all(c["repeat"]["identical"] and c["repeat"]["runs"] == 2 for c in ran)

@@ -66,6 +66,8 @@ def drift(
     rtol: float = typer.Option(None, metavar="X", help="Judge the drift against this relative error instead of the baseline rule."),
     fail_on: cli_common.FailOn = None,
     configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function of the kernel runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
+    repeat: int = typer.Option(None, metavar="K", help="Run every decode step K times from the same state with the same inputs and seed, and compare the runs bit for bit: a difference (a race) fails the case (default 1)."),
+    allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); runs that differ do not fail the case, and the JSON records by how much."),
     philox_rounds: int = typer.Option(10, "--philox-rounds", metavar="N", help="Philox rounds of the built-in kernel's software stochastic rounding."),
     rounding_impl: str = typer.Option("software", "--rounding-impl", metavar="IMPL", help="Built-in kernel's stochastic rounding: software (Philox, any GPU and the interpreter) or hardware (PTX cvt.rs, sm_100+ only)."),
     case_id: cli_common.CaseId = None,
@@ -83,7 +85,8 @@ def drift(
     options = dict(
         state_dtype=state_dtype, rounding=rounding, regime=regime, steps=steps, trials=trials, batch=batch,
         nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, model=model, seed=seed,
-        tol_factor=tol_factor, rtol=rtol, fail_on=fail_on, configs=configs,
+        tol_factor=tol_factor, rtol=rtol, fail_on=fail_on, configs=configs, repeat=repeat,
+        allow_nondeterministic=allow_nondeterministic or None,
     )
     try:
         plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report,

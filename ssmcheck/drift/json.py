@@ -2,7 +2,8 @@
 
 JSON case keys (always present; figures a case did not produce are null):
     id, status, message, seconds,
-    params {kernel, state_dtype, rounding, regime, steps, batch, nheads, headdim, dstate, ngroups, model, seed, trials},
+    params {kernel, state_dtype, rounding, regime, steps, batch, nheads, headdim, dstate, ngroups, model, seed, trials,
+            config},
     checkpoints [{step, state_rel, out_rel, bias}]   kernel vs float64 reference, mean over trials,
     growth_exponent                                  alpha in state_rel ~ step**alpha,
     bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
@@ -10,6 +11,7 @@ JSON case keys (always present; figures a case did not produce are null):
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,
     first_nonfinite {output, step, trial, batch, head, channel, state_index},
+    repeat {runs, identical, max_abs, run, output, trial, step, batch, head, channel}   with --repeat K > 1,
     stdout                                           what the kernel printed over the steps ("" when nothing).
 """
 
@@ -40,5 +42,6 @@ def case_json(result: DriftResult) -> dict:
         "crossing_step": v.crossing_step,
         "crossing_observed": v.crossing_observed,
         "first_nonfinite": asdict(run.first_nonfinite) if run and run.first_nonfinite else None,
+        "repeat": asdict(run.repeat) if run and run.repeat else None,
         "stdout": result.stdout,
     }

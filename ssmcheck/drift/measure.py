@@ -1,13 +1,17 @@
 """Measurements of one decode step against the float64 reference, computed on the state's device.
 
 - per-step figures (state drift, output error, bias), summed over trials at the checkpoints;
-- the first non-finite element of the kernel's state or output where the reference is finite.
+- the first non-finite element of the kernel's state or output where the reference is finite;
+- with --repeat, where a repeated step first differs from the first run, bit for bit.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ssmcheck.core.tensors import bits
 from ssmcheck.drift.results import Checkpoint, NonfiniteStep
 
 
@@ -51,3 +55,18 @@ def first_nonfinite(state, out, ref, ref_out, step: int, trial: int) -> Nonfinit
             coords = [int(i) for i in torch.unravel_index(flat[0, 0], bad.shape)]
             return NonfiniteStep(name, step, trial, *coords[:3], coords[3] if name == "state" else None)
     return None
+
+
+def first_difference(first: tuple, again: tuple) -> tuple[str, list[int], float] | None:
+    """Where a repeated step's (state, out) first differs bit for bit from the first run's: (output,
+    its (batch, head, channel, ...) index, the largest |difference| over both), or None when identical."""
+    found, max_abs = None, 0.0
+    for name, a, b in (("state", first[0], again[0]), ("out", first[1], again[1])):
+        differs = bits(a) != bits(b)
+        if not bool(differs.any()):
+            continue
+        max_abs = max(max_abs, float((b.double() - a.double()).abs().nan_to_num(nan=math.inf).max()))
+        if found is None:
+            flat = differs.flatten().nonzero()[0, 0]
+            found = (name, [int(i) for i in torch.unravel_index(flat, differs.shape)])
+    return None if found is None else (*found, max_abs)

@@ -43,12 +43,30 @@ class StoreErrors:
 
 
 @dataclass(frozen=True)
+class RepeatDifference:
+    """With --repeat K: each decode step run K times from the same state with the same inputs and
+    seed, compared bit for bit with the first run; where runs first differed (None fields: never)."""
+
+    runs: int  # K
+    identical: bool
+    max_abs: float = 0.0  # the largest |difference| over every step compared
+    run: int | None = None  # the first run that differed from run 1
+    output: str | None = None  # "state" or "out"
+    trial: int | None = None
+    step: int | None = None
+    batch: int | None = None
+    head: int | None = None
+    channel: int | None = None
+
+
+@dataclass(frozen=True)
 class DriftRun:
     checkpoints: list[Checkpoint]  # the kernel against the reference
     baseline: list[Checkpoint]  # the baseline against the reference
     store_errors: StoreErrors
     first_nonfinite: NonfiniteStep | None
     trials: int  # trials run
+    repeat: RepeatDifference | None = None  # with --repeat K > 1
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
-from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
+from ssmcheck.drift.measure import CheckpointSums, figures, first_difference, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
-from ssmcheck.drift.results import DriftResult, DriftRun, StoreErrors
+from ssmcheck.drift.results import DriftResult, DriftRun, RepeatDifference, StoreErrors
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
 from ssmcheck.drift.verdict import error_verdict, judge, skipped_verdict
@@ -48,17 +48,21 @@ def run_case(
     tolerance: Tolerance,
     device: str,
     on_step: Callable[[], None] = lambda: None,
+    repeat: int = 1,
+    allow_nondeterministic: bool = False,
 ) -> DriftResult:
-    """Measure and judge one case (a skipped case only gets its reason)."""
+    """Measure and judge one case (a skipped case only gets its reason). With `repeat` K > 1 every step
+    runs K times from the same state (a race shows as runs that differ)."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
     transcript = Transcript()
     try:
-        run = decode(case, kernel, device, on_step, transcript)
+        run = decode(case, kernel, device, on_step, transcript, repeat)
     except KernelRaised as exc:
         return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
-    return DriftResult(case, judge(case, run, tolerance), time.perf_counter() - start, run, transcript.text)
+    verdict = judge(case, run, tolerance, allow_nondeterministic)
+    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text)
 
 
 @contextmanager
@@ -77,15 +81,15 @@ def _one_cpu_thread(device: str) -> Iterator[None]:
 
 
 def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-           transcript: Transcript) -> DriftRun:
+           transcript: Transcript, repeat: int = 1) -> DriftRun:
     """Run the case's trials, adding what the kernel prints to `transcript`; raises KernelRaised
     when the kernel does."""
     with _one_cpu_thread(device):
-        return _decode(case, kernel, device, on_step, transcript)
+        return _decode(case, kernel, device, on_step, transcript, repeat)
 
 
 def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-            transcript: Transcript) -> DriftRun:
+            transcript: Transcript, repeat: int) -> DriftRun:
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
     fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
     A64 = problem.A.double()
@@ -93,6 +97,7 @@ def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callabl
     kernel_sums, baseline_sums = CheckpointSums(), CheckpointSums()
     store_errors = SignedErrorMoments()
     found = None
+    differs, max_abs = None, 0.0  # with repeat > 1: where runs first differed, and by how much at most
     trials = 0
     for trial in range(case.trials):
         trials += 1
@@ -110,8 +115,20 @@ def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callabl
 
             before = state.double()
             seed = sweep.case_seed(trial_seed, {"step": n})
+            saved = state.clone() if repeat > 1 else None
             out = kernel.call(state, problem, step, case.rounding, seed, f"trial {trial}, step {n}",
                               check_inputs=n == 1 or n in checkpoint_steps, transcript=transcript)
+            for run in range(2, repeat + 1):  # the same step again, from the same state, inputs and seed
+                again = saved.clone()
+                again_out = kernel.call(again, problem, step, case.rounding, seed,
+                                        f"trial {trial}, step {n}, run {run}", transcript=transcript)
+                difference = first_difference((state, out), (again, again_out))
+                if difference is not None:
+                    output, index, largest = difference
+                    max_abs = max(max_abs, largest)
+                    if differs is None:
+                        differs = dict(run=run, output=output, trial=trial, step=n, batch=index[0], head=index[1],
+                                       channel=index[2])
             after = state.double()
             exact, _ = state_update_step(before, *inputs64, **fixed)
             store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, case.dtype))
@@ -126,7 +143,10 @@ def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callabl
         if found is not None:
             break
     summary = StoreErrors(store_errors.count, store_errors.mean, store_errors.z)
-    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials)
+    repeated = None
+    if repeat > 1:
+        repeated = RepeatDifference(repeat, differs is None, max_abs, **(differs or {}))
+    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials, repeated)
 
 
 @dataclass(frozen=True)
@@ -139,6 +159,8 @@ class DriftRunner:
     interpreter: bool
     philox_rounds: int
     rounding_impl: str
+    repeat: int = 1  # runs of every decode step from the same state, compared bit for bit
+    allow_nondeterministic: bool = False  # the kernel declares itself nondeterministic: differences pass
 
     def adapter(self) -> DriftAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -156,7 +178,8 @@ class DriftRunner:
         """Run one case, calling `advance` once per decode step, its autotune config pinned
         (core.autotune.pins)."""
         with autotune.pinned(autotune.pins(self.autotuned(), case.config, self.interpreter)):
-            return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance)
+            return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance, repeat=self.repeat,
+                            allow_nondeterministic=self.allow_nondeterministic)
 
     def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""

@@ -45,6 +45,8 @@ TABLE = CommandTable(
         "rtol": Setting(lambda label, value: None if value is None else sweep.parse_number(label, value), None),
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
         "configs": Setting(sweep.parse_choice(CONFIGS), "auto"),
+        "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
+        "allow_nondeterministic": Setting(sweep.parse_flag, False),
     },
 )
 
@@ -58,6 +60,8 @@ class DriftSettings:
     tolerance: Tolerance
     fail_on: tuple[str, ...]
     configs: str = "auto"  # "all": every case once per autotune config of the kernel (plan.py expands them)
+    repeat: int = 1  # runs of every decode step from the same state, compared bit for bit
+    allow_nondeterministic: bool = False  # with repeat: differing runs do not fail the case
 
     @property
     def axes(self) -> dict[str, list]:
@@ -71,7 +75,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
     return DriftSettings(
         spec=resolved, steps=s["steps"], trials=s["trials"], seed=s["seed"],
         tolerance=Tolerance(tol_factor=s["tol_factor"], rtol=s["rtol"]), fail_on=s["fail_on"],
-        configs=s["configs"],
+        configs=s["configs"], repeat=s["repeat"], allow_nondeterministic=s["allow_nondeterministic"],
     )
 
 

@@ -1,7 +1,8 @@
 """The verdict on one drift case, and the figures that summarise its drift.
 
 - nonfinite: the kernel's state or output went NaN/Inf where the reference is finite;
-- fail: at some checkpoint the state drift exceeds the tolerance (tol_factor x
+- fail: with --repeat, a decode step whose runs from the same state differ bit for bit (unless the
+  kernel is declared nondeterministic); at some checkpoint the state drift exceeds the tolerance (tol_factor x
   the baseline's drift at that step + floor, or --rtol), or the output error
   pooled over the checkpoints exceeds the same rule against the baseline's, or,
   with stochastic rounding, the stores are biased (stats.is_biased);
@@ -14,7 +15,7 @@ import math
 
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
-from ssmcheck.drift.results import DriftRun, DriftVerdict
+from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.drift.stats import crossing_step, growth_exponent, is_biased
 
@@ -43,7 +44,13 @@ def _rms(values: list[float]) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
 
 
-def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance) -> DriftVerdict:
+def nondeterminism_message(r: RepeatDifference) -> str:
+    where = f"batch {r.batch}, head {r.head}, channel {r.channel}"
+    return (f"nondeterministic: runs 1 and {r.run} of trial {r.trial}, step {r.step} differ in {r.output} "
+            f"({where}; max |Δ| = {r.max_abs:.3g})")
+
+
+def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondeterministic: bool = False) -> DriftVerdict:
     rule = {"tol_factor": tolerance.tol_factor, "floor": tolerance.floor, "rtol": tolerance.rtol}
     steps = [c.step for c in run.checkpoints]
     errors = [c.state_rel for c in run.checkpoints]
@@ -59,6 +66,10 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance) -> DriftVerdict:
         "crossing_step": crossing,
         "crossing_observed": observed,
     }
+
+    # A race first: its differing runs are the cause of whatever else looks wrong.
+    if run.repeat is not None and not run.repeat.identical and not allow_nondeterministic:
+        return DriftVerdict(Status.FAIL, nondeterminism_message(run.repeat), **figures)
 
     where = run.first_nonfinite
     if where is not None:
