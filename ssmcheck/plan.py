@@ -54,8 +54,9 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device,
                         env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
                         allow_tf32=settings.allow_tf32, warmup=env.device == "cuda", repeat=settings.repeat,
-                        allow_nondeterministic=settings.allow_nondeterministic)
+                        allow_nondeterministic=settings.allow_nondeterministic, **_invariance(settings, options, kernel))
     under_test = _adapter(runner)
+    _serving(runner)
     _check_chunk_sizes(settings, under_test)
     cases = cases(name)
     if settings.configs == "all":
@@ -67,6 +68,8 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
             "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32, "repeat": settings.repeat,
             "allow_nondeterministic": settings.allow_nondeterministic, "configs": settings.configs,
+            "invariance": settings.invariance, "batch_invariance": settings.batch_invariance,
+            "decode_kernel": _name(runner.decode_kernel) if runner.invariance else None,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 1,
     )
@@ -111,6 +114,35 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )
+
+
+# The named kernels: each has a chunk scan and a state update under the same name.
+NAMED_KERNELS = ("builtin", "torch", "mamba_ssm", "vllm")
+
+
+def partner(kernel: str | Callable) -> str:
+    """The kernel of the other kind that serves beside `kernel` (a chunk scan's state update, or the
+    reverse): a named kernel's own, else the built-in one."""
+    return kernel if isinstance(kernel, str) and kernel in NAMED_KERNELS else "builtin"
+
+
+def _invariance(settings, options: dict, kernel: str | Callable) -> dict:
+    """The runner's invariance fields; options that only shape the checks need them switched on."""
+    if not settings.invariance:
+        for key in ("batch_invariance", "decode_kernel"):
+            if options.get(key) is not None:
+                raise UsageError(f"--{key.replace('_', '-')} {options[key]}: needs --invariance")
+        return {}
+    return {"invariance": True, "batch_exact": settings.batch_invariance == "exact",
+            "decode_kernel": settings.decode_kernel or partner(kernel)}
+
+
+def _serving(runner) -> None:
+    """Resolve the decode kernel of the invariance checks now: one that names nothing is a usage error."""
+    try:
+        runner.serving()
+    except KernelSpecError as exc:
+        raise UsageError(f"--decode-kernel: {exc}") from None
 
 
 def _every_config(cases: list, tuned: list) -> list:

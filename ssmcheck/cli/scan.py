@@ -57,6 +57,9 @@ def scan(
     configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     repeat: int = typer.Option(None, metavar="K", help="Run each case K times on identical inputs and compare the outputs bit for bit: a difference (a race) fails the case (default 1)."),
     allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); judge the spread between runs like an error instead."),
+    invariance: bool = typer.Option(None, "--invariance", metavar="", help="Also run the serving-shaped checks, each a verdict of its own (JSON invariance, table column invariance): batch (each sequence run alone gives the same bits as packed with the others), split (each sequence cut at a random token, mid-chunk where it can be, the second part started from the first part's returned state, judged by the tolerance rule) and prefill_decode (the last 4 tokens of each sequence decoded with the state update from the prefill's returned states, judged against the float64 recurrence over all tokens, the hand-off step on its own). The case's status is the most severe of its own and its checks' (nonfinite, then error, then fail); the exit code follows the statuses as always."),
+    batch_invariance: str = typer.Option(None, "--batch-invariance", metavar="exact|tolerance", help="With --invariance: exact (default): a sequence alone and packed must agree bit for bit; tolerance: the kernel declares it may differ, and the difference (relative to the reference's norm) is judged by the tolerance rule."),
+    decode_kernel: str = typer.Option(None, "--decode-kernel", metavar="SPEC", help="With --invariance: the state update the prefill_decode check decodes with (as drift's --kernel). Default: the kernel's own for builtin, torch, mamba_ssm and vllm, else builtin."),
     fail_on: cli_common.FailOn = None,
     case_id: cli_common.CaseId = None,
     from_report: cli_common.FromReport = None,
@@ -74,6 +77,7 @@ def scan(
         dstate=dstate, ngroups=ngroups, model=model, regime=regime, state_dtype=state_dtype, rounding=rounding,
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
         allow_tf32=allow_tf32 or None, repeat=repeat, configs=configs, allow_nondeterministic=allow_nondeterministic or None,
+        invariance=invariance or None, batch_invariance=batch_invariance, decode_kernel=decode_kernel,
     )
     try:
         plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,

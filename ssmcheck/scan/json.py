@@ -6,6 +6,8 @@ Keys are always present; figures a case did not produce (skipped, error) are nul
 `error_map` (fail and nonfinite cases only, else null) is {"chunk_size", "tokens", "per_chunk_head"}: the
 relative error of y per [chunk][head], each sequence chunked on its own, to 3 significant digits (a colour
 map's worth), and the longest sequence's length.
+`invariance` (with --invariance, else null) is {"batch", "split", "prefill_decode"}: each check's own
+status, message and figures (scan.invariance; README, "Serving-shaped checks").
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def case_json(result: ScanResult) -> dict:
         "repeat": asdict(result.repeat) if result.repeat else None,
         "error_map": _error_map(result),
         "stdout": result.stdout,
+        "invariance": {c.name: {"status": c.status.value, "message": c.message, **c.figures}
+                       for c in result.invariance} or None,
     }
 
 

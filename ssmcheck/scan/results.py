@@ -92,6 +92,16 @@ class ScanVerdict:
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
 
 
+@dataclass(frozen=True)
+class InvarianceCheck:
+    """One serving-shaped check of a case (scan.invariance): its own verdict and figures."""
+
+    name: str  # "batch", "split", "prefill_decode"
+    status: Status  # skipped (with the reason as message) when it cannot run for this case or kernel
+    message: str = ""
+    figures: dict = field(default_factory=dict)  # what it measured, as the JSON report holds it
+
+
 @dataclass
 class ScanResult:
     case: ScanCase
@@ -116,6 +126,7 @@ class ScanResult:
     # the passing cases.
     error_map: ErrorMap | None = None
     stdout: str = ""  # what the kernel printed (core.capture: the start, the rest counted)
+    invariance: list[InvarianceCheck] = field(default_factory=list)  # with --invariance (scan.invariance)
 
     @property
     def ratio(self) -> float | None:

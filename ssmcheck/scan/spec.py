@@ -21,6 +21,8 @@ from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 
 REFERENCES = ("fp64", "fp32")
+# --batch-invariance: a sequence alone and packed give the same bits, or agree within the tolerance rule.
+BATCH_INVARIANCE = ("exact", "tolerance")
 
 
 def _choice(choices: tuple[str, ...]):
@@ -59,6 +61,9 @@ TABLE = CommandTable(
         "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
         "configs": Setting(_choice(("auto", "all")), "auto"),
         "allow_nondeterministic": Setting(sweep.parse_flag, False),
+        "invariance": Setting(sweep.parse_flag, False),
+        "batch_invariance": Setting(_choice(BATCH_INVARIANCE), "exact"),
+        "decode_kernel": Setting(lambda label, value: value, None),
     },
     overrides=True,
 )
@@ -75,6 +80,9 @@ class ScanSettings:
     repeat: int = 1  # runs per case, compared bit for bit
     configs: str = "auto"  # "all": every case once per autotune config of the kernel (plan.py expands them)
     allow_nondeterministic: bool = False
+    invariance: bool = False  # the serving-shaped checks (scan.invariance)
+    batch_invariance: str = "exact"
+    decode_kernel: str | None = None  # the state update of the prefill→decode check (None: the kernel's partner)
 
     @property
     def axes(self) -> dict[str, list]:
@@ -98,7 +106,8 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
     return ScanSettings(
         spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
         seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"], repeat=s["repeat"],
-        allow_nondeterministic=s["allow_nondeterministic"], configs=s["configs"],
+        allow_nondeterministic=s["allow_nondeterministic"], configs=s["configs"], invariance=s["invariance"],
+        batch_invariance=s["batch_invariance"], decode_kernel=s["decode_kernel"],
     )
 
 
