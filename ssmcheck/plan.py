@@ -99,8 +99,9 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             raise UsageError(f"--rounding-impl hardware: {reason}")
     runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds,
-                         rounding_impl)
+                         rounding_impl, prefill_kernel=partner(kernel) if settings.from_prefill else None)
     under_test = _adapter(runner)
+    runner.prefill()
     if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
         # A kernel without a rounding keyword stores its state one way only, which only the user can
         # declare (--rounding); a preset's list of modes declares nothing about this kernel.
@@ -112,6 +113,8 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
             "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
+            "from_prefill": settings.from_prefill,
+            "prefill_kernel": None if runner.prefill_kernel is None else _name(runner.prefill_kernel),
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )
 

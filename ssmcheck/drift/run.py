@@ -48,14 +48,16 @@ def run_case(
     tolerance: Tolerance,
     device: str,
     on_step: Callable[[], None] = lambda: None,
+    prefill=None,
 ) -> DriftResult:
-    """Measure and judge one case (a skipped case only gets its reason)."""
+    """Measure and judge one case (a skipped case only gets its reason). `prefill`: the chunk scan's
+    scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill)."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
     transcript = Transcript()
     try:
-        run = decode(case, kernel, device, on_step, transcript)
+        run = decode(case, kernel, device, on_step, transcript, prefill)
     except KernelRaised as exc:
         return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
     return DriftResult(case, judge(case, run, tolerance), time.perf_counter() - start, run, transcript.text)
@@ -77,16 +79,20 @@ def _one_cpu_thread(device: str) -> Iterator[None]:
 
 
 def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-           transcript: Transcript) -> DriftRun:
+           transcript: Transcript, prefill=None) -> DriftRun:
     """Run the case's trials, adding what the kernel prints to `transcript`; raises KernelRaised
-    when the kernel does."""
-    with _one_cpu_thread(device):
-        return _decode(case, kernel, device, on_step, transcript)
-
-
-def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-            transcript: Transcript) -> DriftRun:
+    when the kernel (or the prefill) does."""
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
+    if case.from_prefill:
+        from ssmcheck.drift.prefill import prefilled  # noqa: PLC0415 (imports the chunk scan's stages)
+
+        problem = prefilled(problem, case, prefill, transcript)
+    with _one_cpu_thread(device):
+        return _decode(case, problem, kernel, device, on_step, transcript)
+
+
+def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
+            transcript: Transcript) -> DriftRun:
     fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
     A64 = problem.A.double()
     checkpoint_steps = set(log_checkpoints(problem.nsteps))
@@ -139,6 +145,7 @@ class DriftRunner:
     interpreter: bool
     philox_rounds: int
     rounding_impl: str
+    prefill_kernel: str | Callable | None = None  # the chunk scan of --from-prefill
 
     def adapter(self) -> DriftAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -146,9 +153,20 @@ class DriftRunner:
             _ADAPTERS[self] = resolve(self.kernel, self.philox_rounds, self.rounding_impl, self.interpreter)
         return _ADAPTERS[self]
 
+    def prefill(self):
+        """The chunk scan's adapter for --from-prefill (None without), resolved once per process. Raises
+        core.callables.KernelSpecError."""
+        if self.prefill_kernel is None:
+            return None
+        if self not in _PREFILLS:
+            from ssmcheck.scan.adapter import resolve as resolve_scan  # noqa: PLC0415
+
+            _PREFILLS[self] = resolve_scan(self.prefill_kernel, self.interpreter)
+        return _PREFILLS[self]
+
     def __call__(self, case: DriftCase, advance: Callable[[], None]) -> DriftResult:
         """Run one case, calling `advance` once per decode step."""
-        return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance)
+        return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance, prefill=self.prefill())
 
     def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""
@@ -157,3 +175,4 @@ class DriftRunner:
 
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
 _ADAPTERS: dict[DriftRunner, DriftAdapter] = {}
+_PREFILLS: dict[DriftRunner, object] = {}

@@ -42,6 +42,7 @@ TABLE = CommandTable(
         "tol_factor": Setting(sweep.parse_number, DEFAULT_TOL_FACTOR),
         "rtol": Setting(lambda label, value: None if value is None else sweep.parse_number(label, value), None),
         "fail_on": Setting(sweep.parse_fail_on, list(FAIL_ON)),
+        "from_prefill": Setting(lambda label, value: sweep.parse_count(label, value, 0), 0),
     },
 )
 
@@ -54,6 +55,7 @@ class DriftSettings:
     seed: int
     tolerance: Tolerance
     fail_on: tuple[str, ...]
+    from_prefill: int = 0  # tokens of chunk-scan prefill the decode starts from (0: the regime's initial state)
 
     @property
     def axes(self) -> dict[str, list]:
@@ -67,6 +69,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
     return DriftSettings(
         spec=resolved, steps=s["steps"], trials=s["trials"], seed=s["seed"],
         tolerance=Tolerance(tol_factor=s["tol_factor"], rtol=s["rtol"]), fail_on=s["fail_on"],
+        from_prefill=s["from_prefill"],
     )
 
 
@@ -86,11 +89,13 @@ class DriftCase:
     seed: int  # of the inputs; trial seeds derive from it
     trials: int  # runs with different rounding seeds (1 for round-to-nearest: it is deterministic)
     skip_reason: str | None = None
+    from_prefill: int = 0  # the decode starts from a chunk-scan prefill of this many tokens (drift.prefill)
 
     @property
     def id(self) -> str:
         widths = self.model or f"h{self.nheads}x{self.headdim}n{self.dstate}g{self.ngroups}"
-        return f"{self.regime}-{self.state_dtype}-{self.rounding}-b{self.batch}-{widths}"
+        prefill = f"-prefill{self.from_prefill}" if self.from_prefill else ""
+        return f"{self.regime}-{self.state_dtype}-{self.rounding}-b{self.batch}-{widths}{prefill}"
 
     @property
     def configuration(self) -> str:
@@ -110,7 +115,7 @@ class DriftCase:
             "kernel": self.kernel, "state_dtype": self.state_dtype, "rounding": self.rounding,
             "regime": self.regime, "steps": self.steps, "batch": self.batch, "nheads": self.nheads,
             "headdim": self.headdim, "dstate": self.dstate, "ngroups": self.ngroups, "model": self.model,
-            "seed": self.seed, "trials": self.trials,
+            "seed": self.seed, "trials": self.trials, "from_prefill": self.from_prefill,
         }
 
 
@@ -139,6 +144,7 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
             model=None if model is None else model.name,
             seed=sweep.case_seed(settings.seed, shape_params),
             trials=settings.trials if params["rounding"] == "stochastic" else 1,
+            from_prefill=settings.from_prefill,
             **params,
         )
         cases.append(replace(case, skip_reason=_skip_reason(case)))
@@ -147,6 +153,6 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
 
 def case_from_params(params: dict, kernel: str) -> DriftCase:
     """The case a JSON report's `params` describe (seed included), to run again with `kernel`."""
-    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason")]
-    case = DriftCase(kernel=kernel, **{name: params[name] for name in names})
+    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason", "from_prefill")]
+    case = DriftCase(kernel=kernel, from_prefill=params.get("from_prefill", 0), **{name: params[name] for name in names})
     return replace(case, skip_reason=_skip_reason(case))
