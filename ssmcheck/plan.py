@@ -145,7 +145,8 @@ def _serving(runner) -> None:
     try:
         runner.serving()
     except KernelSpecError as exc:
-        raise UsageError(f"--decode-kernel: {exc}") from None
+        # The loader names the option it serves as --kernel.
+        raise UsageError(str(exc).replace("--kernel", "--decode-kernel", 1)) from None
 
 
 def _every_config(cases: list, tuned: list) -> list:

@@ -102,7 +102,7 @@ def test_the_thorough_preset_runs_the_checks():
     (["--invariance", "--batch-invariance", "fuzzy"], "fuzzy"),
     (["--batch-invariance", "tolerance"], "--batch-invariance tolerance"),
     (["--decode-kernel", "builtin"], "--decode-kernel builtin"),
-    (["--invariance", "--decode-kernel", "nowhere.py:step"], "--decode-kernel"),
+    (["--invariance", "--decode-kernel", "nowhere.py:step"], "--decode-kernel 'nowhere.py:step'"),
 ])
 def test_usage_errors(args, named):
     assert_usage_error(scan("--preset", "smoke", *args)[0], named)
