@@ -55,8 +55,9 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
                         env.interpreter, state_dtype_given="state_dtype" in settings.spec.cli_axes,
                         allow_tf32=settings.allow_tf32, warmup=env.device == "cuda", repeat=settings.repeat,
                         allow_nondeterministic=settings.allow_nondeterministic, stages=settings.stages,
-                        repro=settings.repro)
+                        repro=settings.repro, **_invariance(settings, options, kernel))
     under_test = _adapter(runner)
+    _serving(runner)
     _check_chunk_sizes(settings, under_test)
     if settings.stages and under_test.stages is None:
         raise UsageError(f"--stages: kernel {name!r} offers no SSD stages (builtin, mamba_ssm and vllm do; a "
@@ -72,6 +73,8 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "fail_on": list(settings.fail_on), "allow_tf32": settings.allow_tf32, "repeat": settings.repeat,
             "allow_nondeterministic": settings.allow_nondeterministic, "configs": settings.configs,
             "stages": settings.stages, "repro": settings.repro,
+            "invariance": settings.invariance, "batch_invariance": settings.batch_invariance,
+            "decode_kernel": _name(runner.decode_kernel) if runner.invariance else None,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 1,
     )
@@ -101,8 +104,10 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         if reason is not None and "stochastic" in settings.axes["rounding"]:
             raise UsageError(f"--rounding-impl hardware: {reason}")
     runner = DriftRunner(kernel, settings.tolerance, env.device, env.interpreter, philox_rounds,
-                         rounding_impl, repeat=settings.repeat, allow_nondeterministic=settings.allow_nondeterministic)
+                         rounding_impl, repeat=settings.repeat, allow_nondeterministic=settings.allow_nondeterministic,
+                         prefill_kernel=partner(kernel) if settings.from_prefill else None)
     under_test = _adapter(runner)
+    runner.prefill()
     if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
         # A kernel without a rounding keyword stores its state one way only, which only the user can
         # declare (--rounding); a preset's list of modes declares nothing about this kernel.
@@ -120,8 +125,40 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "configs": settings.configs, "repeat": settings.repeat,
             "allow_nondeterministic": settings.allow_nondeterministic,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
+            "from_prefill": settings.from_prefill,
+            "prefill_kernel": None if runner.prefill_kernel is None else _name(runner.prefill_kernel),
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     )
+
+
+# The named kernels: each has a chunk scan and a state update under the same name.
+NAMED_KERNELS = ("builtin", "torch", "mamba_ssm", "vllm")
+
+
+def partner(kernel: str | Callable) -> str:
+    """The kernel of the other kind that serves beside `kernel` (a chunk scan's state update, or the
+    reverse): a named kernel's own, else the built-in one."""
+    return kernel if isinstance(kernel, str) and kernel in NAMED_KERNELS else "builtin"
+
+
+def _invariance(settings, options: dict, kernel: str | Callable) -> dict:
+    """The runner's invariance fields; options that only shape the checks need them switched on."""
+    if not settings.invariance:
+        for key in ("batch_invariance", "decode_kernel"):
+            if options.get(key) is not None:
+                raise UsageError(f"--{key.replace('_', '-')} {options[key]}: needs --invariance")
+        return {}
+    return {"invariance": True, "batch_exact": settings.batch_invariance == "exact",
+            "decode_kernel": settings.decode_kernel or partner(kernel)}
+
+
+def _serving(runner) -> None:
+    """Resolve the decode kernel of the invariance checks now: one that names nothing is a usage error."""
+    try:
+        runner.serving()
+    except KernelSpecError as exc:
+        # The loader names the option it serves as --kernel.
+        raise UsageError(str(exc).replace("--kernel", "--decode-kernel", 1)) from None
 
 
 def _name(kernel: str | Callable) -> str:

@@ -64,6 +64,7 @@ def drift(
     seed: int = typer.Option(None, metavar="N", help="Base seed (default 0); inputs derive from it, the regime and the shape; rounding seeds from those and the trial."),
     tol_factor: float = typer.Option(None, "--tol-factor", metavar="X", help=f"Allowed multiple of the baseline's drift (default {DEFAULT_TOL_FACTOR:g})."),
     rtol: float = typer.Option(None, metavar="X", help="Judge the drift against this relative error instead of the baseline rule."),
+    from_prefill: int = typer.Option(None, "--from-prefill", metavar="N", help="Start each decode from the states a chunk-scan prefill of N tokens returns (from the regime's initial state, over N tokens of the regime's own inputs, chunk size 64), as a served model's cache does; the prefill runs on the kernel's own chunk scan for builtin, torch, mamba_ssm and vllm, else on the built-in one. Default 0: the regime's drawn initial state."),
     fail_on: cli_common.FailOn = None,
     configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function of the kernel runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     repeat: int = typer.Option(None, metavar="K", help="Run every decode step K times from the same state with the same inputs and seed, and compare the runs bit for bit: a difference (a race) fails the case (default 1)."),
@@ -86,7 +87,7 @@ def drift(
         state_dtype=state_dtype, rounding=rounding, regime=regime, steps=steps, trials=trials, batch=batch,
         nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups, model=model, seed=seed,
         tol_factor=tol_factor, rtol=rtol, fail_on=fail_on, configs=configs, repeat=repeat,
-        allow_nondeterministic=allow_nondeterministic or None,
+        allow_nondeterministic=allow_nondeterministic or None, from_prefill=from_prefill,
     )
     try:
         plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report,

@@ -59,6 +59,9 @@ def scan(
     allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); judge the spread between runs like an error instead."),
     stages: bool = typer.Option(None, "--stages", metavar="", help="Compare every case's SSD stages (cumulative decay, chunk states, state passing, C·Bᵀ, output) with the float64 reference's, each judged against the baseline's same stage; failing cases are always compared, where the kernel offers its stages (builtin, mamba_ssm, vllm, or a callable's ssd_stages attribute). The message names the first wrong stage and where (sequence, chunk, head)."),
     repro: str = typer.Option(None, "--repro", metavar="DIR", help="For each failing case (fail, nonfinite, error), shrink it (seqlen, batch, heads, widths, chunks) while it keeps its status, and write DIR/CASE_ID/repro.py with its inputs and float64 reference (torch.save): a script that re-runs the kernel call and prints the verdict without ssmcheck."),
+    invariance: bool = typer.Option(None, "--invariance", metavar="", help="Also run the serving-shaped checks, each a verdict of its own (JSON invariance, table column invariance): batch (each sequence run alone gives the same bits as packed with the others), split (each sequence cut at a random token, mid-chunk where it can be, the second part started from the first part's returned state, judged by the tolerance rule) and prefill_decode (the last 4 tokens of each sequence decoded with the state update from the prefill's returned states, judged against the float64 recurrence over all tokens, the hand-off step on its own). The case's status is the most severe of its own and its checks' (nonfinite, then error, then fail); the exit code follows the statuses as always."),
+    batch_invariance: str = typer.Option(None, "--batch-invariance", metavar="exact|tolerance", help="With --invariance: exact (default): a sequence alone and packed must agree bit for bit; tolerance: the kernel declares it may differ, and the difference (relative to the reference's norm) is judged by the tolerance rule."),
+    decode_kernel: str = typer.Option(None, "--decode-kernel", metavar="SPEC", help="With --invariance: the state update the prefill_decode check decodes with (as drift's --kernel). Default: the kernel's own for builtin, torch, mamba_ssm and vllm, else builtin."),
     fail_on: cli_common.FailOn = None,
     case_id: cli_common.CaseId = None,
     from_report: cli_common.FromReport = None,
@@ -77,6 +80,7 @@ def scan(
         reference=reference, tol_factor=tol_factor, floor=floor, rtol=rtol, seed=seed, fail_on=fail_on,
         allow_tf32=allow_tf32 or None, repeat=repeat, configs=configs, allow_nondeterministic=allow_nondeterministic or None,
         stages=stages or None, repro=repro,
+        invariance=invariance or None, batch_invariance=batch_invariance, decode_kernel=decode_kernel,
     )
     try:
         plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,

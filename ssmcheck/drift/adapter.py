@@ -75,27 +75,38 @@ class DriftAdapter:
         input: the runner asks at the first step and the checkpoints, not every step). What
         the kernel prints goes to `transcript` (discarded without one).
         """
+        inputs = {"x": step.x, "dt": step.dt, "A": problem.A, "B": step.B, "C": step.C, "D": problem.D,
+                  "dt_bias": problem.dt_bias}
+        before = snapshot(inputs) if check_inputs else {}
+        out = self.update(state, {**inputs, "z": None, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
+                          transcript)
+        changed = changed_input(before, inputs)
+        if changed is not None:
+            raise KernelRaised(f"the kernel wrote into its input {changed}: inputs must be left unchanged ({where})")
+        return out
+
+    def update(self, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
+               transcript: Transcript | None = None) -> torch.Tensor:
+        """One call on `state` (in place) with the selective_state_update `arguments` (x, dt, A, B, C, D,
+        z, dt_bias, dt_softplus); return out. Raises KernelRaised."""
         keywords = dict(self.options)
         if self.takes_rounding:
             keywords["rounding"] = rounding
         if self.takes_seed:
             keywords["seed"] = seed
-        inputs = {"x": step.x, "dt": step.dt, "A": problem.A, "B": step.B, "C": step.C, "D": problem.D,
-                  "dt_bias": problem.dt_bias}
-        before = snapshot(inputs) if check_inputs else {}
-        args = (state, step.x, step.dt, problem.A, step.B, step.C, problem.D, None, problem.dt_bias,
-                problem.dt_softplus)
+        args = (state, *(arguments[name] for name in _ARGUMENTS))
         try:
             out = guarded_call(self.fn, args, keywords, transcript)
         except KernelExit as exc:
             raise KernelRaised(f"{exc} ({where})") from exc
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
             raise KernelRaised(f"{describe(exc)} ({where})") from exc
-        _check_out(out, step.x, where)
-        changed = changed_input(before, inputs)
-        if changed is not None:
-            raise KernelRaised(f"the kernel wrote into its input {changed}: inputs must be left unchanged ({where})")
+        _check_out(out, arguments["x"], where)
         return out
+
+
+# selective_state_update's arguments after the state, in order.
+_ARGUMENTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
 
 
 def _check_out(out, x: torch.Tensor, where: str) -> None:

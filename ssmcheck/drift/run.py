@@ -50,15 +50,17 @@ def run_case(
     on_step: Callable[[], None] = lambda: None,
     repeat: int = 1,
     allow_nondeterministic: bool = False,
+    prefill=None,
 ) -> DriftResult:
     """Measure and judge one case (a skipped case only gets its reason). With `repeat` K > 1 every step
-    runs K times from the same state (a race shows as runs that differ)."""
+    runs K times from the same state (a race shows as runs that differ). `prefill`: the chunk scan's
+    scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill)."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
     transcript = Transcript()
     try:
-        run = decode(case, kernel, device, on_step, transcript, repeat)
+        run = decode(case, kernel, device, on_step, transcript, repeat, prefill)
     except KernelRaised as exc:
         return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
     verdict = judge(case, run, tolerance, allow_nondeterministic)
@@ -81,16 +83,20 @@ def _one_cpu_thread(device: str) -> Iterator[None]:
 
 
 def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-           transcript: Transcript, repeat: int = 1) -> DriftRun:
+           transcript: Transcript, repeat: int = 1, prefill=None) -> DriftRun:
     """Run the case's trials, adding what the kernel prints to `transcript`; raises KernelRaised
-    when the kernel does."""
-    with _one_cpu_thread(device):
-        return _decode(case, kernel, device, on_step, transcript, repeat)
-
-
-def _decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-            transcript: Transcript, repeat: int) -> DriftRun:
+    when the kernel (or the prefill) does."""
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
+    if case.from_prefill:
+        from ssmcheck.drift.prefill import prefilled  # noqa: PLC0415 (imports the chunk scan's stages)
+
+        problem = prefilled(problem, case, prefill, transcript)
+    with _one_cpu_thread(device):
+        return _decode(case, problem, kernel, device, on_step, transcript, repeat)
+
+
+def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
+            transcript: Transcript, repeat: int) -> DriftRun:
     fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
     A64 = problem.A.double()
     checkpoint_steps = set(log_checkpoints(problem.nsteps))
@@ -161,6 +167,7 @@ class DriftRunner:
     rounding_impl: str
     repeat: int = 1  # runs of every decode step from the same state, compared bit for bit
     allow_nondeterministic: bool = False  # the kernel declares itself nondeterministic: differences pass
+    prefill_kernel: str | Callable | None = None  # the chunk scan of --from-prefill
 
     def adapter(self) -> DriftAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
@@ -174,12 +181,23 @@ class DriftRunner:
             _TUNED[self] = autotune.find(self.adapter().fn)
         return _TUNED[self]
 
+    def prefill(self):
+        """The chunk scan's adapter for --from-prefill (None without), resolved once per process. Raises
+        core.callables.KernelSpecError."""
+        if self.prefill_kernel is None:
+            return None
+        if self not in _PREFILLS:
+            from ssmcheck.scan.adapter import resolve as resolve_scan  # noqa: PLC0415
+
+            _PREFILLS[self] = resolve_scan(self.prefill_kernel, self.interpreter)
+        return _PREFILLS[self]
+
     def __call__(self, case: DriftCase, advance: Callable[[], None]) -> DriftResult:
         """Run one case, calling `advance` once per decode step, its autotune config pinned
         (core.autotune.pins)."""
         with autotune.pinned(autotune.pins(self.autotuned(), case.config, self.interpreter)):
             return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance, repeat=self.repeat,
-                            allow_nondeterministic=self.allow_nondeterministic)
+                            allow_nondeterministic=self.allow_nondeterministic, prefill=self.prefill())
 
     def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""
@@ -190,3 +208,4 @@ class DriftRunner:
 _ADAPTERS: dict[DriftRunner, DriftAdapter] = {}
 # Per process: the kernel's autotuned functions.
 _TUNED: dict[DriftRunner, list] = {}
+_PREFILLS: dict[DriftRunner, object] = {}

@@ -47,6 +47,7 @@ TABLE = CommandTable(
         "configs": Setting(sweep.parse_choice(CONFIGS), "auto"),
         "repeat": Setting(lambda label, value: sweep.parse_count(label, value, 1), 1),
         "allow_nondeterministic": Setting(sweep.parse_flag, False),
+        "from_prefill": Setting(lambda label, value: sweep.parse_count(label, value, 0), 0),
     },
 )
 
@@ -62,6 +63,7 @@ class DriftSettings:
     configs: str = "auto"  # "all": every case once per autotune config of the kernel (plan.py expands them)
     repeat: int = 1  # runs of every decode step from the same state, compared bit for bit
     allow_nondeterministic: bool = False  # with repeat: differing runs do not fail the case
+    from_prefill: int = 0  # tokens of chunk-scan prefill the decode starts from (0: the regime's initial state)
 
     @property
     def axes(self) -> dict[str, list]:
@@ -76,6 +78,7 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> DriftSettings:
         spec=resolved, steps=s["steps"], trials=s["trials"], seed=s["seed"],
         tolerance=Tolerance(tol_factor=s["tol_factor"], rtol=s["rtol"]), fail_on=s["fail_on"],
         configs=s["configs"], repeat=s["repeat"], allow_nondeterministic=s["allow_nondeterministic"],
+        from_prefill=s["from_prefill"],
     )
 
 
@@ -98,6 +101,7 @@ class DriftCase:
     # None: the autotuner's pick.
     config: str | None = None
     skip_reason: str | None = None
+    from_prefill: int = 0  # the decode starts from a chunk-scan prefill of this many tokens (drift.prefill)
 
     @property
     def config_params(self) -> dict | None:
@@ -106,7 +110,8 @@ class DriftCase:
     @property
     def id(self) -> str:
         widths = self.model or f"h{self.nheads}x{self.headdim}n{self.dstate}g{self.ngroups}"
-        return f"{self.regime}-{self.state_dtype}-{self.rounding}-b{self.batch}-{widths}{self._config_suffix}"
+        prefill = f"-prefill{self.from_prefill}" if self.from_prefill else ""
+        return f"{self.regime}-{self.state_dtype}-{self.rounding}-b{self.batch}-{widths}{prefill}{self._config_suffix}"
 
     @property
     def configuration(self) -> str:
@@ -131,7 +136,7 @@ class DriftCase:
             "kernel": self.kernel, "state_dtype": self.state_dtype, "rounding": self.rounding,
             "regime": self.regime, "steps": self.steps, "batch": self.batch, "nheads": self.nheads,
             "headdim": self.headdim, "dstate": self.dstate, "ngroups": self.ngroups, "model": self.model,
-            "seed": self.seed, "trials": self.trials, "config": self.config_params,
+            "seed": self.seed, "trials": self.trials, "from_prefill": self.from_prefill, "config": self.config_params,
         }
 
 
@@ -160,6 +165,7 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
             model=None if model is None else model.name,
             seed=sweep.case_seed(settings.seed, shape_params),
             trials=settings.trials if params["rounding"] == "stochastic" else 1,
+            from_prefill=settings.from_prefill,
             **params,
         )
         cases.append(replace(case, skip_reason=_skip_reason(case)))
@@ -168,8 +174,8 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
 
 def case_from_params(params: dict, kernel: str) -> DriftCase:
     """The case a JSON report's `params` describe (seed included), to run again with `kernel`."""
-    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason", "config")]
+    names = [f.name for f in fields(DriftCase) if f.name not in ("kernel", "skip_reason", "config", "from_prefill")]
     config = params.get("config")
     case = DriftCase(kernel=kernel, config=None if config is None else json.dumps(config, sort_keys=True),
-                     **{name: params[name] for name in names})
+                     from_prefill=params.get("from_prefill", 0), **{name: params[name] for name in names})
     return replace(case, skip_reason=_skip_reason(case))

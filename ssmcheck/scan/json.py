@@ -9,6 +9,8 @@ null | {"stage", "label", "status", "sequence", "chunk", "head"}, "note", "figur
 `error_map` (fail and nonfinite cases only, else null) is {"chunk_size", "tokens", "per_chunk_head"}: the
 relative error of y per [chunk][head], each sequence chunked on its own, to 3 significant digits (a colour
 map's worth), and the longest sequence's length.
+`invariance` (with --invariance, else null) is {"batch", "split", "prefill_decode"}: each check's own
+status, message and figures (scan.invariance; README, "Serving-shaped checks").
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def case_json(result: ScanResult) -> dict:
         "stages": _stages(result),
         "repro": result.repro,
         "stdout": result.stdout,
+        "invariance": {c.name: {"status": c.status.value, "message": c.message, **c.figures}
+                       for c in result.invariance} or None,
     }
 
 

@@ -120,6 +120,16 @@ class ScanVerdict:
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
 
 
+@dataclass(frozen=True)
+class InvarianceCheck:
+    """One serving-shaped check of a case (scan.invariance): its own verdict and figures."""
+
+    name: str  # "batch", "split", "prefill_decode"
+    status: Status  # skipped (with the reason as message) when it cannot run for this case or kernel
+    message: str = ""
+    figures: dict = field(default_factory=dict)  # what it measured, as the JSON report holds it
+
+
 @dataclass
 class ScanResult:
     case: ScanCase
@@ -146,6 +156,7 @@ class ScanResult:
     stages: StageReport | None = None  # with --stages, and for cases that failed or were non-finite
     repro: str | None = None  # with --repro: the folder of this case's reproducer
     stdout: str = ""  # what the kernel printed (core.capture: the start, the rest counted)
+    invariance: list[InvarianceCheck] = field(default_factory=list)  # with --invariance (scan.invariance)
 
     @property
     def ratio(self) -> float | None:

@@ -21,7 +21,7 @@ from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import measure, precision, repro, stages
+from ssmcheck.scan import invariance, measure, precision, repro, stages
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -104,24 +104,26 @@ def _sync(device: str) -> None:
 
 def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, reference_kind: str,
              device: str, allow_tf32: bool = False, warmup: bool = False, repeat: int = 1,
-             allow_nondeterministic: bool = False, compare_stages: bool = False) -> ScanResult:
+             allow_nondeterministic: bool = False, compare_stages: bool = False,
+             serving: invariance.Options | None = None) -> ScanResult:
     """Measure and judge one case. The kernel's stages are compared with the reference's (scan.stages)
     with `compare_stages`, and for every case that fails or is non-finite where the kernel offers them. With `warmup`, the first call of the kernel for each shape (where a
     GPU compiles and autotunes) is made once before the timed one and timed apart: the case's
     `seconds` then leave it out, and `warmup_seconds` hold it. With `repeat` K > 1 the kernel runs K
-    times on identical inputs and the runs are compared bit for bit (a race shows as a difference)."""
+    times on identical inputs and the runs are compared bit for bit (a race shows as a difference). With
+    `serving`, the invariance checks (scan.invariance) run too and are folded into the verdict."""
     reason = case.skip_reason or kernel.skip_reason(case)
     if reason:
         return ScanResult(case, Status.SKIPPED, reason)
     start = time.perf_counter()
     result = _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
-                  allow_nondeterministic, compare_stages)
+                  allow_nondeterministic, compare_stages, serving)
     result.seconds = time.perf_counter() - start - (result.warmup_seconds or 0.0)
     return result
 
 
 def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
-         allow_nondeterministic, compare_stages) -> ScanResult:
+         allow_nondeterministic, compare_stages, serving) -> ScanResult:
     try:
         inputs = REGIMES[case.regime].generate(
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
@@ -194,7 +196,30 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         result.stdout = transcript.text
         if failed:
             result.message += f"; {stages.describe(result.stages)}"
+    if serving is not None:
+        checks = _serving_calls(serving, kernel, case, storage, allow_tf32, tolerance, transcript, device)
+        result.invariance = invariance.run_checks(checks, inputs, case.chunk_size, case.seed, out, ref,
+                                                  result.baseline)
+        invariance.combine(result)
+        result.stdout = transcript.text
     return result
+
+
+def _serving_calls(options: invariance.Options, kernel: ScanAdapter, case: ScanCase, storage: torch.dtype,
+                   allow_tf32: bool, tolerance: Tolerance, transcript, device: str) -> invariance.Serving:
+    """The calls the invariance checks make, bound to this case."""
+    from ssmcheck.drift.adapter import torch_state_update  # noqa: PLC0415 (plain PyTorch: the decode baseline)
+
+    decode = options.decode
+    return invariance.Serving(
+        scan=lambda inputs: _calls(kernel, inputs, case, transcript, device, 1)[0],
+        baseline=lambda inputs: baseline(inputs, case, storage, allow_tf32)[:2],
+        decode=None if decode is None else lambda state, arguments, seed: decode.update(
+            state, arguments, case.rounding, seed, "prefill→decode", transcript),
+        baseline_decode=lambda state, arguments, seed: torch_state_update(
+            state, **arguments, rounding=case.rounding, seed=seed),
+        tolerance=tolerance, batch_exact=options.batch_exact, decode_skip=options.decode_skip,
+    )
 
 
 def _baseline_group_errors(base, inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
@@ -288,12 +313,29 @@ class ScanRunner:
     allow_nondeterministic: bool = False  # the kernel declares itself nondeterministic: judge its spread
     stages: bool = False  # compare every case's SSD stages (failing cases' always are, where the kernel offers them)
     repro: str | None = None  # write a shrunk reproducer of each failing case into this folder (scan.repro)
+    invariance: bool = False  # run the serving-shaped checks (scan.invariance)
+    batch_exact: bool = True  # batch invariance bit for bit (else within the tolerance rule)
+    decode_kernel: str | Callable | None = None  # the state update the prefill→decode check decodes with
 
     def adapter(self) -> ScanAdapter:
         """The kernel's adapter, resolved once per process. Raises core.callables.KernelSpecError."""
         if self not in _ADAPTERS:
             _ADAPTERS[self] = resolve(self.kernel, self.interpreter, self.state_dtype_given)
         return _ADAPTERS[self]
+
+    def serving(self) -> invariance.Options | None:
+        """What the invariance checks need beyond the case (None without --invariance); the decode kernel is
+        resolved once per process. Raises core.callables.KernelSpecError."""
+        if not self.invariance:
+            return None
+        if self not in _DECODERS:
+            from ssmcheck.drift.adapter import resolve as resolve_decode  # noqa: PLC0415
+            from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS  # noqa: PLC0415
+
+            _DECODERS[self] = None if self.decode_kernel is None else resolve_decode(
+                self.decode_kernel, DEFAULT_PHILOX_ROUNDS, "software", self.interpreter)
+        decode = _DECODERS[self]
+        return invariance.Options(self.batch_exact, decode, "" if decode else "no state-update kernel to decode with")
 
     def autotuned(self) -> list:
         """The kernel's autotuned functions (core.autotune), found once per process."""
@@ -323,7 +365,7 @@ class ScanRunner:
 
     def _run(self, case: ScanCase) -> ScanResult:
         return run_case(case, self.adapter(), self.tolerance, self.reference, self.device, self.allow_tf32,
-                        self.warmup, self.repeat, self.allow_nondeterministic, self.stages)
+                        self.warmup, self.repeat, self.allow_nondeterministic, self.stages, self.serving())
 
     def failed(self, case: ScanCase, message: str, seconds: float) -> ScanResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""
@@ -333,3 +375,4 @@ class ScanRunner:
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
 _ADAPTERS: dict[ScanRunner, ScanAdapter] = {}
 _TUNED: dict[ScanRunner, list] = {}
+_DECODERS: dict[ScanRunner, object] = {}

@@ -21,6 +21,8 @@ from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 
 REFERENCES = ("fp64", "fp32")
+# --batch-invariance: a sequence alone and packed give the same bits, or agree within the tolerance rule.
+BATCH_INVARIANCE = ("exact", "tolerance")
 
 
 TABLE = CommandTable(
@@ -52,6 +54,9 @@ TABLE = CommandTable(
         "allow_nondeterministic": Setting(sweep.parse_flag, False),
         "stages": Setting(sweep.parse_flag, False),
         "repro": Setting(sweep.parse_folder, None),
+        "invariance": Setting(sweep.parse_flag, False),
+        "batch_invariance": Setting(sweep.parse_choice(BATCH_INVARIANCE), "exact"),
+        "decode_kernel": Setting(lambda label, value: value, None),
     },
     overrides=True,
 )
@@ -70,6 +75,9 @@ class ScanSettings:
     allow_nondeterministic: bool = False
     stages: bool = False  # compare every case's SSD stages with the reference's (scan.stages)
     repro: str | None = None  # the folder --repro writes each failing case's reproducer into (scan.repro)
+    invariance: bool = False  # the serving-shaped checks (scan.invariance)
+    batch_invariance: str = "exact"
+    decode_kernel: str | None = None  # the state update of the prefill→decode check (None: the kernel's partner)
 
     @property
     def axes(self) -> dict[str, list]:
@@ -94,7 +102,8 @@ def resolve(cli: dict, preset: dict, preset_name: str) -> ScanSettings:
         spec=resolved, reference=s["reference"], tolerance=Tolerance(s["tol_factor"], s["floor"], s["rtol"]),
         seed=s["seed"], fail_on=s["fail_on"], allow_tf32=s["allow_tf32"], repeat=s["repeat"],
         allow_nondeterministic=s["allow_nondeterministic"], configs=s["configs"], stages=s["stages"],
-        repro=s["repro"],
+        repro=s["repro"], invariance=s["invariance"], batch_invariance=s["batch_invariance"],
+        decode_kernel=s["decode_kernel"],
     )
 
 

@@ -87,6 +87,14 @@ def _time(result: ScanResult) -> str:
     return f"{result.seconds:.2f}s{warm}"
 
 
+INVARIANCE_MARKS = {Status.PASS: "✓", Status.FAIL: "✗", Status.NONFINITE: "NaN", Status.ERROR: "!", Status.SKIPPED: "–"}
+
+
+def _invariance(result: ScanResult) -> str:
+    """Each invariance check's initial and outcome: `b✓ s✗ d–` (batch, split, prefill_decode)."""
+    return " ".join(f"{c.name[0]}{INVARIANCE_MARKS[c.status]}" for c in result.invariance)
+
+
 PARAMS = 6  # the rank of the parameter columns: dropped first, the case id then shows them
 # In display order; rank is importance (0: always shown; the highest rank is dropped first).
 COLUMNS: tuple[Column[ScanResult], ...] = (
@@ -103,6 +111,7 @@ COLUMNS: tuple[Column[ScanResult], ...] = (
     Column("y err", lambda r: format_error(r.kernel.y.rel) if r.kernel else "-", 1, "right"),
     Column("state err", lambda r: format_error(r.kernel.states.rel) if r.kernel else "-", 2, "right"),
     Column("ratio", _ratio, 0, "right"),
+    Column("invariance", _invariance, 3),
     Column("first non-finite", _location, 3),
     Column("drift per chunk", _drift, 5),
     Column("time", _time, 4, "right"),
@@ -111,8 +120,9 @@ COLUMNS: tuple[Column[ScanResult], ...] = (
 
 def results_table(console: Console, results: list[ScanResult]) -> Table:
     """The table for `console.width`: the least important columns dropped until it fits."""
-    tuned = any(r.case.config is not None for r in results)
-    return fitted_table(console, [c for c in COLUMNS if c.header != "config" or tuned], results)
+    shown = {"config": any(r.case.config is not None for r in results),
+             "invariance": any(r.invariance for r in results)}
+    return fitted_table(console, [c for c in COLUMNS if shown.get(c.header, True)], results)
 
 
 def case_line(result: ScanResult) -> str:

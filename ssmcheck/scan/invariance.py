@@ -1,0 +1,271 @@
+"""The serving-shaped checks of a scan case (--invariance), each a verdict of its own:
+
+- batch: each sequence run alone gives the same y and final state as when packed with the case's other
+  sequences: bitwise, or (declared with --batch-invariance tolerance) within the tolerance rule, the
+  difference measured against the reference's norm and limited by the baseline's error;
+- split: each sequence cut in two at a random token (mid-chunk where it can be), the second part started
+  from the state the first part returned, as a chunked prefill runs it; the split run's y and final
+  states are judged against the float64 reference by the tolerance rule, with the baseline split alike;
+- prefill_decode: each sequence longer than DECODE_STEPS tokens is prefilled with the chunk scan up to its
+  last DECODE_STEPS tokens, which the state-update kernel then decodes from the returned states; the
+  decoded y (the hand-off step's on its own) and the final states are judged against the float64
+  recurrence over all the tokens, with the baseline (its own prefill, then plain-PyTorch steps) alike.
+
+How they combine with the case (`combine`): the case's status is the most severe of its own and its
+checks' (nonfinite, then error, then fail), and its message names each check that did not pass. A check
+that cannot run for the case or the kernel is skipped with the reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ssmcheck.core import sweep
+from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import bits, same_bits
+from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
+from ssmcheck.scan import measure
+from ssmcheck.scan.inputs import ScanInputs
+from ssmcheck.scan.results import Comparison, InvarianceCheck, ScanResult
+from ssmcheck.scan.sequences import Piece, initial_state_of, packed, scattered, split_points, unpacked, whole_sequences
+
+BATCH, SPLIT, PREFILL_DECODE = "batch", "split", "prefill_decode"
+TITLES = {BATCH: "batch invariance", SPLIT: "split invariance", PREFILL_DECODE: "prefill→decode"}
+# Tokens each sequence decodes after its prefill.
+DECODE_STEPS = 4
+# The order of severity, as the exit code ranks them (core.status).
+_SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
+
+Outputs = tuple[torch.Tensor, torch.Tensor]  # (y, states: one per sequence)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The settings of the checks, as the runner holds them."""
+
+    batch_exact: bool  # batch invariance bit for bit (else within the tolerance rule)
+    decode: object | None  # the state-update kernel's drift.adapter.DriftAdapter (None: none to decode with)
+    decode_skip: str = ""  # why there is none
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the checks call: the kernel under test, the same-precision baseline and the decode step."""
+
+    scan: Callable[[ScanInputs], Outputs]  # the chunk-scan kernel under test
+    baseline: Callable[[ScanInputs], Outputs]  # the baseline, its states stored as the kernel's are judged
+    # (state, selective_state_update arguments, seed) -> out, updating state in place; None: no state update
+    decode: Callable[[torch.Tensor, dict, int], torch.Tensor] | None
+    baseline_decode: Callable[[torch.Tensor, dict, int], torch.Tensor]
+    tolerance: Tolerance
+    batch_exact: bool  # batch invariance bit for bit (else within the tolerance rule)
+    decode_skip: str = ""  # why there is no state update to decode with
+
+
+def run_checks(serving: Serving, inputs: ScanInputs, chunk_size: int, seed: int, out: Outputs, ref,
+               base: Comparison) -> list[InvarianceCheck]:
+    """The three checks of a case whose kernel run gave `out`, against the reference `ref` (y, states)."""
+    checks = []
+    for name, check in ((BATCH, _batch), (SPLIT, _split), (PREFILL_DECODE, _prefill_decode)):
+        try:
+            checks.append(check(serving, inputs, chunk_size, seed, out, ref, base))
+        except Raised as exc:
+            checks.append(InvarianceCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}"))
+    return checks
+
+
+class Raised(Exception):
+    """A kernel (or the baseline) raised during a check: the check's error, with what raised it."""
+
+
+def combine(result: ScanResult) -> None:
+    """Fold the invariance checks into the case's status and message (see the module docstring)."""
+    statuses = [result.status] + [c.status for c in result.invariance if c.status is not Status.SKIPPED]
+    result.status = next(s for s in _SEVERITY if s in statuses)
+    words = [c.message for c in result.invariance if c.status not in (Status.PASS, Status.SKIPPED)]
+    result.message = "; ".join(([result.message] if result.message else []) + words)
+
+
+def _called(what: str, fn: Callable, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 (the check's error, as a kernel failure is the case's)
+        raise Raised(f"the {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------- batch
+
+
+def _batch(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs, ref, base: Comparison):
+    pieces = whole_sequences(inputs)
+    if len(pieces) == 1:
+        return InvarianceCheck(BATCH, Status.SKIPPED, "one sequence: nothing is packed with it")
+    worst = {"sequence": None, "y_rel": 0.0, "state_rel": 0.0, "max_abs": 0.0}
+    differs = nonfinite = None
+    for piece in pieces:
+        y, states = _called("kernel (a sequence alone)", serving.scan,
+                            packed(inputs, [piece], initial_state_of(inputs, piece.sequence)))
+        alone = (y[0], states[0])
+        together = (out[0][piece.row, piece.start:piece.stop], out[1][piece.sequence])
+        truth = (ref[0][piece.row, piece.start:piece.stop], ref[1][piece.sequence])
+        if nonfinite is None and any(measure.nonfinite_mask(a, t).any() for a, t in zip(alone, truth)):
+            nonfinite = piece.sequence
+        rels = [_rel(a - b, t) for a, b, t in zip(alone, together, truth)]
+        gap = max(float((a.double() - b.double()).abs().nan_to_num(math.inf).max()) for a, b in zip(alone, together))
+        if differs is None and not all(same_bits(a, b) for a, b in zip(alone, together)):
+            differs = (piece.sequence, _first_token(alone[0], together[0]))
+        if max(rels) > max(worst["y_rel"], worst["state_rel"]) or worst["sequence"] is None:
+            worst = {"sequence": piece.sequence, "y_rel": rels[0], "state_rel": rels[1], "max_abs": gap}
+    figures = {"sequences": len(pieces), "identical": differs is None, "mode": "exact" if serving.batch_exact
+               else "tolerance", "first_difference": None if differs is None else
+               {"sequence": differs[0], "token": differs[1]}, "worst": worst}
+    if nonfinite is not None:
+        return InvarianceCheck(BATCH, Status.NONFINITE, f"batch invariance: sequence {nonfinite} run alone is "
+                               "non-finite where the reference is finite", figures)
+    if differs is None:
+        return InvarianceCheck(BATCH, Status.PASS, "", figures)
+    where = f"sequence {differs[0]} run alone differs from its packed run" + (
+        f" in y from token {differs[1]}" if differs[1] is not None else " in its final state")
+    sizes = (f"(worst: sequence {worst['sequence']}, y {worst['y_rel']:.3g}, state {worst['state_rel']:.3g} "
+             f"of the reference's norm, max |Δ| {worst['max_abs']:.3g})")
+    if serving.batch_exact:
+        return InvarianceCheck(BATCH, Status.FAIL, f"batch invariance: {where} {sizes}", figures)
+    failed = _over(serving.tolerance, [("y", worst["y_rel"], base.y.rel),
+                                       ("state", worst["state_rel"], base.states.rel)])
+    if failed:
+        return InvarianceCheck(BATCH, Status.FAIL, f"batch invariance: {where}: {failed}", figures)
+    return InvarianceCheck(BATCH, Status.PASS, "", figures)
+
+
+def _rel(diff: torch.Tensor, truth: torch.Tensor) -> float:
+    num = torch.linalg.vector_norm(diff.double().nan_to_num(math.inf)).item()
+    den = torch.linalg.vector_norm(truth.double()).item()
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _first_token(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The first token (dim 0) where two y differ bit for bit (None: they are the same)."""
+    rows = (bits(a) != bits(b)).flatten(1).any(1).nonzero()
+    return int(rows[0]) if len(rows) else None
+
+
+def _over(tolerance: Tolerance, figures: list[tuple[str, float, float]]) -> str:
+    """The figures (name, error, baseline error) over the tolerance rule's limit, in words ("" if none)."""
+    rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
+    failed = [f"{name} error {err:.3g} > limit {tolerance_limit(b, *rule):.3g}"
+              for name, err, b in figures if not within_tolerance(err, b, *rule)]
+    return "; ".join(failed) + f" ({tolerance_rule(tolerance)})" if failed else ""
+
+
+# ---------------------------------------------------------------------------- split
+
+
+def _split(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs, ref, base):
+    generator = torch.Generator().manual_seed(sweep.case_seed(seed, {"check": SPLIT}))
+    points = split_points(inputs, chunk_size, generator)
+    if not any(points):
+        return InvarianceCheck(SPLIT, Status.SKIPPED, "every sequence is one token long: nothing to split")
+    wholes = whole_sequences(inputs)
+    firsts = [Piece(p.sequence, p.row, p.start, p.start + c) if c else p for p, c in zip(wholes, points)]
+    seconds = [Piece(p.sequence, p.row, p.start + c, p.stop) for p, c in zip(wholes, points) if c]
+    runs = {}
+    for who, fn in (("kernel", serving.scan), ("baseline", serving.baseline)):
+        first_in = packed(inputs, firsts, inputs.initial_states)
+        y1, states1 = _called(f"{who} (first part)", fn, first_in)
+        continuing = [i for i, c in enumerate(points) if c]
+        second_in = packed(inputs, seconds, states1[continuing])
+        y2, states2 = _called(f"{who} (second part, from the first part's states)", fn, second_in)
+        y = scattered(inputs, list(zip(firsts, unpacked(first_in, y1, firsts)))
+                      + list(zip(seconds, unpacked(second_in, y2, seconds))))
+        states = states1.clone()
+        states[continuing] = states2.to(states.dtype)
+        runs[who] = (y, states)
+    y, states = runs["kernel"]
+    errors = {who: (measure.error_stats(r[0], ref[0]).rel, measure.error_stats(r[1], ref[1]).rel)
+              for who, r in runs.items()}
+    figures = {"points": points, "y_rel": errors["kernel"][0], "state_rel": errors["kernel"][1],
+               "baseline_y_rel": errors["baseline"][0], "baseline_state_rel": errors["baseline"][1],
+               "unsplit_y_rel": _rel(y - out[0], ref[0])}
+    where = f"cut at {_points_text(points)}"
+    if measure.nonfinite_mask(y, ref[0]).any() or measure.nonfinite_mask(states, ref[1]).any():
+        return InvarianceCheck(SPLIT, Status.NONFINITE, f"split invariance: non-finite output ({where})", figures)
+    kernel, baseline = errors["kernel"], errors["baseline"]
+    failed = _over(serving.tolerance, [("y", kernel[0], baseline[0]), ("state", kernel[1], baseline[1])])
+    if failed:
+        return InvarianceCheck(SPLIT, Status.FAIL, f"split invariance ({where}): {failed}", figures)
+    return InvarianceCheck(SPLIT, Status.PASS, "", figures)
+
+
+def _points_text(points: list[int]) -> str:
+    shown = ", ".join(map(str, points[:8])) + (", ..." if len(points) > 8 else "")
+    return f"token {shown}" if len(points) == 1 else f"tokens {shown} (per sequence{'; 0: not cut' if 0 in points else ''})"
+
+
+# ---------------------------------------------------------------------------- prefill -> decode
+
+
+def _prefill_decode(serving: Serving, inputs: ScanInputs, chunk_size, seed, out, ref, base):
+    if serving.decode is None:
+        return InvarianceCheck(PREFILL_DECODE, Status.SKIPPED, serving.decode_skip)
+    if tuple(inputs.dt_limit) != (0.0, math.inf):
+        return InvarianceCheck(PREFILL_DECODE, Status.SKIPPED, "the state update takes no dt_limit")
+    wholes = [p for p in whole_sequences(inputs) if p.length > DECODE_STEPS]
+    if not wholes:
+        return InvarianceCheck(PREFILL_DECODE, Status.SKIPPED, f"no sequence is longer than {DECODE_STEPS} tokens")
+    prefills = [Piece(p.sequence, p.row, p.start, p.stop - DECODE_STEPS) for p in wholes]
+    initial = None if inputs.initial_states is None else inputs.initial_states[[p.sequence for p in wholes]]
+    prefill_in = packed(inputs, prefills, initial)
+    sequences = [p.sequence for p in wholes]
+    truth_y = torch.stack([ref[0][p.row, p.stop - DECODE_STEPS:p.stop] for p in wholes])
+    runs = {}
+    for who, scan, step in (("kernel", serving.scan, serving.decode), ("baseline", serving.baseline,
+                                                                          serving.baseline_decode)):
+        state = _called(f"{who} (the prefill)", scan, prefill_in)[1].clone()
+        ys = []
+        for n in range(DECODE_STEPS):
+            arguments = _decode_arguments(inputs, wholes, n)
+            step_seed = sweep.case_seed(seed, {"check": PREFILL_DECODE, "step": n})
+            ys.append(_called(f"{who} state update (decode step {n + 1})", step, state, arguments, step_seed))
+        runs[who] = (torch.stack(ys, 1), state)
+    errors = {who: (measure.error_stats(y[:, 0], truth_y[:, 0]).rel, measure.error_stats(y, truth_y).rel,
+                    measure.error_stats(state, ref[1][sequences]).rel) for who, (y, state) in runs.items()}
+    figures = {"sequences": len(wholes), "decode_steps": DECODE_STEPS, "handoff_y_rel": errors["kernel"][0],
+               "y_rel": errors["kernel"][1], "state_rel": errors["kernel"][2],
+               "baseline_handoff_y_rel": errors["baseline"][0], "baseline_y_rel": errors["baseline"][1],
+               "baseline_state_rel": errors["baseline"][2]}
+    y, state = runs["kernel"]
+    bad_steps = measure.nonfinite_mask(y, truth_y).flatten(2).any(-1).any(0).nonzero()
+    if len(bad_steps) or measure.nonfinite_mask(state, ref[1][sequences]).any():
+        at = f"y from decode step {int(bad_steps[0]) + 1}" if len(bad_steps) else "the states after decoding"
+        return InvarianceCheck(PREFILL_DECODE, Status.NONFINITE, f"prefill→decode: {at} non-finite", figures)
+    names = ("hand-off step y", "decoded y", "state after decoding")
+    failed = _over(serving.tolerance, [(name, errors["kernel"][i], errors["baseline"][i])
+                                       for i, name in enumerate(names)])
+    if failed:
+        return InvarianceCheck(PREFILL_DECODE, Status.FAIL, f"prefill→decode: {failed}", figures)
+    return InvarianceCheck(PREFILL_DECODE, Status.PASS, "", figures)
+
+
+def _decode_arguments(inputs: ScanInputs, pieces: list[Piece], n: int) -> dict:
+    """The selective_state_update arguments of decode step n (0-based) of each piece's last tokens:
+    per-head parameters expanded as Mamba2 passes them (stride-0 views)."""
+    nheads, headdim = inputs.x.shape[2:]
+    dstate = inputs.B.shape[-1]
+
+    def token(t: torch.Tensor) -> torch.Tensor:
+        return torch.stack([t[p.row, p.stop - DECODE_STEPS + n] for p in pieces])
+
+    def per_channel(t: torch.Tensor | None) -> torch.Tensor | None:
+        return t if t is None or t.dim() == 2 else t[:, None].expand(nheads, headdim)
+
+    return {
+        "x": token(inputs.x), "dt": token(inputs.dt)[..., None].expand(len(pieces), nheads, headdim),
+        "A": inputs.A[:, None, None].expand(nheads, headdim, dstate), "B": token(inputs.B), "C": token(inputs.C),
+        "D": per_channel(inputs.D),
+        "z": None if inputs.z is None else token(inputs.z), "dt_bias": per_channel(inputs.dt_bias),
+        "dt_softplus": inputs.dt_softplus,
+    }

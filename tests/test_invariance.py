@@ -1,0 +1,159 @@
+"""`ssmcheck scan --invariance` as users run it: the built-in kernels pass the serving-shaped checks, and each
+check catches the planted bug of its class (tests/serving_kernels.py); plus the cutting of inputs it rests on."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from cli_invoke import assert_usage_error, invoke
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck.scan.inputs import ScanShape
+from ssmcheck.scan.regimes import REGIMES
+from ssmcheck.scan.sequences import Piece, packed, scattered, split_points, unpacked, whole_sequences
+
+SERVING = str(Path(__file__).with_name("serving_kernels.py"))
+SMOKE = ["--preset", "smoke", "--invariance"]
+
+
+def scan(*args, json_path=None):
+    return invoke("scan", *args, json_path=json_path)
+
+
+def checks(report) -> list[dict]:
+    return [case["invariance"] for case in report["cases"]]
+
+
+def test_the_builtin_kernels_pass_every_check_of_the_smoke_preset(tmp_path):
+    result, report = scan(*SMOKE, json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert report["summary"]["pass"] == 8 and report["settings"]["decode_kernel"] == "builtin"
+    ran = {name: 0 for name in ("batch", "split", "prefill_decode")}
+    for case in checks(report):
+        for name, check in case.items():
+            assert check["status"] in ("pass", "skipped"), check
+            ran[name] += check["status"] == "pass"
+    # The built-in scan is bitwise batch-invariant: each sequence alone gives the packed run's bits.
+    assert all(c["batch"]["identical"] for c in checks(report) if c["batch"]["status"] == "pass")
+    # batch 1 (long) has nothing to pack; long's dt_limit cannot be told to the state update.
+    assert ran == {"batch": 7, "split": 8, "prefill_decode": 7}, ran
+    assert "b✓ s✓ p✓" in result.stdout
+
+
+def test_batch_invariance_catches_outputs_that_depend_on_batch_mates(tmp_path):
+    result, report = scan(*SMOKE, "--kernel", f"{SERVING}:batch_dependent", "--regime", "normal,ragged",
+                          "--dtype", "fp32", json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    for case in report["cases"]:
+        assert case["status"] == "fail" and case["message"].startswith("batch invariance: sequence 0 run alone")
+        assert case["error"]["worst_ratio"] < 2  # the plain check passes it: its errors are the baseline's size
+        batch = case["invariance"]["batch"]
+        assert batch["status"] == "fail" and not batch["identical"] and batch["worst"]["max_abs"] > 0
+        assert case["invariance"]["split"]["status"] == case["invariance"]["prefill_decode"]["status"] == "pass"
+
+
+def test_declared_batch_variance_is_judged_by_the_tolerance_rule(tmp_path):
+    result, report = scan(*SMOKE, "--kernel", f"{SERVING}:batch_dependent", "--regime", "normal", "--dtype", "fp32",
+                          "--batch-invariance", "tolerance", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    batch = report["cases"][0]["invariance"]["batch"]
+    assert batch["mode"] == "tolerance" and not batch["identical"] and 0 < batch["worst"]["y_rel"] < 1e-5
+
+
+def test_split_invariance_catches_a_continuation_that_ignores_its_state_mid_chunk(tmp_path):
+    result, report = scan(*SMOKE, "--kernel", f"{SERVING}:ignores_midchunk_initial_state", "--regime", "ragged",
+                          "--batch", "4", json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    case = report["cases"][0]
+    split = case["invariance"]["split"]
+    assert case["error"]["worst_ratio"] < 2 and split["status"] == "fail"
+    assert case["message"].startswith("split invariance (cut at tokens")
+    assert split["y_rel"] > 2 * split["baseline_y_rel"] and split["state_rel"] > 2 * split["baseline_state_rel"]
+    assert any(p % 16 for p in split["points"])  # cut mid-chunk
+
+
+def test_prefill_decode_catches_a_decode_that_disagrees_with_the_prefill(tmp_path):
+    result, report = scan(*SMOKE, "--decode-kernel", f"{SERVING}:decode_ignores_z", "--regime", "normal",
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    case = report["cases"][0]
+    decode = case["invariance"]["prefill_decode"]
+    assert decode["status"] == "fail" and case["message"].startswith("prefill→decode: hand-off step y error")
+    assert decode["handoff_y_rel"] > 100 * decode["baseline_handoff_y_rel"] and decode["decode_steps"] == 4
+    assert report["settings"]["decode_kernel"].endswith("decode_ignores_z")
+    assert "p✗" in result.stdout
+
+
+def test_invariance_is_off_unless_asked(tmp_path):
+    result, report = scan("--preset", "smoke", "--regime", "normal", "--kernel", "torch", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0 and report["cases"][0]["invariance"] is None
+    assert "invariance" not in result.stdout and report["settings"]["decode_kernel"] is None
+
+
+def test_the_thorough_preset_runs_the_checks():
+    from ssmcheck.core.presets import load_preset
+
+    assert load_preset("thorough", "scan")["invariance"] is True
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--invariance=yes"], "--invariance"),
+    (["--invariance", "--batch-invariance", "fuzzy"], "fuzzy"),
+    (["--batch-invariance", "tolerance"], "--batch-invariance tolerance"),
+    (["--decode-kernel", "builtin"], "--decode-kernel builtin"),
+    (["--invariance", "--decode-kernel", "nowhere.py:step"], "--decode-kernel 'nowhere.py:step'"),
+])
+def test_usage_errors(args, named):
+    assert_usage_error(scan("--preset", "smoke", *args)[0], named)
+
+
+def test_a_preset_value_that_is_no_flag_is_a_usage_error(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text('[scan]\ninvariance = "yes"\n')
+    assert_usage_error(scan("--preset", str(preset))[0], "invariance: invalid value 'yes'")
+
+
+def test_help_documents_the_options():
+    text = scan("--help")[0].stdout
+    for option in ("--invariance", "--batch-invariance", "--decode-kernel"):
+        assert option in text
+
+
+# ---------------------------------------------------------------------------- cutting the inputs
+
+
+def _inputs(regime: str, batch: int, seqlen: int, chunk: int, seed: int):
+    return REGIMES[regime].generate(ScanShape(batch, seqlen, 2, 4, 4, 1, chunk), torch.float32, seed)
+
+
+@settings(max_examples=25, deadline=None)
+@given(regime=st.sampled_from(["normal", "ragged", "initial-state"]), batch=st.integers(1, 5),
+       seqlen=st.integers(2, 40), chunk=st.sampled_from([4, 16]), seed=st.integers(0, 2**31 - 1))
+def test_pieces_pack_and_scatter_back_to_the_case(regime, batch, seqlen, chunk, seed):
+    inputs = _inputs(regime, batch, seqlen, chunk, seed)
+    points = split_points(inputs, chunk, torch.Generator().manual_seed(seed))
+    wholes = whole_sequences(inputs)
+    assert sum(p.length for p in wholes) == inputs.x.shape[0] * inputs.x.shape[1]
+    for piece, cut in zip(wholes, points):
+        assert 0 <= cut < piece.length and (cut > 0) == (piece.length > 1)
+        assert cut == 0 or cut % chunk  # mid-chunk: a sequence of two tokens or more has such a point
+    firsts = [Piece(p.sequence, p.row, p.start, p.start + c) if c else p for p, c in zip(wholes, points)]
+    seconds = [Piece(p.sequence, p.row, p.start + c, p.stop) for p, c in zip(wholes, points) if c]
+    pieces_y = []
+    for group in (firsts, seconds):
+        if group:
+            piece_inputs = packed(inputs, group, None)
+            assert piece_inputs.nsequences == len(group)
+            pieces_y += list(zip(group, unpacked(piece_inputs, piece_inputs.x, group)))
+    assert torch.equal(scattered(inputs, pieces_y), inputs.x)
+
+
+@pytest.mark.gpu
+def test_the_builtin_kernels_pass_every_check_on_the_gpu_at_model_widths(tmp_path):
+    result, report = scan("--invariance", "--model", "mamba2-2.7b,codestral-mamba-7b", "--dtype", "fp32,bf16,fp16",
+                          "--regime", "normal,ragged,initial-state,decay-extreme,large-magnitude", "--seqlen", "300,1000",
+                          "--batch", "3", "--device", "cuda", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert all(c["batch"]["status"] == c["split"]["status"] == c["prefill_decode"]["status"] == "pass"
+               for c in checks(report))
