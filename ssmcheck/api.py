@@ -28,6 +28,7 @@ from ssmcheck.plan import (  # noqa: F401 (the API's planning half: ssmcheck.api
     Plan,
     UsageError,
     check_case_timeout,
+    check_workers,
     plan_drift,
     plan_scan,
 )
@@ -87,15 +88,18 @@ def _case_report(command: str, case: dict) -> CaseReport:
 # ---------------------------------------------------------------------------- running
 
 
-def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
+def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None, workers: str | int | None = None,
         on_result: Callable[[object], None] = lambda result: None, advance: Callable[[], None] = lambda: None,
         ) -> Report:
-    """Run the plan's cases (in a worker process with `isolate`, where a case running past `case_timeout`
-    seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to `on_result` as it finishes. An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
+    """Run the plan's cases (in a worker process with `isolate`, or in `workers` of them at once, where a case
+    running past `case_timeout` seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to
+    `on_result` as it finishes; the Report holds them in the plan's order whatever order they finished in. An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
     then holds the cases that finished, `interrupted` names what stopped it, and its exit code is
     the interruption's."""
-    timeout = check_case_timeout(isolate, case_timeout)
-    outcome = execute(_results(plan, isolate, timeout, advance), on_result)
+    devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
+    timeout = check_case_timeout(devices is not None, case_timeout)
+    outcome = execute(_results(plan, devices, timeout, advance), on_result)
+    outcome.results = _in_sweep_order(outcome.results, plan.cases)
     statuses = [r.status for r in outcome.results]
     interrupted: Interrupted | None = outcome.interrupted
     code = interrupted.exit_code if interrupted else int(exit_code(statuses, plan.settings.fail_on))
@@ -103,32 +107,44 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
                         code, interrupted.reason if interrupted else None)
     data["settings"] = plan.report_settings
     data["seconds"] = outcome.seconds
+    if plan.shard is not None:
+        data["shard"] = plan.shard
     return Report(data, outcome.results)
 
 
-def _results(plan: Plan, isolate: bool, timeout: float | None, advance: Callable[[], None]):
-    if isolate:
+def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None]):
+    if devices is not None:
         from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
 
-        yield from run_isolated(plan.runner, plan.cases, timeout, advance)
+        yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices)
     else:
         for case in plan.cases:
             yield plan.runner(case, advance)
 
 
+def _in_sweep_order(results: list, cases: list) -> list:
+    """The results in their cases' order in the sweep (workers finish them in any order)."""
+    position: dict[str, int] = {}
+    for i, case in enumerate(cases):
+        position.setdefault(case.id, i)
+    return sorted(results, key=lambda result: position[result.case.id])
+
+
 def scan(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,
-         case: str | None = None, isolate: bool = False, case_timeout: float | None = None, **options) -> Report:
+         case: str | None = None, isolate: bool = False, case_timeout: float | None = None,
+         workers: str | int | None = None, **options) -> Report:
     """Run a chunk-scan sweep and return its Report (see the module docstring). Ctrl-C raises
     KeyboardInterrupt after the running case, as any library call would."""
     plan = plan_scan(kernel, preset, device=device, case=case, **options)
-    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout))
+    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers))
 
 
 def drift(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,
-          case: str | None = None, isolate: bool = False, case_timeout: float | None = None, **options) -> Report:
+          case: str | None = None, isolate: bool = False, case_timeout: float | None = None,
+          workers: str | int | None = None, **options) -> Report:
     """Run a decode-drift sweep and return its Report (see the module docstring)."""
     plan = plan_drift(kernel, preset, device=device, case=case, **options)
-    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout))
+    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers))
 
 
 def _interruptible(report: Report) -> Report:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from ssmcheck.core import config, runtime
 from ssmcheck.core.callables import KernelSpecError, kernel_name
+from ssmcheck.core.shard import parse_shard
 from ssmcheck.core.sweep import SweepError, parse_number
+from ssmcheck.core.workers import worker_devices
 
 # The default case timeout of isolated runs: long enough for the slowest preset case on a CPU.
 DEFAULT_CASE_TIMEOUT = 1800.0
@@ -38,11 +40,13 @@ class Plan:
     files: list[str]  # the configuration files read
     case_json: Callable  # result -> the case's JSON dict
     progress_units: Callable  # case -> units of progress it counts (drift: decode steps)
+    shard: dict | None = None  # with --shard K/N: the report's `shard` field (core.shard)
 
 
 def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
-              case: str | None = None, from_report: str | Path | None = None, **options) -> Plan:
-    """Resolve a `scan` sweep. Raises UsageError."""
+              case: str | None = None, from_report: str | Path | None = None, shard: str | None = None,
+              **options) -> Plan:
+    """Resolve a `scan` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError."""
     env = _configure(device)
     from ssmcheck.scan import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
     from ssmcheck.scan.json import case_json  # noqa: PLC0415
@@ -65,7 +69,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     if settings.configs == "all":
         cases = _every_config(cases, runner.autotuned())
     tol = settings.tolerance
-    return Plan(
+    return _sharded(shard, Plan(
         "scan", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
@@ -74,13 +78,13 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "stages": settings.stages, "repro": settings.repro,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 1,
-    )
+    ))
 
 
 def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
                case: str | None = None, from_report: str | Path | None = None, philox_rounds: int = 10,
-               rounding_impl: str = "software", **options) -> Plan:
-    """Resolve a `drift` sweep. Raises UsageError."""
+               rounding_impl: str = "software", shard: str | None = None, **options) -> Plan:
+    """Resolve a `drift` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError."""
     env = _configure(device)
     from ssmcheck.drift import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
     from ssmcheck.drift.json import case_json  # noqa: PLC0415
@@ -108,14 +112,25 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         # declare (--rounding); a preset's list of modes declares nothing about this kernel.
         settings.axes["rounding"] = ["nearest"]
     tol = settings.tolerance
-    return Plan(
+    return _sharded(shard, Plan(
         "drift", env, name, settings, cases(name), runner, {
             "preset": preset_name, "config_files": files, "steps": settings.steps, "trials": settings.trials,
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
             "fail_on": list(settings.fail_on), "philox_rounds": philox_rounds, "rounding_impl": rounding_impl,
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
-    )
+    ))
+
+
+def _sharded(text: str | None, plan: Plan) -> Plan:
+    """The plan's K-th of N slices of its cases (`--shard K/N`, core.shard), recorded for the report."""
+    if text is None:
+        return plan
+    try:
+        chosen = parse_shard("--shard", text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return replace(plan, cases=chosen.take(plan.cases), shard=chosen.record([c.id for c in plan.cases]))
 
 
 def _every_config(cases: list, tuned: list) -> list:
@@ -223,4 +238,14 @@ def check_case_timeout(isolate: bool, seconds: float | None) -> float | None:
     try:
         return parse_number("--case-timeout", seconds)
     except SweepError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_workers(workers: str | int | None, device: str) -> list[str | None] | None:
+    """The worker processes of `--workers` (core.workers: each one's GPU, None on the CPU); None without it."""
+    if workers is None:
+        return None
+    try:
+        return worker_devices("--workers", workers, device)
+    except ValueError as exc:
         raise UsageError(str(exc)) from None

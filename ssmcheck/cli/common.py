@@ -50,6 +50,16 @@ Isolate = Annotated[bool, typer.Option(
 CaseTimeout = Annotated[float, typer.Option(
     "--case-timeout", metavar="S", help="With --isolate: a case running past S seconds is an error (default 1800).",
 )]
+Shard = Annotated[str, typer.Option(
+    "--shard", metavar="K/N",
+    help="Run only the K-th of N slices of the sweep (case i, from 0 in the sweep's order, is in slice i mod N + 1), "
+         "for a CI matrix; `ssmcheck merge` joins the slices' --json reports into the whole sweep's.",
+)]
+Workers = Annotated[str, typer.Option(
+    "--workers", metavar="N|auto",
+    help="Run the cases in N worker processes at once (implies --isolate; auto: one per CPU core on the CPU, one "
+         "per GPU on a GPU host, each worker on its own GPU). Results and their order are a serial run's.",
+)]
 CaseId = Annotated[str, typer.Option("--case", metavar="ID", help="Run only the case with this id.")]
 FromReport = Annotated[Path, typer.Option(
     "--from", metavar="REPORT.json", help="With --case: take the case and the settings from this JSON report.",

@@ -71,6 +71,8 @@ def drift(
     from_report: cli_common.FromReport = None,
     isolate: cli_common.Isolate = False,
     case_timeout: cli_common.CaseTimeout = None,
+    shard: cli_common.Shard = None,
+    workers: cli_common.Workers = None,
     json_path: cli_common.JsonPath = None,
     jsonl_path: cli_common.JsonlPath = None,
     junit_path: cli_common.JunitPath = None,
@@ -85,10 +87,11 @@ def drift(
         tol_factor=tol_factor, rtol=rtol, fail_on=fail_on,
     )
     try:
-        plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report,
+        plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report, shard=shard,
                               philox_rounds=philox_rounds, rounding_impl=rounding_impl,
                               **{k: v for k, v in options.items() if v is not None})
-        timeout = api.check_case_timeout(isolate, case_timeout)
+        api.check_workers(workers, plan.env.device)
+        timeout = api.check_case_timeout(isolate or workers is not None, case_timeout)
     except api.UsageError as exc:
         usage_error(str(exc))
     from ssmcheck.drift import plot, table  # noqa: PLC0415 (after the plan has configured the device)
@@ -108,7 +111,7 @@ def drift(
         table.render(console, results, compare_rounding=implements_rounding)
 
     report, code = session.run_sweep(plan, out, files, render=render, case_line=table.case_line, quiet=quiet,
-                                     isolate=isolate, case_timeout=timeout, unit="steps", prefix="drift: ")
+                                     isolate=isolate, case_timeout=timeout, workers=workers, unit="steps", prefix="drift: ")
     if plot_path is not None and plot.plot_drift(report.results, plot_path) and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)
     raise typer.Exit(code)

@@ -68,7 +68,8 @@ def check_writable(option: str, path: Path | None) -> None:
 
 
 def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line: Callable, quiet: bool,
-              isolate: bool, case_timeout: float | None, unit: str | None = None, prefix: str = "") -> tuple:
+              isolate: bool, case_timeout: float | None, workers: str | None = None, unit: str | None = None,
+              prefix: str = "") -> tuple:
     """Run the plan (api.run), streaming each result to --jsonl and the log; then render the table, write
     the report files and print the summary line. Returns (the Report, the exit code)."""
     cases, size = plan.cases, plan.progress_units
@@ -95,7 +96,7 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
             if log_lines:
                 out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
 
-        report = api.run(plan, isolate=isolate, case_timeout=case_timeout, on_result=on_result,
+        report = api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers, on_result=on_result,
                          advance=lambda: progress.advance(task))
 
     if not quiet:
