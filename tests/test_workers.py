@@ -1,5 +1,6 @@
 """`--workers N`: cases in a pool of isolated worker processes give the serial run's report (verdicts,
-figures, the order of cases), lose only a crashing case, and give each worker its own GPU."""
+figures, the order of cases) and give each worker its own GPU; tests/test_isolation.py has a pool's crashes
+and tests/test_ci_gate.py its interruptions."""
 
 from __future__ import annotations
 
@@ -13,11 +14,8 @@ from cli_invoke import assert_usage_error, invoke
 from test_shards import without_timings
 
 from ssmcheck.core.isolation import run_isolated
-from ssmcheck.core.status import Status
 from ssmcheck.core.workers import worker_devices
-from tests.misbehaving_kernels import BY_BATCH
 from tests.pool_helpers import WhereRunner
-from tests.test_isolation import _scan
 
 HELPERS = Path(__file__).with_name("pool_helpers.py")
 
@@ -51,24 +49,6 @@ def test_a_bad_worker_count_is_a_usage_error(command, value):
     result, _ = invoke(command, "--preset", "smoke", "--workers", value)
     assert_usage_error(result, "--workers")
     assert repr(value) in result.stderr
-
-
-def test_a_crash_in_a_pool_costs_only_its_case():
-    assert BY_BATCH == {2: "segfault", 4: "exit", 6: "hang"}
-    runner, cases = _scan("1,2,3,4,5,6,7")
-    results = sorted(run_isolated(runner, cases, timeout=2, advance=lambda: None, devices=[None, None]),
-                     key=lambda r: cases.index(r.case))
-    assert [r.case for r in results] == cases
-    assert [(r.status, r.message) for r in results] == [
-        (Status.PASS, ""),
-        (Status.ERROR, "crashed: signal 11 (SIGSEGV)"),
-        (Status.PASS, ""),
-        (Status.ERROR, "exited with code 0 without a result"),
-        (Status.PASS, ""),
-        (Status.ERROR, "timed out after 2 s"),
-        (Status.PASS, ""),
-    ]
-    assert multiprocessing.active_children() == []
 
 
 def test_each_worker_is_started_with_its_own_gpu():
