@@ -1,8 +1,9 @@
 """Running cases in a worker process, so that a case that crashes, exits or hangs costs only itself.
 
-One worker, started with the `spawn` context (a forked CUDA context is unusable), runs the
-cases one after another: a process per case would import torch and triton per case, seconds
-each. The runner (scan.run.ScanRunner, drift.run.DriftRunner) is a picklable value that the
+A worker, started with the `spawn` context (a forked CUDA context is unusable), runs cases one
+after another: a process per case would import torch and triton per case, seconds each. With
+`--workers` several run at once, each taking the next case when it is free (core.workers gives each
+its GPU). The runner (scan.run.ScanRunner, drift.run.DriftRunner) is a picklable value that the
 worker turns back into the kernel's adapter.
 
 The protocol, over one duplex pipe, every message a plain pickle (never torch's shared-memory
