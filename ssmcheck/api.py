@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import Interrupted, execute
 from ssmcheck.core.report import build_report, json_safe
 from ssmcheck.core.status import exit_code, summarize
+from ssmcheck.core.workers import rank_gpu
 from ssmcheck.plan import (  # noqa: F401 (the API's planning half: ssmcheck.api.plan_scan, ...)
     DEFAULT_CASE_TIMEOUT,
     Plan,
@@ -98,7 +100,11 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
     the interruption's."""
     devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
     timeout = check_case_timeout(devices is not None, case_timeout)
-    outcome = execute(_results(plan, devices, timeout, advance), on_result)
+    ranks = launch.from_environment()
+    if ranks is None:
+        outcome = execute(_results(plan, devices, timeout, advance), on_result)
+    else:
+        outcome = _run_ranked(plan, ranks, devices, timeout, advance, on_result)
     outcome.results = _in_sweep_order(outcome.results, plan.cases)
     statuses = [r.status for r in outcome.results]
     interrupted: Interrupted | None = outcome.interrupted
@@ -109,6 +115,8 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
     data["seconds"] = outcome.seconds
     if plan.shard is not None:
         data["shard"] = plan.shard
+    if ranks is not None:
+        data["ranks"] = ranks.world_size
     return Report(data, outcome.results)
 
 
@@ -120,6 +128,26 @@ def _results(plan: Plan, devices: list | None, timeout: float | None, advance: C
     else:
         for case in plan.cases:
             yield plan.runner(case, advance)
+
+
+def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result):
+    """A torchrun rank's run (core.ranks): its slice of the sweep; rank 0 then gathers the other ranks'
+    results, the others send theirs."""
+    if devices is not None and plan.env.device == "cuda":  # --isolate: the worker runs on the rank's GPU
+        devices = [rank_gpu(ranks.local_rank)]
+    waited = launch.gather_timeout()
+    store = launch.connect(waited)
+    mine = replace(plan, cases=ranks.shard.take(plan.cases))
+    if not ranks.leads:
+        outcome = execute(_results(mine, devices, timeout, advance), on_result)
+        launch.send(store, ranks, outcome.results, outcome.interrupted.reason if outcome.interrupted else None)
+        return outcome
+
+    def everything():
+        yield from _results(mine, devices, timeout, advance)
+        yield from launch.gather(store, ranks, plan.cases, lambda case, why: plan.runner.failed(case, why, 0.0), waited)
+
+    return execute(everything(), on_result)
 
 
 def _in_sweep_order(results: list, cases: list) -> list:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ssmcheck.core import config, runtime
+from ssmcheck.core import ranks as launch
 from ssmcheck.core.callables import KernelSpecError, kernel_name
 from ssmcheck.core.shard import parse_shard
 from ssmcheck.core.sweep import SweepError, parse_number
@@ -151,6 +152,9 @@ def _name(kernel: str | Callable) -> str:
 
 
 def _configure(device: str | None) -> runtime.Environment:
+    ranks = launch.from_environment()
+    if ranks is not None and device != "cpu":  # under torchrun: each rank on its own GPU
+        launch.use_local_gpu(ranks)
     try:
         return runtime.configure(device)
     except runtime.DeviceError as exc:

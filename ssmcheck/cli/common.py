@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
+from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import INTERRUPT_EXIT_CODES, stdout_closed
 from ssmcheck.core.status import ExitCode
 
@@ -118,12 +119,19 @@ def open_report(width: int, header: str, quiet: bool) -> Console:
     if not out.is_terminal:
         columns = os.environ.get("COLUMNS", "")
         out = ReportConsole(highlight=False, width=int(columns) if columns.isdigit() and int(columns) > 0 else width)
-    if not quiet:
+    if not quiet and not follower_rank():
         try:
             out.print(header, markup=False, soft_wrap=True)
         except BrokenPipeError:  # nobody reads the report: run the sweep all the same, for the files
             stdout_closed()
     return out
+
+
+def follower_rank() -> bool:
+    """A torchrun rank other than 0 (core.ranks): it runs its slice and sends it to rank 0, which alone
+    prints, writes the report files and sets the exit code."""
+    ranks = launch.from_environment()
+    return ranks is not None and not ranks.leads
 
 
 def files_note(files: list[str]) -> str:

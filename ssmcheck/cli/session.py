@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ssmcheck import api
-from ssmcheck.cli.common import usage_error
+from ssmcheck.cli.common import follower_rank, usage_error
 from ssmcheck.core.execution import stdout_closed
 from ssmcheck.core.jsonl import JsonLines
 from ssmcheck.core.report import summary_line, write_json
@@ -72,6 +72,8 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
               prefix: str = "") -> tuple:
     """Run the plan (api.run), streaming each result to --jsonl and the log; then render the table, write
     the report files and print the summary line. Returns (the Report, the exit code)."""
+    if follower_rank():  # rank 0 reports; a nonzero exit here would have torchrun stop the other ranks
+        return api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers), 0
     cases, size = plan.cases, plan.progress_units
     jsonl = None
     if files.jsonl is not None:

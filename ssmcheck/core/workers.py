@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ssmcheck.core.ranks import from_environment
+
 AUTO = "auto"
 
 
@@ -18,6 +20,8 @@ def worker_devices(option: str, text: str | int, device: str,
                    gpu_count: Callable[[], int] | None = None) -> list[str | None]:
     """One entry per worker: the CUDA_VISIBLE_DEVICES value it gets, None on the CPU. `text` is a count
     >= 1 or `auto` (a worker per CPU core, or per GPU); a ValueError naming `option` otherwise."""
+    if from_environment() is not None:  # each torchrun rank already has its GPU and its slice
+        raise ValueError(f"{option}: not under torchrun (WORLD_SIZE > 1), where each rank runs its own slice")
     gpus = _visible_gpus(gpu_count) if device == "cuda" else []
     if str(text).strip() == AUTO:
         count = len(gpus) if gpus else _cpu_cores()
@@ -31,6 +35,13 @@ def worker_devices(option: str, text: str | int, device: str,
     if not gpus:
         return [None] * count
     return [gpus[i % len(gpus)] for i in range(count)]
+
+
+def rank_gpu(local_rank: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of torchrun's rank LOCAL_RANK, for the worker an `--isolate` rank starts
+    (a spawned process does not inherit the rank's current device)."""
+    gpus = _visible_gpus(None)
+    return gpus[local_rank % len(gpus)]
 
 
 def _cpu_cores() -> int:
