@@ -95,9 +95,11 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
         ) -> Report:
     """Run the plan's cases (in a worker process with `isolate`, or in `workers` of them at once, where a case
     running past `case_timeout` seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to
-    `on_result` as it finishes; the Report holds them in the plan's order whatever order they finished in. An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
+    `on_result` as it finishes; the Report holds them in the plan's order whatever order they finished in.
+    An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
     then holds the cases that finished, `interrupted` names what stopped it, and its exit code is
-    the interruption's."""
+    the interruption's. Under torchrun (core.ranks) each rank runs its slice, and rank 0's Report holds
+    every rank's cases."""
     devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
     timeout = check_case_timeout(devices is not None, case_timeout)
     ranks = launch.from_environment()

@@ -13,6 +13,7 @@ import torch
 from cli_invoke import assert_usage_error, invoke
 from test_shards import without_timings
 
+import ssmcheck
 from ssmcheck.core.isolation import run_isolated
 from ssmcheck.core.workers import worker_devices
 from tests.pool_helpers import WhereRunner
@@ -41,6 +42,17 @@ def test_two_workers_give_the_serial_drift_report(tmp_path):
     result, two = invoke(*options, "--workers", "2", "--case-timeout", "600", json_path=tmp_path / "pooled.json")
     assert result.exit_code == 0, result.output
     assert without_timings(two) == without_timings(one)
+
+
+def test_the_api_takes_workers_and_shards():
+    serial = ssmcheck.scan(kernel="torch", preset="smoke").to_json()
+    pooled = ssmcheck.scan(kernel="torch", preset="smoke", workers=2).to_json()
+    assert without_timings(pooled) == without_timings(serial)
+    second = ssmcheck.scan(kernel="torch", preset="smoke", shard="2/3").to_json()
+    assert [c["id"] for c in second["cases"]] == [c["id"] for c in serial["cases"][1::3]]
+    assert second["shard"]["index"] == 2 and second["shard"]["count"] == 3
+    with pytest.raises(ssmcheck.UsageError, match="--workers"):
+        ssmcheck.scan(kernel="torch", preset="smoke", workers="none")
 
 
 @pytest.mark.parametrize("command", ["scan", "drift"])

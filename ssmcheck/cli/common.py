@@ -54,7 +54,8 @@ CaseTimeout = Annotated[float, typer.Option(
 Shard = Annotated[str, typer.Option(
     "--shard", metavar="K/N",
     help="Run only the K-th of N slices of the sweep (case i, from 0 in the sweep's order, is in slice i mod N + 1), "
-         "for a CI matrix; `ssmcheck merge` joins the slices' --json reports into the whole sweep's.",
+         "for a CI matrix; `ssmcheck merge` joins the slices' --json reports into the whole sweep's. Under torchrun "
+         "each rank runs slice RANK+1/WORLD_SIZE by itself.",
 )]
 Workers = Annotated[str, typer.Option(
     "--workers", metavar="N|auto",

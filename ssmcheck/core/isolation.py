@@ -143,7 +143,8 @@ class _Slot:
         except _WorkerLost as exc:
             return self._end(self._failed(str(exc) if ready else f"the worker could not start: {exc}"), healthy=False)
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            why = f"timed out after {timeout:g} s" if ready else f"the worker did not start within {STARTUP_TIMEOUT:g} s"
+            why = (f"timed out after {timeout:g} s" if ready
+                   else f"the worker did not start within {STARTUP_TIMEOUT:g} s")
             return self._end(self._failed(why), healthy=False)
         return _RUNNING
 

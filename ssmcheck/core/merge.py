@@ -45,11 +45,12 @@ def merge_reports(reports: list[tuple[str, dict]]) -> dict:
         if len(cases) > len(positions) or (complete and len(cases) != len(positions)):
             raise MergeError(f"{label}: holds {len(cases)} cases where shard {index}/{count} of a sweep of "
                              f"{total} has {len(positions)}")
-        placed.update(zip(positions, cases))
+        placed.update(zip(positions, cases, strict=False))  # an interrupted shard fills the first places
     merged_cases = [placed[i] for i in sorted(placed)]
     interrupted = [report for _, (_, report) in sorted(by_index.items()) if report.get("interrupted")]
     if not interrupted and sweep_digest([c["id"] for c in merged_cases]) != first["shard"]["sweep_digest"]:
-        raise MergeError(f"{first_label}: the shards' cases are not the sweep their reports name (sweep digest differs)")
+        raise MergeError(f"{first_label}: the shards' cases are not the sweep their reports name "
+                         "(sweep digest differs)")
     statuses = [c["status"] for c in merged_cases]
     fail_on = first.get("settings", {}).get("fail_on", list(FAIL_ON))
     merged = {key: value for key, value in first.items() if key != "shard"}
