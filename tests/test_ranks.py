@@ -34,16 +34,18 @@ def without_ranks(report: dict) -> dict:
     return without_timings({k: v for k, v in report.items() if k != "ranks"})
 
 
-def test_two_ranks_write_the_single_process_report(tmp_path):
-    options = ("scan", "--preset", "smoke", "--kernel", "torch")
+@pytest.mark.parametrize(("command", "cases"), [("scan", 8), ("drift", 4)])
+def test_two_ranks_write_the_single_process_report(tmp_path, command, cases):
+    options = (command, "--preset", "smoke", "--kernel", "torch")
     _, single = invoke(*options, "--quiet", json_path=tmp_path / "one.json")
     run = torchrun(2, *options, "--json", tmp_path / "two.json")
     assert run.returncode == 0, run.stderr[-3000:]
     ranked = json.loads((tmp_path / "two.json").read_text())
     assert ranked["ranks"] == 2 and "ranks" not in single
+    assert len(ranked["cases"]) == cases
     assert without_ranks(ranked) == without_timings(single)
     assert run.stdout.count("ssmcheck ") == 1  # one header, rank 0's
-    assert "8 cases: 8 pass" in run.stdout
+    assert f"{cases} cases: {cases} pass" in run.stdout
 
 
 def test_a_rank_that_never_reports_costs_only_its_cases(tmp_path):

@@ -112,7 +112,8 @@ def drift(
 
     report, code = session.run_sweep(plan, out, files, render=render, case_line=table.case_line, quiet=quiet,
                                      isolate=isolate, case_timeout=timeout, workers=workers, unit="steps", prefix="drift: ")
-    if plot_path is not None and plot.plot_drift(report.results, plot_path) and not quiet:
+    if plot_path is not None and not cli_common.follower_rank() and plot.plot_drift(report.results, plot_path) \
+            and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)
     raise typer.Exit(code)
 
