@@ -145,9 +145,12 @@ def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_r
         launch.send(store, ranks, outcome.results, outcome.interrupted.reason if outcome.interrupted else None)
         return outcome
 
+    def lost(case, why: str):
+        return plan.runner.failed(case, why, 0.0)
+
     def everything():
         yield from _results(mine, devices, timeout, advance)
-        yield from launch.gather(store, ranks, plan.cases, lambda case, why: plan.runner.failed(case, why, 0.0), waited)
+        yield from launch.gather(store, ranks, plan.cases, lost, waited)
 
     return execute(everything(), on_result)
 
