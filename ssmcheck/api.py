@@ -18,16 +18,19 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import Interrupted, execute
 from ssmcheck.core.report import build_report, json_safe
 from ssmcheck.core.status import exit_code, summarize
+from ssmcheck.core.workers import rank_gpu
 from ssmcheck.plan import (  # noqa: F401 (the API's planning half: ssmcheck.api.plan_scan, ...)
     DEFAULT_CASE_TIMEOUT,
     Plan,
     UsageError,
     check_case_timeout,
+    check_workers,
     plan_drift,
     plan_scan,
 )
@@ -87,15 +90,24 @@ def _case_report(command: str, case: dict) -> CaseReport:
 # ---------------------------------------------------------------------------- running
 
 
-def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
+def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None, workers: str | int | None = None,
         on_result: Callable[[object], None] = lambda result: None, advance: Callable[[], None] = lambda: None,
         ) -> Report:
-    """Run the plan's cases (in a worker process with `isolate`, where a case running past `case_timeout`
-    seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to `on_result` as it finishes. An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
+    """Run the plan's cases (in a worker process with `isolate`, or in `workers` of them at once, where a case
+    running past `case_timeout` seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to
+    `on_result` as it finishes; the Report holds them in the plan's order whatever order they finished in.
+    An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
     then holds the cases that finished, `interrupted` names what stopped it, and its exit code is
-    the interruption's."""
-    timeout = check_case_timeout(isolate, case_timeout)
-    outcome = execute(_results(plan, isolate, timeout, advance), on_result)
+    the interruption's. Under torchrun (core.ranks) each rank runs its slice, and rank 0's Report holds
+    every rank's cases."""
+    devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
+    timeout = check_case_timeout(devices is not None, case_timeout)
+    ranks = launch.from_environment()
+    if ranks is None:
+        outcome = execute(_results(plan, devices, timeout, advance), on_result)
+    else:
+        outcome = _run_ranked(plan, ranks, devices, timeout, advance, on_result)
+    outcome.results = _in_sweep_order(outcome.results, plan.cases)
     statuses = [r.status for r in outcome.results]
     interrupted: Interrupted | None = outcome.interrupted
     code = interrupted.exit_code if interrupted else int(exit_code(statuses, plan.settings.fail_on))
@@ -103,32 +115,69 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
                         code, interrupted.reason if interrupted else None)
     data["settings"] = plan.report_settings
     data["seconds"] = outcome.seconds
+    if plan.shard is not None:
+        data["shard"] = plan.shard
+    if ranks is not None:
+        data["ranks"] = ranks.world_size
     return Report(data, outcome.results)
 
 
-def _results(plan: Plan, isolate: bool, timeout: float | None, advance: Callable[[], None]):
-    if isolate:
+def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None]):
+    if devices is not None:
         from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
 
-        yield from run_isolated(plan.runner, plan.cases, timeout, advance)
+        yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices)
     else:
         for case in plan.cases:
             yield plan.runner(case, advance)
 
 
+def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result):
+    """A torchrun rank's run (core.ranks): its slice of the sweep; rank 0 then gathers the other ranks'
+    results, the others send theirs."""
+    if devices is not None and plan.env.device == "cuda":  # --isolate: the worker runs on the rank's GPU
+        devices = [rank_gpu(ranks.local_rank)]
+    waited = launch.gather_timeout()
+    store = launch.connect(waited)
+    mine = replace(plan, cases=ranks.shard.take(plan.cases))
+    if not ranks.leads:
+        outcome = execute(_results(mine, devices, timeout, advance), on_result)
+        launch.send(store, ranks, outcome.results, outcome.interrupted.reason if outcome.interrupted else None)
+        return outcome
+
+    def lost(case, why: str):
+        return plan.runner.failed(case, why, 0.0)
+
+    def everything():
+        yield from _results(mine, devices, timeout, advance)
+        yield from launch.gather(store, ranks, plan.cases, lost, waited)
+
+    return execute(everything(), on_result)
+
+
+def _in_sweep_order(results: list, cases: list) -> list:
+    """The results in their cases' order in the sweep (workers finish them in any order)."""
+    position: dict[str, int] = {}
+    for i, case in enumerate(cases):
+        position.setdefault(case.id, i)
+    return sorted(results, key=lambda result: position[result.case.id])
+
+
 def scan(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,
-         case: str | None = None, isolate: bool = False, case_timeout: float | None = None, **options) -> Report:
+         case: str | None = None, isolate: bool = False, case_timeout: float | None = None,
+         workers: str | int | None = None, **options) -> Report:
     """Run a chunk-scan sweep and return its Report (see the module docstring). Ctrl-C raises
     KeyboardInterrupt after the running case, as any library call would."""
     plan = plan_scan(kernel, preset, device=device, case=case, **options)
-    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout))
+    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers))
 
 
 def drift(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,
-          case: str | None = None, isolate: bool = False, case_timeout: float | None = None, **options) -> Report:
+          case: str | None = None, isolate: bool = False, case_timeout: float | None = None,
+          workers: str | int | None = None, **options) -> Report:
     """Run a decode-drift sweep and return its Report (see the module docstring)."""
     plan = plan_drift(kernel, preset, device=device, case=case, **options)
-    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout))
+    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers))
 
 
 def _interruptible(report: Report) -> Report:

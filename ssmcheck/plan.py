@@ -9,12 +9,15 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ssmcheck.core import autotune, config, runtime
+from ssmcheck.core import ranks as launch
 from ssmcheck.core.callables import KernelSpecError, kernel_name
+from ssmcheck.core.shard import parse_shard
 from ssmcheck.core.sweep import SweepError, parse_number
+from ssmcheck.core.workers import worker_devices
 
 # The default case timeout of isolated runs: long enough for the slowest preset case on a CPU.
 DEFAULT_CASE_TIMEOUT = 1800.0
@@ -38,11 +41,13 @@ class Plan:
     files: list[str]  # the configuration files read
     case_json: Callable  # result -> the case's JSON dict
     progress_units: Callable  # case -> units of progress it counts (drift: decode steps)
+    shard: dict | None = None  # with --shard K/N: the report's `shard` field (core.shard)
 
 
 def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
-              case: str | None = None, from_report: str | Path | None = None, **options) -> Plan:
-    """Resolve a `scan` sweep. Raises UsageError."""
+              case: str | None = None, from_report: str | Path | None = None, shard: str | None = None,
+              **options) -> Plan:
+    """Resolve a `scan` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError."""
     env = _configure(device)
     from ssmcheck.scan import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
     from ssmcheck.scan.json import case_json  # noqa: PLC0415
@@ -66,7 +71,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     if settings.configs == "all":
         cases = autotune.every_config(cases, runner.autotuned())
     tol = settings.tolerance
-    return Plan(
+    return _sharded(shard, Plan(
         "scan", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
@@ -77,13 +82,13 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "decode_kernel": _name(runner.decode_kernel) if runner.invariance else None,
             "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
         }, files, case_json, lambda c: 1,
-    )
+    ))
 
 
 def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
                case: str | None = None, from_report: str | Path | None = None, philox_rounds: int = 10,
-               rounding_impl: str = "software", **options) -> Plan:
-    """Resolve a `drift` sweep. Raises UsageError."""
+               rounding_impl: str = "software", shard: str | None = None, **options) -> Plan:
+    """Resolve a `drift` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError."""
     env = _configure(device)
     from ssmcheck.drift import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
     from ssmcheck.drift.json import case_json  # noqa: PLC0415
@@ -116,7 +121,7 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
     if settings.configs == "all":
         cases = autotune.every_config(cases, runner.autotuned())
     tol = settings.tolerance
-    return Plan(
+    return _sharded(shard, Plan(
         "drift", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "steps": settings.steps, "trials": settings.trials,
             "seed": settings.seed, "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol,
@@ -128,7 +133,18 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "from_prefill": settings.from_prefill,
             "prefill_kernel": None if runner.prefill_kernel is None else _name(runner.prefill_kernel),
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
-    )
+    ))
+
+
+def _sharded(text: str | None, plan: Plan) -> Plan:
+    """The plan's K-th of N slices of its cases (`--shard K/N`, core.shard), recorded for the report."""
+    if text is None:
+        return plan
+    try:
+        chosen = parse_shard("--shard", text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return replace(plan, cases=chosen.take(plan.cases), shard=chosen.record([c.id for c in plan.cases]))
 
 
 # The named kernels: each has a chunk scan and a state update under the same name.
@@ -167,6 +183,9 @@ def _name(kernel: str | Callable) -> str:
 
 
 def _configure(device: str | None) -> runtime.Environment:
+    ranks = launch.from_environment()
+    if ranks is not None and device != "cpu":  # under torchrun: each rank on its own GPU
+        launch.use_local_gpu(ranks)
     try:
         return runtime.configure(device)
     except runtime.DeviceError as exc:
@@ -254,4 +273,14 @@ def check_case_timeout(isolate: bool, seconds: float | None) -> float | None:
     try:
         return parse_number("--case-timeout", seconds)
     except SweepError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_workers(workers: str | int | None, device: str) -> list[str | None] | None:
+    """The worker processes of `--workers` (core.workers: each one's GPU, None on the CPU); None without it."""
+    if workers is None:
+        return None
+    try:
+        return worker_devices("--workers", workers, device)
+    except ValueError as exc:
         raise UsageError(str(exc)) from None

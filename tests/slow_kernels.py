@@ -1,5 +1,6 @@
 """A correct chunk scan that takes its time: for interrupting a sweep between cases (tests/test_ci_gate.py)."""
 
+import os
 import time
 
 from ssmcheck.scan.adapter import torch_kernel
@@ -19,3 +20,10 @@ def compiles_on_first_call(x, *args, **kwargs):
         _COMPILED.add(tuple(x.shape))
         time.sleep(1.0)
     return torch_kernel(x, *args, **kwargs)
+
+
+def hangs_on_rank_1(*args, **kwargs):
+    """A correct chunk scan, except on torchrun's rank 1, where it never returns (tests/test_ranks.py)."""
+    if os.environ.get("RANK") == "1":
+        time.sleep(3600)
+    return torch_kernel(*args, **kwargs)

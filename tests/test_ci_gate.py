@@ -41,10 +41,11 @@ def _wait_for_cases(path: Path, n: int, process: subprocess.Popen, limit: float 
         time.sleep(0.1)
 
 
+@pytest.mark.parametrize("pool", [(), ("--workers", "2")], ids=["serial", "workers"])
 @pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
-def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name):
+def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name, pool):
     report, lines = tmp_path / "r.json", tmp_path / "r.jsonl"
-    process = _ssmcheck("scan", "--preset", "smoke", "--kernel", f"{SLOW}:slow_scan", "--json", report,
+    process = _ssmcheck("scan", "--preset", "smoke", "--kernel", f"{SLOW}:slow_scan", *pool, "--json", report,
                         "--jsonl", lines, "--junit", tmp_path / "r.xml", stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, text=True)
     _wait_for_cases(lines, 2, process)

@@ -35,10 +35,13 @@ def _scan(batches: str):
     return runner, scan_cases(settings, runner.kernel)
 
 
-def test_a_crash_an_exit_and_a_hang_each_cost_their_own_case():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_crash_an_exit_and_a_hang_each_cost_their_own_case(workers):
     assert BY_BATCH == {2: "segfault", 4: "exit", 6: "hang"}
     runner, cases = _scan("1,2,3,4,5,6,7")
-    results = list(run_isolated(runner, cases, timeout=2, advance=lambda: None))
+    results = list(run_isolated(runner, cases, timeout=2, advance=lambda: None, devices=[None] * workers))
+    if workers > 1:  # a pool yields results as they finish
+        results.sort(key=lambda r: cases.index(r.case))
     assert [r.case for r in results] == cases
     assert [(r.status, r.message) for r in results] == [
         (Status.PASS, ""),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from ssmcheck import __version__
-from ssmcheck.cli import compare, drift, regimes, report, scan
+from ssmcheck.cli import compare, drift, merge, regimes, report, scan
 from ssmcheck.cli.common import EXIT_CODES
 
 app = typer.Typer(
@@ -51,6 +51,7 @@ drift.register(app)
 regimes.register(app)
 compare.register(app)
 report.register(app)
+merge.register(app)
 
 
 def main() -> None:

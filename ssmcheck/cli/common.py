@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
+from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import INTERRUPT_EXIT_CODES, stdout_closed
 from ssmcheck.core.status import ExitCode
 
@@ -49,6 +50,17 @@ Isolate = Annotated[bool, typer.Option(
 )]
 CaseTimeout = Annotated[float, typer.Option(
     "--case-timeout", metavar="S", help="With --isolate: a case running past S seconds is an error (default 1800).",
+)]
+Shard = Annotated[str, typer.Option(
+    "--shard", metavar="K/N",
+    help="Run only the K-th of N slices of the sweep (case i, from 0 in the sweep's order, is in slice i mod N + 1), "
+         "for a CI matrix; `ssmcheck merge` joins the slices' --json reports into the whole sweep's. Under torchrun "
+         "each rank runs slice RANK+1/WORLD_SIZE by itself.",
+)]
+Workers = Annotated[str, typer.Option(
+    "--workers", metavar="N|auto",
+    help="Run the cases in N worker processes at once (implies --isolate; auto: one per CPU core on the CPU, one "
+         "per GPU on a GPU host, each worker on its own GPU). Results and their order are a serial run's.",
 )]
 CaseId = Annotated[str, typer.Option("--case", metavar="ID", help="Run only the case with this id.")]
 FromReport = Annotated[Path, typer.Option(
@@ -108,12 +120,19 @@ def open_report(width: int, header: str, quiet: bool) -> Console:
     if not out.is_terminal:
         columns = os.environ.get("COLUMNS", "")
         out = ReportConsole(highlight=False, width=int(columns) if columns.isdigit() and int(columns) > 0 else width)
-    if not quiet:
+    if not quiet and not follower_rank():
         try:
             out.print(header, markup=False, soft_wrap=True)
         except BrokenPipeError:  # nobody reads the report: run the sweep all the same, for the files
             stdout_closed()
     return out
+
+
+def follower_rank() -> bool:
+    """A torchrun rank other than 0 (core.ranks): it runs its slice and sends it to rank 0, which alone
+    prints, writes the report files and sets the exit code."""
+    ranks = launch.from_environment()
+    return ranks is not None and not ranks.leads
 
 
 def files_note(files: list[str]) -> str:

@@ -75,6 +75,8 @@ def drift(
     from_report: cli_common.FromReport = None,
     isolate: cli_common.Isolate = False,
     case_timeout: cli_common.CaseTimeout = None,
+    shard: cli_common.Shard = None,
+    workers: cli_common.Workers = None,
     json_path: cli_common.JsonPath = None,
     jsonl_path: cli_common.JsonlPath = None,
     junit_path: cli_common.JunitPath = None,
@@ -90,10 +92,11 @@ def drift(
         allow_nondeterministic=allow_nondeterministic or None, from_prefill=from_prefill,
     )
     try:
-        plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report,
+        plan = api.plan_drift(kernel, preset, device=device, case=case_id, from_report=from_report, shard=shard,
                               philox_rounds=philox_rounds, rounding_impl=rounding_impl,
                               **{k: v for k, v in options.items() if v is not None})
-        timeout = api.check_case_timeout(isolate, case_timeout)
+        api.check_workers(workers, plan.env.device)
+        timeout = api.check_case_timeout(isolate or workers is not None, case_timeout)
     except api.UsageError as exc:
         usage_error(str(exc))
     from ssmcheck.drift import plot, table  # noqa: PLC0415 (after the plan has configured the device)
@@ -114,8 +117,9 @@ def drift(
         table.render(console, results, compare_rounding=implements_rounding)
 
     report, code = session.run_sweep(plan, out, files, render=render, case_line=table.case_line, quiet=quiet,
-                                     isolate=isolate, case_timeout=timeout, unit="steps", prefix="drift: ")
-    if plot_path is not None and plot.plot_drift(report.results, plot_path) and not quiet:
+                                     isolate=isolate, case_timeout=timeout, workers=workers, unit="steps", prefix="drift: ")
+    if plot_path is not None and not cli_common.follower_rank() and plot.plot_drift(report.results, plot_path) \
+            and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)
     raise typer.Exit(code)
 

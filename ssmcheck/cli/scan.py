@@ -67,6 +67,8 @@ def scan(
     from_report: cli_common.FromReport = None,
     isolate: cli_common.Isolate = False,
     case_timeout: cli_common.CaseTimeout = None,
+    shard: cli_common.Shard = None,
+    workers: cli_common.Workers = None,
     json_path: cli_common.JsonPath = None,
     jsonl_path: cli_common.JsonlPath = None,
     junit_path: cli_common.JunitPath = None,
@@ -83,9 +85,10 @@ def scan(
         invariance=invariance or None, batch_invariance=batch_invariance, decode_kernel=decode_kernel,
     )
     try:
-        plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report,
+        plan = api.plan_scan(kernel, preset, device=device, case=case_id, from_report=from_report, shard=shard,
                              **{k: v for k, v in options.items() if v is not None})
-        timeout = api.check_case_timeout(isolate, case_timeout)
+        api.check_workers(workers, plan.env.device)
+        timeout = api.check_case_timeout(isolate or workers is not None, case_timeout)
     except api.UsageError as exc:
         usage_error(str(exc))
     files = session.outputs(json_path, jsonl_path, junit_path, summary_path)
@@ -95,7 +98,7 @@ def scan(
                                                              plan.report_settings["autotuned"])
                                  + cli_common.files_note(plan.files), quiet)
     _, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
-                                isolate=isolate, case_timeout=timeout)
+                                isolate=isolate, case_timeout=timeout, workers=workers)
     raise typer.Exit(code)
 
 

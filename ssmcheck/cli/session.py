@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ssmcheck import api
-from ssmcheck.cli.common import usage_error
+from ssmcheck.cli.common import follower_rank, usage_error
 from ssmcheck.core.execution import stdout_closed
 from ssmcheck.core.jsonl import JsonLines
 from ssmcheck.core.report import summary_line, write_json
@@ -68,9 +68,12 @@ def check_writable(option: str, path: Path | None) -> None:
 
 
 def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line: Callable, quiet: bool,
-              isolate: bool, case_timeout: float | None, unit: str | None = None, prefix: str = "") -> tuple:
+              isolate: bool, case_timeout: float | None, workers: str | None = None, unit: str | None = None,
+              prefix: str = "") -> tuple:
     """Run the plan (api.run), streaming each result to --jsonl and the log; then render the table, write
     the report files and print the summary line. Returns (the Report, the exit code)."""
+    if follower_rank():  # rank 0 reports; a nonzero exit here would have torchrun stop the other ranks
+        return api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers), 0
     cases, size = plan.cases, plan.progress_units
     jsonl = None
     if files.jsonl is not None:
@@ -95,7 +98,7 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
             if log_lines:
                 out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
 
-        report = api.run(plan, isolate=isolate, case_timeout=case_timeout, on_result=on_result,
+        report = api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers, on_result=on_result,
                          advance=lambda: progress.advance(task))
 
     if not quiet:

@@ -1,8 +1,9 @@
 """Running cases in a worker process, so that a case that crashes, exits or hangs costs only itself.
 
-One worker, started with the `spawn` context (a forked CUDA context is unusable), runs the
-cases one after another: a process per case would import torch and triton per case, seconds
-each. The runner (scan.run.ScanRunner, drift.run.DriftRunner) is a picklable value that the
+A worker, started with the `spawn` context (a forked CUDA context is unusable), runs cases one
+after another: a process per case would import torch and triton per case, seconds each. With
+`--workers` several run at once, each taking the next case when it is free (core.workers gives each
+its GPU). The runner (scan.run.ScanRunner, drift.run.DriftRunner) is a picklable value that the
 worker turns back into the kernel's adapter.
 
 The protocol, over one duplex pipe, every message a plain pickle (never torch's shared-memory
@@ -26,7 +27,8 @@ import pickle
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 
@@ -45,69 +47,138 @@ class _WorkerLost(Exception):
     """The worker ended, or never started, before the case's result came back; the message says how."""
 
 
-def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[], None]) -> Iterator:
-    """Yield `runner(case, advance)` for each case, in order, each run in a worker process.
+def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[], None],
+                 devices: Sequence[str | None] = (None,)) -> Iterator:
+    """Yield `runner(case, advance)` for each case, each run in a worker process: one worker per entry
+    of `devices` (the CUDA_VISIBLE_DEVICES it is started with; None leaves the environment alone), each
+    taking the next case when it is free. With one worker the results come in the cases' order; with
+    more, in the order they finish.
 
     A case whose worker crashes, exits or runs past `timeout` seconds (None: no limit) yields
     `runner.failed(case, message, seconds)`, and a new worker takes the cases after it.
-    `advance()` is called in this process for each of the worker's calls to its own advance.
-    Closing the generator (or an exception while it waits, e.g. on Ctrl-C) kills the worker.
+    `advance()` is called in this process for each of the workers' calls to their own advance.
+    Closing the generator (or an exception while it waits, e.g. on Ctrl-C) kills the workers.
     """
     context = multiprocessing.get_context("spawn")
-    worker: _Worker | None = None
+    slots = [_Slot(context, runner, device) for device in devices[: max(1, len(cases))]]
+    waiting = deque(cases)
     try:
-        for case in cases:
-            if worker is None:
-                worker = _Worker(context, runner)
-                worker.start()
-            result, healthy = _run_case(worker, runner, case, timeout, advance)
-            if not healthy:
-                worker.kill()
-                worker = None
-            yield result
-        if worker is not None:
-            worker.stop()
-            worker = None
+        while waiting or any(slot.busy for slot in slots):
+            for slot in slots:
+                if not slot.busy and waiting:
+                    slot.take(waiting.popleft(), timeout)
+            busy = [slot for slot in slots if slot.busy]
+            deadlines = [slot.deadline for slot in busy if slot.deadline is not None]
+            wait([handle for slot in busy for handle in slot.handles()],
+                 None if not deadlines else max(0.0, min(deadlines) - time.monotonic()))
+            for slot in busy:
+                result = slot.collect(timeout, advance)
+                if result is not _RUNNING:
+                    yield result
+        for slot in slots:
+            slot.stop()
     finally:
-        if worker is not None:
-            worker.kill()
+        for slot in slots:
+            slot.kill()
 
 
-def _run_case(worker: _Worker, runner, case, timeout: float | None, advance: Callable[[], None]) -> tuple:
-    """(the case's result, whether the worker can take another case)."""
-    start = time.monotonic()
-    try:
-        worker.wait_ready()
-        start = time.monotonic()  # the case's clock starts once a worker can run it
-        deadline = None if timeout is None else start + timeout
-        worker.send(case)
-        while True:
-            message = worker.receive(deadline)
-            if message is None:
-                return runner.failed(case, f"timed out after {timeout:g} s", time.monotonic() - start), False
-            kind, value = message
-            if kind == "ticks":
-                for _ in range(value):
-                    advance()
-            elif kind == "result":
-                return value, True
-            else:
-                return runner.failed(case, value, time.monotonic() - start), True
-    except _WorkerLost as exc:
-        return runner.failed(case, str(exc), time.monotonic() - start), False
+_RUNNING = object()  # _Slot.collect's answer while its case has not ended
+
+
+class _Slot:
+    """A place in the pool: the worker it runs cases in (started when a case comes, replaced when lost),
+    the case it runs, and when that case's clock (or the worker's start-up) runs out."""
+
+    def __init__(self, context, runner, device: str | None):
+        self.context, self.runner, self.device = context, runner, device
+        self.worker: _Worker | None = None
+        self.busy = False
+        self.case = None
+        self.start = 0.0
+        self.deadline: float | None = None
+        self.lost: str | None = None  # why the worker was found gone when the case was sent to it
+
+    def take(self, case, timeout: float | None) -> None:
+        self.case, self.busy, self.start = case, True, time.monotonic()
+        if self.worker is None:
+            self.worker = _Worker(self.context, self.runner, self.device)
+            self.worker.start()
+        if not self.worker.ready:
+            self.deadline = self.start + STARTUP_TIMEOUT
+            return
+        try:
+            self._send(timeout)
+        except _WorkerLost as exc:  # it ended after its last case
+            self.lost = str(exc)
+
+    def _send(self, timeout: float | None) -> None:
+        self.start = time.monotonic()  # the case's clock starts once a worker can run it
+        self.deadline = None if timeout is None else self.start + timeout
+        self.worker.send(self.case)
+
+    def handles(self) -> list:
+        return [self.worker.conn, self.worker.process.sentinel]
+
+    def collect(self, timeout: float | None, advance: Callable[[], None]):
+        """The case's result once it has ended (a result, the runner's failure, a lost worker, its
+        deadline), else _RUNNING; reads whatever the worker has sent meanwhile."""
+        if self.lost is not None:
+            return self._end(self._failed(self.lost), healthy=False)
+        ready = self.worker.ready
+        try:
+            while (message := self.worker.receive(time.monotonic())) is not None:
+                kind, value = message
+                if kind == "ready":
+                    self.worker.ready = ready = True
+                    self._send(timeout)
+                elif kind == "ticks":
+                    for _ in range(value):
+                        advance()
+                elif kind == "result":
+                    return self._end(value, healthy=True)
+                elif ready:
+                    return self._end(self._failed(value), healthy=True)
+                else:
+                    return self._end(self._failed(f"the worker could not start: {value}"), healthy=False)
+        except _WorkerLost as exc:
+            return self._end(self._failed(str(exc) if ready else f"the worker could not start: {exc}"), healthy=False)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            why = (f"timed out after {timeout:g} s" if ready
+                   else f"the worker did not start within {STARTUP_TIMEOUT:g} s")
+            return self._end(self._failed(why), healthy=False)
+        return _RUNNING
+
+    def _failed(self, message: str):
+        return self.runner.failed(self.case, message, time.monotonic() - self.start)
+
+    def _end(self, result, healthy: bool):
+        if not healthy:
+            self.kill()
+        self.busy, self.case, self.deadline, self.lost = False, None, None, None
+        return result
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def kill(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
 
 
 class _Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, context, runner):
+    def __init__(self, context, runner, device: str | None = None):
         self.conn, child_conn = context.Pipe()
         # The runner travels pickled, to be unpickled after the worker has configured the
         # runtime: unpickling imports the command's modules, and they may import triton.
         # Not a daemon: a daemonic process may not start processes of its own, and a kernel may
         # (compile workers). It is killed when done with, and dies with its parent (_serve).
         self.process = context.Process(
-            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn), name="ssmcheck-worker",
+            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn, device), name="ssmcheck-worker",
         )
         self._child_conn = child_conn
         self.ready = False
@@ -118,21 +189,6 @@ class _Worker:
                 self.process.start()
         finally:
             self._child_conn.close()  # the worker's end: held here, it would hide the worker's exit
-
-    def wait_ready(self) -> None:
-        """Return once the worker is configured; raises _WorkerLost if it does not get there."""
-        if self.ready:
-            return
-        try:
-            message = self.receive(time.monotonic() + STARTUP_TIMEOUT)
-        except _WorkerLost as exc:
-            raise _WorkerLost(f"the worker could not start: {exc}") from None
-        if message is None:
-            raise _WorkerLost(f"the worker did not start within {STARTUP_TIMEOUT:g} s")
-        kind, value = message
-        if kind != "ready":
-            raise _WorkerLost(f"the worker could not start: {value}")
-        self.ready = True
 
     def send(self, obj) -> None:
         try:
@@ -205,8 +261,11 @@ def _one_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------- in the worker
 
 
-def _serve(device: str, runner_bytes: bytes, conn: Connection) -> None:
-    """The worker: configure the runtime, then run each case received until told to stop."""
+def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str | None) -> None:
+    """The worker: configure the runtime (on GPU `visible_gpu` alone when given), then run each case
+    received until told to stop."""
+    if visible_gpu is not None:  # before anything starts CUDA, which reads it once
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpu
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent()

@@ -1,0 +1,65 @@
+"""How many worker processes `--workers` runs, and the GPU each one gets.
+
+On the CPU every worker shares the machine's cores. On a GPU host each worker sees one GPU as its
+only device (CUDA_VISIBLE_DEVICES, set in the worker before CUDA starts): a kernel that names
+`cuda` or `cuda:0` then runs on its worker's GPU without being told. More workers than GPUs share
+them round-robin.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ssmcheck.core.ranks import from_environment
+
+AUTO = "auto"
+
+
+def worker_devices(option: str, text: str | int, device: str,
+                   gpu_count: Callable[[], int] | None = None) -> list[str | None]:
+    """One entry per worker: the CUDA_VISIBLE_DEVICES value it gets, None on the CPU. `text` is a count
+    >= 1 or `auto` (a worker per CPU core, or per GPU); a ValueError naming `option` otherwise."""
+    if from_environment() is not None:  # each torchrun rank already has its GPU and its slice
+        raise ValueError(f"{option}: not under torchrun (WORLD_SIZE > 1), where each rank runs its own slice")
+    gpus = _visible_gpus(gpu_count) if device == "cuda" else []
+    if str(text).strip() == AUTO:
+        count = len(gpus) if gpus else _cpu_cores()
+    else:
+        try:
+            count = int(str(text).strip())
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"{option}: invalid value {str(text)!r} (expected a number of workers >= 1, or {AUTO})")
+    if not gpus:
+        return [None] * count
+    return [gpus[i % len(gpus)] for i in range(count)]
+
+
+def rank_gpu(local_rank: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of torchrun's rank LOCAL_RANK, for the worker an `--isolate` rank starts
+    (a spawned process does not inherit the rank's current device)."""
+    gpus = _visible_gpus(None)
+    return gpus[local_rank % len(gpus)]
+
+
+def _cpu_cores() -> int:
+    """The cores this process may run on (a container's or taskset's share, not the whole machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _visible_gpus(gpu_count: Callable[[], int] | None) -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries: its own list when set (a job
+    scheduler's share), else every GPU torch sees."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None and listed.strip():
+        return [entry.strip() for entry in listed.split(",") if entry.strip()]
+    if gpu_count is None:
+        import torch  # noqa: PLC0415 (only on a GPU host)
+
+        gpu_count = torch.cuda.device_count
+    return [str(i) for i in range(gpu_count())]

@@ -1,0 +1,27 @@
+"""What the worker-pool tests (tests/test_workers.py) run in their workers: importable, so picklable."""
+
+import os
+
+from ssmcheck.scan.adapter import torch_kernel
+
+
+class WhereRunner:
+    """A runner for core.isolation whose result says where its case ran: (case, worker pid, the
+    worker's CUDA_VISIBLE_DEVICES)."""
+
+    device = "cpu"
+
+    def __call__(self, case: str, advance):
+        return case, os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def failed(self, case: str, message: str, seconds: float):
+        return case, None, message
+
+
+def scan_naming_its_gpu(x, *args, **kwargs):
+    """A correct chunk scan that prints the GPU it runs on (CUDA_VISIBLE_DEVICES and the device's UUID),
+    which the case's JSON `stdout` keeps."""
+    import torch  # noqa: PLC0415
+
+    print(f"visible={os.environ.get('CUDA_VISIBLE_DEVICES')} gpu={torch.cuda.get_device_properties(x.device).uuid}")
+    return torch_kernel(x, *args, **kwargs)
