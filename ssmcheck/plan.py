@@ -67,9 +67,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     if settings.stages and under_test.stages is None:
         raise UsageError(f"--stages: kernel {name!r} offers no SSD stages (builtin, mamba_ssm and vllm do; a "
                          f"MODULE:FUNCTION kernel offers them as its {adapter.STAGES_ATTRIBUTE!r} attribute)")
-    cases = cases(name)
-    if settings.configs == "all":
-        cases = autotune.every_config(cases, runner.autotuned())
+    cases, autotuned = _configs(settings, runner, cases(name))
     tol = settings.tolerance
     return _sharded(shard, Plan(
         "scan", env, name, settings, cases, runner, {
@@ -80,7 +78,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "stages": settings.stages, "repro": settings.repro,
             "invariance": settings.invariance, "batch_invariance": settings.batch_invariance,
             "decode_kernel": _name(runner.decode_kernel) if runner.invariance else None,
-            "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
+            "autotuned": autotuned,
         }, files, case_json, lambda c: 1,
     ))
 
@@ -117,9 +115,7 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         # A kernel without a rounding keyword stores its state one way only, which only the user can
         # declare (--rounding); a preset's list of modes declares nothing about this kernel.
         settings.axes["rounding"] = ["nearest"]
-    cases = cases(name)
-    if settings.configs == "all":
-        cases = autotune.every_config(cases, runner.autotuned())
+    cases, autotuned = _configs(settings, runner, cases(name))
     tol = settings.tolerance
     return _sharded(shard, Plan(
         "drift", env, name, settings, cases, runner, {
@@ -129,11 +125,20 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "rounding": "implemented by the kernel" if under_test.takes_rounding else "declared",
             "configs": settings.configs, "repeat": settings.repeat,
             "allow_nondeterministic": settings.allow_nondeterministic,
-            "autotuned": [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in runner.autotuned()],
+            "autotuned": autotuned,
             "from_prefill": settings.from_prefill,
             "prefill_kernel": None if runner.prefill_kernel is None else _name(runner.prefill_kernel),
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     ))
+
+
+def _configs(settings, runner, cases: list) -> tuple[list, list[str]]:
+    """The cases, each once per autotune config with --configs all (core.autotune.every_config), and the
+    kernel's autotuned functions as the report names them: `module.name (N configs)`."""
+    tuned = runner.autotuned()
+    if settings.configs == "all":
+        cases = autotune.every_config(cases, tuned)
+    return cases, [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in tuned]
 
 
 def _sharded(text: str | None, plan: Plan) -> Plan:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -107,9 +107,10 @@ def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, referenc
              allow_nondeterministic: bool = False, compare_stages: bool = False,
              serving: invariance.Options | None = None) -> ScanResult:
     """Measure and judge one case. The kernel's stages are compared with the reference's (scan.stages)
-    with `compare_stages`, and for every case that fails or is non-finite where the kernel offers them. With `warmup`, the first call of the kernel for each shape (where a
-    GPU compiles and autotunes) is made once before the timed one and timed apart: the case's
-    `seconds` then leave it out, and `warmup_seconds` hold it. With `repeat` K > 1 the kernel runs K
+    with `compare_stages`, and for every case that fails or is non-finite where the kernel offers them.
+    With `warmup`, the first call of the kernel for each shape (where a GPU compiles and autotunes) is
+    made once before the timed one and timed apart: the case's `seconds` then leave it out, and
+    `warmup_seconds` hold it. With `repeat` K > 1 the kernel runs K
     times on identical inputs and the runs are compared bit for bit (a race shows as a difference). With
     `serving`, the invariance checks (scan.invariance) run too and are folded into the verdict."""
     reason = case.skip_reason or kernel.skip_reason(case)
