@@ -138,14 +138,18 @@ def header_line(configs: str, autotuned: list[str], interpreter: bool) -> str:
 def every_config(cases: list, tuned: list[Tuned]) -> list:
     """Each case once per config of each autotuned function, one function at a time (the others left
     to the autotuner, or to their first config in the interpreter): not the product of all. A case's
-    `config` is the JSON text {"function", "index", **describe(config)} (text keeps the case hashable)."""
+    `config` is the JSON text {"function", "index", **describe(config)} (text keeps the case hashable).
+
+    Config-major: a config's cases come together, so that workers running at once compile different
+    shapes of one config, and the other functions' autotuning for a shape happens once (then Triton's
+    caches serve it), not once per worker per config as it would with each case's configs together."""
     from dataclasses import replace  # noqa: PLC0415
 
     configs = [json.dumps({"function": t.name, "index": i, **describe(c)}, sort_keys=True)
                for t in tuned for i, c in enumerate(t.configs)]
     if not configs:
         return cases
-    return [replace(case, config=config) for case in cases for config in configs]
+    return [replace(case, config=config) for config in configs for case in cases]
 
 
 def pins(tuned: list[Tuned], config: str | None, interpreter: bool) -> dict[Tuned, int]:
