@@ -443,3 +443,19 @@ def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):
     assert bad["params"]["config"] == {"function": "_copy_kernel", "index": 1, "kwargs": {"BLOCK": 32},
                                        "num_warps": 2, "num_stages": 3}
     assert "_copy_kernel config 1 (BLOCK=32, num_stages=3, num_warps=2): nonfinite in 2/2 cases" in result.stdout
+
+
+@pytest.mark.gpu
+def test_configs_all_flags_the_one_autotune_config_with_the_bug_on_a_gpu(tmp_path):
+    """On a GPU `auto` is the autotuner's pick after benchmarking: the slow, buggy BLOCK=32 loses."""
+    kernel = f"{Path(__file__).parent / 'tuned_kernels' / 'scan.py'}:chunk_scan"
+    args = ("--kernel", kernel, "--preset", "smoke", "--regime", "normal,ragged", "--device", "cuda")
+    result, _ = scan(*args, json_path=tmp_path / "auto.json")
+    assert result.exit_code == 0, result.output
+    result, report = scan(*args, "--configs", "all", json_path=tmp_path / "all.json")
+    assert result.exit_code == 3
+    statuses = {}
+    for case in report["cases"]:
+        statuses.setdefault(case["params"]["config"]["index"], set()).add(case["status"])
+    assert statuses == {0: {"pass"}, 1: {"nonfinite"}}
+    assert "_copy_kernel config 1 (BLOCK=32, num_stages=3, num_warps=2): nonfinite in 2/2 cases" in result.stdout

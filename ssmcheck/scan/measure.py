@@ -92,14 +92,25 @@ def locate_nonfinite_states(states, ref, inputs) -> NonfiniteToken | None:
     )
 
 
+def _sums_by_key(key: torch.Tensor, groups: int, *values: torch.Tensor) -> list[torch.Tensor]:
+    """Each of `values` summed over its rows by `key` into `groups` rows, in one fixed order.
+
+    On a GPU, index_add_ adds with atomics in an order that varies between runs, so these float64
+    figures moved in the last bit between identical runs (a serial and a --workers run of the same
+    sweep differed). The CPU's index_add_ adds in index order; the values are already reduced over
+    the head dimension, so the copy is small beside the reference's work."""
+    key = key.cpu()
+    return [torch.zeros(groups, *v.shape[1:], dtype=v.dtype).index_add_(0, key, v.cpu()).to(v.device)
+            for v in values]
+
+
 def per_chunk_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[float]:
     """Norm-wise relative error of y in each chunk index (each sequence chunked on its own)."""
     diff2 = (y.double() - ref.double()).square().flatten(2).sum(-1).flatten()
     ref2 = ref.double().square().flatten(2).sum(-1).flatten()
     chunk = (tokens.position // chunk_size).flatten()
     nchunks = int(chunk.max()) + 1
-    num = torch.zeros(nchunks, dtype=torch.float64, device=y.device).index_add_(0, chunk, diff2)
-    den = torch.zeros(nchunks, dtype=torch.float64, device=y.device).index_add_(0, chunk, ref2)
+    num, den = _sums_by_key(chunk, nchunks, diff2, ref2)
     rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
     return rel.tolist()
 
@@ -109,13 +120,11 @@ def per_chunk_head_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, c
 
     Chunks as in `per_chunk_error`; a chunk-head with non-finite output is nan (or inf).
     """
-    nheads = y.shape[2]
     diff2 = (y.double() - ref.double()).square().sum(-1).flatten(0, 1)  # (rows * tokens, nheads)
     ref2 = ref.double().square().sum(-1).flatten(0, 1)
     chunk = (tokens.position // chunk_size).flatten()
     nchunks = int(chunk.max()) + 1
-    num = torch.zeros(nchunks, nheads, dtype=torch.float64, device=y.device).index_add_(0, chunk, diff2)
-    den = torch.zeros(nchunks, nheads, dtype=torch.float64, device=y.device).index_add_(0, chunk, ref2)
+    num, den = _sums_by_key(chunk, nchunks, diff2, ref2)
     rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
     return rel.tolist()
 
@@ -126,15 +135,13 @@ def group_errors(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_siz
 
     A group whose reference is zero has error 0 (exact) or inf; a non-finite output gives nan or inf.
     """
-    nheads = y.shape[2]
     diff2 = (y.double() - ref.double()).square().sum(-1).flatten(0, 1)  # (rows * tokens, nheads)
     ref2 = ref.double().square().sum(-1).flatten(0, 1)
     chunk = (tokens.position // chunk_size).flatten()
     nchunks = int(chunk.max()) + 1
     key = tokens.sequence.flatten() * nchunks + chunk
     ngroups = (int(tokens.sequence.max()) + 1) * nchunks
-    num = torch.zeros(ngroups, nheads, dtype=torch.float64, device=y.device).index_add_(0, key, diff2)
-    den = torch.zeros(ngroups, nheads, dtype=torch.float64, device=y.device).index_add_(0, key, ref2)
+    num, den = _sums_by_key(key, ngroups, diff2, ref2)
     return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt().flatten()
 
 
