@@ -59,3 +59,17 @@ def test_environment_is_reported():
     env = runtime.environment().as_dict()
     assert set(env) >= {"device", "torch", "triton", "interpreter"}
     assert env["torch"] == torch.__version__
+
+
+
+def test_the_interpreter_skips_its_int32_overflow_checks():
+    # They assert only under TRITON_DEBUG, yet each int32 op is redone in int64: a fifth of a CPU scan.
+    r = _fresh(
+        "from ssmcheck.core import runtime\n"
+        "runtime.configure('cpu')\n"
+        "from triton.runtime import interpreter\n"
+        "options = getattr(interpreter.interpreter_builder, 'options', None)\n"
+        "print(getattr(options, 'sanitize_overflow', 'absent'))\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("False", "absent")

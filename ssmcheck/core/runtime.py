@@ -69,6 +69,8 @@ def configure(device: str | None = None) -> Environment:
 
     import triton  # noqa: PLC0415  (deliberately late: see module docstring)
 
+    if want_interpreter:
+        _skip_interpreter_overflow_checks()
     gpu = None
     if device == "cuda":
         major, minor = torch.cuda.get_device_capability()
@@ -82,6 +84,23 @@ def configure(device: str | None = None) -> Environment:
         python=platform.python_version(),
     )
     return _configured
+
+
+def _skip_interpreter_overflow_checks() -> None:
+    """Turn off the interpreter's overflow check of every int32 add, sub and mul.
+
+    Each checked op is redone in int64 and compared, a fifth of a CPU scan's time, for a device_assert
+    that is a no-op unless TRITON_DEBUG is set (and compiled kernels do not check at all). The
+    builder's options are a frozen dataclass of the interpreter module; a Triton without them is left
+    as it is."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is not None and getattr(options, "sanitize_overflow", False):
+        builder.options = replace(options, sanitize_overflow=False)
 
 
 def environment() -> Environment:
