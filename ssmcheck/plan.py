@@ -84,9 +84,12 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
 
 
 def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
-               case: str | None = None, from_report: str | Path | None = None, philox_rounds: int = 10,
-               rounding_impl: str = "software", shard: str | None = None, **options) -> Plan:
-    """Resolve a `drift` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError."""
+               case: str | None = None, from_report: str | Path | None = None, philox_rounds: int | None = None,
+               rounding_impl: str | None = None, shard: str | None = None, **options) -> Plan:
+    """Resolve a `drift` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError.
+
+    `philox_rounds` and `rounding_impl` default to 10 and "software", or with `from_report` to the
+    report's, so that a case run again rounds as it did."""
     env = _configure(device)
     from ssmcheck.drift import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
     from ssmcheck.drift.json import case_json  # noqa: PLC0415
@@ -96,6 +99,9 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
     settings, cases, kernel, preset_name, files = _sweep("drift", spec, kernel, preset, env, case, from_report, options)
     kernel = kernel or adapter.BUILTIN
     name = _name(kernel)
+    recorded = {} if from_report is None else _load_settings(Path(from_report))
+    philox_rounds = recorded.get("philox_rounds", 10) if philox_rounds is None else philox_rounds
+    rounding_impl = recorded.get("rounding_impl", "software") if rounding_impl is None else rounding_impl
     if isinstance(philox_rounds, bool) or not isinstance(philox_rounds, int) or philox_rounds < 1:
         raise UsageError(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")
     if rounding_impl not in ROUNDING_IMPLS:
@@ -232,14 +238,24 @@ def _sweep(command: str, spec, kernel, preset, env, case_id, from_report, option
     return settings, cases, kernel, conf.preset, conf.files
 
 
-def _load_case(report_path: Path, command: str, case_id: str) -> tuple[dict, dict]:
-    """(the case's params, the run's settings) of case `case_id` in an earlier JSON report."""
+def _load_report(report_path: Path, command: str) -> dict:
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"--from: cannot read {str(report_path)!r}: {exc}") from None
     if not isinstance(report, dict) or report.get("tool") != "ssmcheck" or report.get("command") != command:
         raise UsageError(f"--from: {str(report_path)!r} is not an ssmcheck {command} report")
+    return report
+
+
+def _load_settings(report_path: Path) -> dict:
+    """The settings of an earlier drift report (already checked by `_load_case`)."""
+    return _load_report(report_path, "drift").get("settings", {})
+
+
+def _load_case(report_path: Path, command: str, case_id: str) -> tuple[dict, dict]:
+    """(the case's params, the run's settings) of case `case_id` in an earlier JSON report."""
+    report = _load_report(report_path, command)
     for case in report.get("cases", []):
         if case.get("id") == case_id:
             return case["params"], report.get("settings", {})

@@ -209,3 +209,18 @@ def test_what_a_kernel_prints_is_shown_under_its_case_not_in_the_table(tmp_path)
     title = lines.index(f"stdout of {case['id']}:")
     assert lines[title + 1:title + 3] == ["  noise", "  c-level noise"]
     assert not any(line.startswith(("noise", "c-level")) for line in lines)
+
+
+def test_a_drift_case_from_a_report_rounds_as_the_report_did(tmp_path):
+    options = ("drift", "--preset", "smoke", "--rounding", "stochastic", "--philox-rounds", "7")
+    _, report = invoke(*options, json_path=tmp_path / "all.json")
+    target = report["cases"][0]
+    result, replay = invoke("drift", "--case", target["id"], "--from", tmp_path / "all.json",
+                            json_path=tmp_path / "re.json")
+    assert result.exit_code == 0, result.output
+    assert replay["settings"]["philox_rounds"] == 7 and replay["settings"]["rounding_impl"] == "software"
+    assert replay["cases"][0]["params"] == target["params"]
+    assert replay["cases"][0]["checkpoints"] == target["checkpoints"]  # the same rounding bits: the same figures
+    _, other = invoke("drift", "--case", target["id"], "--from", tmp_path / "all.json", "--philox-rounds", "10",
+                      json_path=tmp_path / "ten.json")
+    assert other["settings"]["philox_rounds"] == 10  # the command line still wins
