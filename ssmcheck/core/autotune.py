@@ -66,12 +66,22 @@ def described_text(described: dict) -> str:
 
 def find(fn: Callable) -> list[Tuned]:
     """Every autotuner reachable from `fn`'s module (or its ORIGIN's) within its package, in a stable
-    order (by module, then by name), each once."""
-    from triton.runtime.autotuner import Autotuner  # noqa: PLC0415 (triton: only once the runtime is configured)
-
+    order (by module, then by name), each once. Searched once per module and process: every case of a
+    sweep asks."""
     start = inspect.getmodule(inspect.unwrap(getattr(fn, ORIGIN, fn)))
     if start is None:
         return []
+    if start.__name__ not in _FOUND:
+        _FOUND[start.__name__] = _search(start)
+    return _FOUND[start.__name__]
+
+
+_FOUND: dict[str, list[Tuned]] = {}
+
+
+def _search(start: types.ModuleType) -> list[Tuned]:
+    from triton.runtime.autotuner import Autotuner  # noqa: PLC0415 (triton: only once the runtime is configured)
+
     package = start.__name__.partition(".")[0]
     folder = Path(start.__file__).resolve().parent if getattr(start, "__file__", None) else None
 

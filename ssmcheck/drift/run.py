@@ -176,10 +176,8 @@ class DriftRunner:
         return _ADAPTERS[self]
 
     def autotuned(self) -> list:
-        """The kernel's autotuned functions (core.autotune), found once per process."""
-        if self not in _TUNED:
-            _TUNED[self] = autotune.find(self.adapter().fn)
-        return _TUNED[self]
+        """The kernel's autotuned functions (core.autotune)."""
+        return autotune.find(self.adapter().fn)
 
     def prefill(self):
         """The chunk scan's adapter for --from-prefill (None without), resolved once per process. Raises
@@ -206,6 +204,4 @@ class DriftRunner:
 
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
 _ADAPTERS: dict[DriftRunner, DriftAdapter] = {}
-# Per process: the kernel's autotuned functions.
-_TUNED: dict[DriftRunner, list] = {}
 _PREFILLS: dict[DriftRunner, object] = {}

@@ -339,10 +339,8 @@ class ScanRunner:
         return invariance.Options(self.batch_exact, decode, "" if decode else "no state-update kernel to decode with")
 
     def autotuned(self) -> list:
-        """The kernel's autotuned functions (core.autotune), found once per process."""
-        if self not in _TUNED:
-            _TUNED[self] = autotune.find(self.adapter().fn)
-        return _TUNED[self]
+        """The kernel's autotuned functions (core.autotune)."""
+        return autotune.find(self.adapter().fn)
 
     def pins(self, case: ScanCase) -> dict:
         """The configs to pin for `case` (core.autotune.pins)."""
@@ -375,5 +373,4 @@ class ScanRunner:
 
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.
 _ADAPTERS: dict[ScanRunner, ScanAdapter] = {}
-_TUNED: dict[ScanRunner, list] = {}
 _DECODERS: dict[ScanRunner, object] = {}
