@@ -43,11 +43,15 @@ class Estimate:
 
     def line(self, free: int | None) -> str:
         """The header's line."""
-        where = "not checked on the CPU" if free is None else f"{free / GIB:.1f} GiB free on the GPU"
-        return (f"memory: the largest case ({self.case_id}) needs about {self.total / GIB:.1f} GiB at its peak "
-                f"({self.calls / GIB:.1f} during the kernel's calls: inputs, their copies, outputs, intermediates; "
-                f"{self.comparison / GIB:.1f} during the comparison, with a reference segment of "
-                f"{self.segment / GIB:.1f}); {where}")
+        where = "not checked on the CPU" if free is None else f"{_size(free)} free on the GPU"
+        return (f"memory: the largest case ({self.case_id}) needs about {_size(self.total)} at its peak "
+                f"({_size(self.calls)} during the kernel's calls: inputs, their copies, outputs, intermediates; "
+                f"{_size(self.comparison)} during the comparison, with a reference segment of "
+                f"{_size(self.segment)}); {where}")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
 
 
 def estimate(case, repeat: int = 1) -> Estimate:
@@ -83,5 +87,5 @@ def refusal(need: Estimate | None, free: int | None) -> str | None:
     """Why the sweep cannot run here (one line), or None."""
     if need is None or free is None or need.total <= free:
         return None
-    return (f"case {need.case_id} needs about {need.total / GIB:.1f} GiB of GPU memory, more than the "
-            f"{free / GIB:.1f} GiB free (run fewer tokens, a smaller batch or fewer heads)")
+    return (f"case {need.case_id} needs about {_size(need.total)} of GPU memory, more than the "
+            f"{_size(free)} free (run fewer tokens, a smaller batch or fewer heads)")
