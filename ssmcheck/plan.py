@@ -42,6 +42,7 @@ class Plan:
     case_json: Callable  # result -> the case's JSON dict
     progress_units: Callable  # case -> units of progress it counts (drift: decode steps)
     shard: dict | None = None  # with --shard K/N: the report's `shard` field (core.shard)
+    memory: str | None = None  # scan: the header's line on the largest case's GPU memory (scan.memory)
 
 
 def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,
@@ -69,7 +70,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
                          f"MODULE:FUNCTION kernel offers them as its {adapter.STAGES_ATTRIBUTE!r} attribute)")
     cases, autotuned = _configs(settings, runner, cases(name))
     tol = settings.tolerance
-    return _sharded(shard, Plan(
+    return _fits(settings.repeat, env.device, _sharded(shard, Plan(
         "scan", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
@@ -80,7 +81,19 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
             "decode_kernel": _name(runner.decode_kernel) if runner.invariance else None,
             "autotuned": autotuned,
         }, files, case_json, lambda c: 1,
-    ))
+    )))
+
+
+def _fits(repeat: int, device: str, plan: Plan) -> Plan:
+    """The plan with its memory line, or UsageError where its largest case cannot fit in the device's free
+    memory (scan.memory), before anything runs."""
+    from ssmcheck.scan import memory  # noqa: PLC0415
+
+    need, free = memory.largest(plan.cases, repeat), memory.free_bytes(device)
+    reason = memory.refusal(need, free)
+    if reason:
+        raise UsageError(reason)
+    return replace(plan, memory=None if need is None else need.line(free))
 
 
 def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, *, device: str | None = None,

@@ -18,7 +18,8 @@ from ssmcheck.scan import precision as P
 from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.measure import error_stats
 from ssmcheck.scan.regimes import REGIMES
-from ssmcheck.scan.run import reference
+from ssmcheck.scan.run import reference, reference_stream
+from ssmcheck.scan.streamed import relative_errors
 from ssmcheck.scan.spec import ScanCase
 
 # ------------------------------------------------------------------------------------ operand rounding
@@ -199,7 +200,8 @@ def fp32_case():
     ref = reference(inputs, "fp64")
     case = case_of(chunk_size=64)
     own = rel(call(inputs, 64), ref)
-    return inputs, ref, own, P.candidate_precisions(inputs, case, torch.float32, ref, *own)
+    measured = lambda streams: relative_errors(inputs, [(0, 512)], reference_stream(inputs, "fp64"), streams)  # noqa: E731
+    return inputs, ref, own, P.candidate_precisions(inputs, case, torch.float32, measured, *own)
 
 
 def test_candidates_differ_from_the_cases_own_baseline(fp32_case):
@@ -219,7 +221,8 @@ def test_candidates_differ_from_the_cases_own_baseline(fp32_case):
 
 def test_allow_tf32_candidates_keep_tf32_operands():
     inputs = REGIMES["normal"].generate(SHAPE, torch.float32, 0)
-    got = P.candidate_baselines(inputs, case_of(), torch.float32, allow_tf32=True)[P.BF16_STORAGE]
+    stream = P.candidate_baselines(inputs, case_of(), torch.float32, allow_tf32=True)[P.BF16_STORAGE]
+    got = (stream.segment(0, SHAPE.batch * SHAPE.seqlen)[0].reshape(inputs.x.shape), stream.states()[0])
     assert_bitwise(got, call(inputs, 32, matmul_operand_bits=10, state_dtype=torch.bfloat16))
     assert P.judged_baseline_options(inputs, True) == {"matmul_operand_bits": 10}
     assert P.judged_baseline_options(inputs, False) == {}

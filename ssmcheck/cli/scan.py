@@ -95,7 +95,7 @@ def scan(
     from ssmcheck.scan import table  # noqa: PLC0415 (after the plan has configured the device)
 
     out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings,
-                                                             plan.report_settings["autotuned"])
+                                                             plan.report_settings["autotuned"], plan.memory)
                                  + cli_common.files_note(plan.files), quiet)
     _, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
                                 isolate=isolate, case_timeout=timeout, workers=workers)

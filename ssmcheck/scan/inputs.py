@@ -28,6 +28,10 @@ class TokenMap:
     position: torch.Tensor  # (batch, seqlen) int64: token index within that sequence
     order: torch.Tensor  # (batch, seqlen) int64: rank in token order (packed position, or token-major over rows)
 
+    def segment(self, f0: int, f1: int) -> TokenMap:
+        """The map of flattened tokens [f0, f1) (batch*seqlen, in row order), as (1, f1 - f0) tensors."""
+        return TokenMap(*(t.flatten()[None, f0:f1] for t in (self.sequence, self.position, self.order)))
+
 
 @dataclass(frozen=True)
 class ScanInputs:

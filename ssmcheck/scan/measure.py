@@ -7,6 +7,12 @@ Everything is vectorised in float64 and read back in one transfer per figure:
   with how far it spread;
 - the relative error of y per chunk (by each sequence's own chunking) and a growth figure;
 - the same per (chunk, head), for the report's error maps.
+
+Each figure of y also accumulates over segments of flattened tokens (batch*seqlen, in row order) fed
+in order (`ErrorSum`, `GroupSums`, `FirstNonfinite`): a long case is compared a segment at a time
+(scan.streamed), with the figures of the whole-tensor functions here, which are one segment.
+Segments must not cut a chunk of any sequence (scan.segments), so each (sequence, chunk) group
+lies in one segment.
 """
 
 from __future__ import annotations
@@ -21,17 +27,44 @@ from ssmcheck.scan.results import ErrorStats, NonfiniteToken, RepeatSpread, Wors
 
 
 def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
-    diff = (out.double() - ref.double()).flatten()
-    abs_diff = diff.abs()
-    # NaN compares as the largest, so a NaN element is reported as the worst one.
-    max_abs, where = torch.where(abs_diff.isnan(), math.inf, abs_diff).max(0)
-    num, den = torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref.double())
-    num, den, max_abs, where = torch.stack([num, den, abs_diff[where], where.double()]).tolist()
-    if den > 0:
-        rel = num / den
-    else:
-        rel = 0.0 if num == 0 else math.inf
-    return ErrorStats(rel=rel, max_abs=max_abs, worst=_unravel(int(where), out.shape))
+    return ErrorSum(out.shape).add(out, ref).stats()
+
+
+class ErrorSum:
+    """`error_stats` of a tensor of `shape` whose leading elements come segment by segment, in order."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+        self.norms, self.ref_norms = [], []
+        self.worst = None  # (the key NaN counts as inf in, |difference|, flat index)
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor, offset: int = 0) -> ErrorSum:
+        """Add the elements from flat index `offset` on (the next segment, any shape)."""
+        diff = (out.double() - ref.double()).flatten()
+        abs_diff = diff.abs()
+        # NaN compares as the largest, so a NaN element is reported as the worst one.
+        _, where = torch.where(abs_diff.isnan(), math.inf, abs_diff).max(0)
+        num, den, max_abs, where = torch.stack([torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref.double()),
+                                                abs_diff[where], where.double()]).tolist()
+        self.norms.append(num)
+        self.ref_norms.append(den)
+        key = math.inf if math.isnan(max_abs) else max_abs
+        if self.worst is None or key > self.worst[0]:  # on a tie the first element stays the worst
+            self.worst = (key, max_abs, offset + int(where))
+        return self
+
+    def stats(self) -> ErrorStats:
+        num, den = (_combined(norms) for norms in (self.norms, self.ref_norms))
+        if den > 0:
+            rel = num / den
+        else:
+            rel = 0.0 if num == 0 else math.inf
+        return ErrorStats(rel=rel, max_abs=self.worst[1], worst=_unravel(self.worst[2], self.shape))
+
+
+def _combined(norms: list[float]) -> float:
+    """The 2-norm of the concatenation of vectors with these 2-norms (one: itself, bit for bit)."""
+    return norms[0] if len(norms) == 1 else math.sqrt(math.fsum(n * n for n in norms))
 
 
 def _unravel(flat: int, shape) -> tuple[int, ...]:
@@ -46,36 +79,54 @@ def nonfinite_mask(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(out) & torch.isfinite(ref)
 
 
-def first_nonfinite_token(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int):
-    """For y (batch, seqlen, nheads, headdim): None, or (row, token, head, channel, counts) of the first
-    non-finite element in token order, where counts = (elements, tokens, chunks)."""
-    bad = nonfinite_mask(y, ref)
-    bad_token = bad.flatten(2).any(-1)  # (batch, seqlen)
-    no = torch.iinfo(torch.int64).max
-    first = torch.where(bad_token, tokens.order, no).flatten().argmin()
-    chunk = tokens.position // chunk_size
-    nchunks = int(chunk.max()) + 1
-    chunk_keys = (tokens.sequence * nchunks + chunk)[bad_token]
-    elements, ntokens, any_bad = torch.stack([bad.sum(), bad_token.sum(), bad_token.any().long()]).tolist()
-    if not any_bad:
-        return None
-    row, token = divmod(int(first), y.shape[1])
-    head, channel = divmod(int(bad[row, token].flatten().nonzero()[0]), y.shape[3])
-    return row, token, head, channel, (elements, ntokens, int(chunk_keys.unique().numel()))
+class FirstNonfinite:
+    """The first non-finite element of y (where the reference is finite) in token order, and how far it
+    spread, over segments of flattened tokens fed in order."""
+
+    def __init__(self, seqlen: int, chunk_size: int):
+        self.seqlen, self.chunk_size = seqlen, chunk_size
+        self.first = None  # (order, row, token, head, channel)
+        self.elements = self.tokens = self.chunks = 0
+
+    def add(self, y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, f0: int = 0) -> FirstNonfinite:
+        """y, ref (tokens, nheads, headdim) from flattened token `f0` on; `tokens` their (1, tokens) map."""
+        bad = nonfinite_mask(y, ref)
+        bad_token = bad.flatten(1).any(-1)  # (tokens,)
+        no = torch.iinfo(torch.int64).max
+        order = tokens.order.flatten()
+        first = torch.where(bad_token, order, no).argmin()
+        chunk_keys = (tokens.sequence.flatten() * (self.seqlen // self.chunk_size + 1)
+                      + tokens.position.flatten() // self.chunk_size)[bad_token]
+        elements, ntokens, first_order = torch.stack([bad.sum(), bad_token.sum(), order[first]]).tolist()
+        if not ntokens:
+            return self
+        # A (sequence, chunk) lies within one segment: its chunks are counted once.
+        self.elements, self.tokens = self.elements + elements, self.tokens + ntokens
+        self.chunks += int(chunk_keys.unique().numel())
+        if self.first is None or first_order < self.first[0]:
+            row, token = divmod(f0 + int(first), self.seqlen)
+            head, channel = divmod(int(bad[int(first)].flatten().nonzero()[0]), y.shape[2])
+            self.first = (first_order, row, token, head, channel)
+        return self
+
+    def locate(self, tokens: TokenMap, inputs) -> NonfiniteToken | None:
+        """The first one as a NonfiniteToken (`tokens`: the whole case's map; `inputs`: its ScanInputs, for
+        whether the inputs at that token were finite), or None."""
+        if self.first is None:
+            return None
+        _, row, token, head, channel = self.first
+        position = int(tokens.position[row, token])
+        return NonfiniteToken(
+            output="y", sequence=int(tokens.sequence[row, token]), token=position, chunk=position // self.chunk_size,
+            head=head, channel=channel, state_index=None, count=self.elements, tokens=self.tokens,
+            chunks=self.chunks, inputs_finite=inputs.finite_at(row, token, head),
+        )
 
 
 def locate_nonfinite_y(y, ref, tokens: TokenMap, chunk_size: int, inputs) -> NonfiniteToken | None:
     """`inputs` is the case's ScanInputs (for whether the inputs at that token were finite)."""
-    found = first_nonfinite_token(y, ref, tokens, chunk_size)
-    if found is None:
-        return None
-    row, token, head, channel, (elements, ntokens, nchunks) = found
-    position = int(tokens.position[row, token])
-    return NonfiniteToken(
-        output="y", sequence=int(tokens.sequence[row, token]), token=position, chunk=position // chunk_size,
-        head=head, channel=channel, state_index=None, count=elements, tokens=ntokens, chunks=nchunks,
-        inputs_finite=inputs.finite_at(row, token, head),
-    )
+    found = FirstNonfinite(y.shape[1], chunk_size).add(y.flatten(0, 1), ref.flatten(0, 1), tokens.segment(0, y.shape[0] * y.shape[1]))
+    return found.locate(tokens, inputs)
 
 
 def locate_nonfinite_states(states, ref, inputs) -> NonfiniteToken | None:
@@ -92,57 +143,75 @@ def locate_nonfinite_states(states, ref, inputs) -> NonfiniteToken | None:
     )
 
 
-def _sums_by_key(key: torch.Tensor, groups: int, *values: torch.Tensor) -> list[torch.Tensor]:
-    """Each of `values` summed over its rows by `key` into `groups` rows, in one fixed order.
+class GroupSums:
+    """Squared errors and squared reference norms of y per (sequence, chunk, head), each sequence chunked
+    on its own, over segments of flattened tokens: the group errors, per-chunk errors and error maps.
 
-    On a GPU, index_add_ adds with atomics in an order that varies between runs, so these float64
-    figures moved in the last bit between identical runs (a serial and a --workers run of the same
-    sweep differed). The CPU's index_add_ adds in index order; the values are already reduced over
-    the head dimension, so the copy is small beside the reference's work."""
-    key = key.cpu()
-    return [torch.zeros(groups, *v.shape[1:], dtype=v.dtype).index_add_(0, key, v.cpu()).to(v.device)
-            for v in values]
+    The sums live on the CPU: on a GPU, index_add_ adds with atomics in an order that varies between
+    runs, and the figures moved in the last bit between identical runs (a serial and a --workers run
+    of one sweep differed on the H200). The CPU adds in index order; what is copied is already
+    reduced over headdim."""
+
+    def __init__(self, tokens: TokenMap, chunk_size: int, nheads: int):
+        """`tokens`: the whole case's map."""
+        self.chunk_size = chunk_size
+        self.nchunks = int((tokens.position // chunk_size).max()) + 1
+        self.nseq = int(tokens.sequence.max()) + 1
+        self.num = torch.zeros(self.nseq * self.nchunks, nheads, dtype=torch.float64)
+        self.den = torch.zeros_like(self.num)
+
+    def add(self, y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap) -> GroupSums:
+        """y, ref (tokens, nheads, headdim) of one segment; `tokens` their (1, tokens) map."""
+        key = tokens.sequence.flatten() * self.nchunks + tokens.position.flatten() // self.chunk_size
+        key = key.cpu()
+        self.num.index_add_(0, key, (y.double() - ref.double()).square().sum(-1).cpu())
+        self.den.index_add_(0, key, ref.double().square().sum(-1).cpu())
+        return self
+
+    def group_errors(self) -> torch.Tensor:
+        """Norm-wise relative error of y in every (sequence, chunk, head) group, flattened in that order:
+        where an error confined to one chunk of one head lives, instead of averaged over all of y.
+
+        A group whose reference is zero has error 0 (exact) or inf; a non-finite output gives nan or inf.
+        """
+        return _relative(self.num, self.den).flatten()
+
+    def per_chunk(self) -> list[float]:
+        """Norm-wise relative error of y in each chunk index (each sequence chunked on its own)."""
+        by_chunk = (t.view(self.nseq, self.nchunks, -1).sum((0, 2)) for t in (self.num, self.den))
+        return _relative(*by_chunk).tolist()
+
+    def per_chunk_head(self) -> list[list[float]]:
+        """Norm-wise relative error of y per (chunk index, head), as a nested list [chunk][head]; a
+        chunk-head with non-finite output is nan (or inf)."""
+        by_chunk_head = (t.view(self.nseq, self.nchunks, -1).sum(0) for t in (self.num, self.den))
+        return _relative(*by_chunk_head).tolist()
+
+    def shape(self) -> tuple[int, int]:
+        """(chunks per sequence, heads): how `group_errors` lays its groups out within a sequence."""
+        return self.nchunks, self.num.shape[1]
+
+
+def _relative(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
+
+
+def _group_sums(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> GroupSums:
+    """GroupSums of whole tensors (batch, seqlen, nheads, headdim): one segment."""
+    whole = tokens.segment(0, y.shape[0] * y.shape[1])
+    return GroupSums(tokens, chunk_size, y.shape[2]).add(y.flatten(0, 1), ref.flatten(0, 1), whole)
 
 
 def per_chunk_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[float]:
-    """Norm-wise relative error of y in each chunk index (each sequence chunked on its own)."""
-    diff2 = (y.double() - ref.double()).square().flatten(2).sum(-1).flatten()
-    ref2 = ref.double().square().flatten(2).sum(-1).flatten()
-    chunk = (tokens.position // chunk_size).flatten()
-    nchunks = int(chunk.max()) + 1
-    num, den = _sums_by_key(chunk, nchunks, diff2, ref2)
-    rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
-    return rel.tolist()
+    return _group_sums(y, ref, tokens, chunk_size).per_chunk()
 
 
 def per_chunk_head_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[list[float]]:
-    """Norm-wise relative error of y per (chunk index, head), as a nested list [chunk][head].
-
-    Chunks as in `per_chunk_error`; a chunk-head with non-finite output is nan (or inf).
-    """
-    diff2 = (y.double() - ref.double()).square().sum(-1).flatten(0, 1)  # (rows * tokens, nheads)
-    ref2 = ref.double().square().sum(-1).flatten(0, 1)
-    chunk = (tokens.position // chunk_size).flatten()
-    nchunks = int(chunk.max()) + 1
-    num, den = _sums_by_key(chunk, nchunks, diff2, ref2)
-    rel = torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
-    return rel.tolist()
+    return _group_sums(y, ref, tokens, chunk_size).per_chunk_head()
 
 
 def group_errors(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> torch.Tensor:
-    """Norm-wise relative error of y in every (sequence, chunk, head) group, flattened in that order:
-    where an error confined to one chunk of one head lives, instead of averaged over all of y.
-
-    A group whose reference is zero has error 0 (exact) or inf; a non-finite output gives nan or inf.
-    """
-    diff2 = (y.double() - ref.double()).square().sum(-1).flatten(0, 1)  # (rows * tokens, nheads)
-    ref2 = ref.double().square().sum(-1).flatten(0, 1)
-    chunk = (tokens.position // chunk_size).flatten()
-    nchunks = int(chunk.max()) + 1
-    key = tokens.sequence.flatten() * nchunks + chunk
-    ngroups = (int(tokens.sequence.max()) + 1) * nchunks
-    num, den = _sums_by_key(key, ngroups, diff2, ref2)
-    return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt().flatten()
+    return _group_sums(y, ref, tokens, chunk_size).group_errors()
 
 
 def worst_group(kernel: torch.Tensor, baseline: torch.Tensor, nchunks_heads: tuple[int, int]) -> WorstGroup:
@@ -154,11 +223,6 @@ def worst_group(kernel: torch.Tensor, baseline: torch.Tensor, nchunks_heads: tup
     sequence, rest = divmod(int(where), nchunks * nheads)
     chunk, head = divmod(rest, nheads)
     return WorstGroup(rel=rel, baseline_rel=base, sequence=sequence, chunk=chunk, head=head)
-
-
-def group_shape(tokens: TokenMap, chunk_size: int, nheads: int) -> tuple[int, int]:
-    """(chunks per sequence, heads): how `group_errors` lays its groups out within a sequence."""
-    return int((tokens.position // chunk_size).max()) + 1, nheads
 
 
 def repeat_spread(first: tuple, repeats: list[tuple], tokens: TokenMap) -> RepeatSpread:

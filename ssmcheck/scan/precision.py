@@ -39,14 +39,15 @@ an fp16 matmul accumulator with fp32 decays errs like TF32 and is named TF32.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ssmcheck.core.formats import FORMATS
-from ssmcheck.ops.chunk_scan.baseline import TF32_BITS, scan_baseline
+from ssmcheck.ops.chunk_scan.baseline import TF32_BITS, baseline_stream
+from ssmcheck.ops.chunk_scan.naive import SSDStream
 from ssmcheck.scan.inputs import ScanInputs
-from ssmcheck.scan.measure import error_stats
 from ssmcheck.scan.spec import ScanCase
 
 TF32 = "tf32 matmuls"
@@ -90,37 +91,34 @@ def _options(inputs: ScanInputs, storage: torch.dtype, allow_tf32: bool) -> dict
 
 
 def candidate_baselines(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, *, allow_tf32: bool = False
-                        ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """name -> (y, states) of each reduced-precision baseline (see the module docstring for which).
+                        ) -> dict[str, SSDStream]:
+    """name -> the stream (ops/chunk_scan/naive.py's SSDStream) of each reduced-precision baseline (see
+    the module docstring for which).
 
     Each is the case's own baseline changed in one respect: scan_baseline on the case's inputs
     with the case's chunk size, rounding and seed and `storage` (the dtype the case's states are
     judged as stored in); with allow_tf32, fp32 cases are judged against TF32, so every candidate
-    keeps TF32 operands and there is no TF32 candidate. States are the varlen states for varlen
-    inputs, else the final states (as scan.run's).
+    keeps TF32 operands and there is no TF32 candidate.
     """
     judged = judged_baseline_options(inputs, allow_tf32)
     results = {}
     for name, changed in _options(inputs, storage, allow_tf32).items():
         kw = dict(state_dtype=storage, rounding=case.rounding, seed=case.seed) | judged | changed
-        out = scan_baseline(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size,
-                            **inputs.kwargs(), **kw)
-        results[name] = (out.y, out.varlen_states if inputs.varlen else out.final_states)
+        results[name] = baseline_stream(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size,
+                                        **inputs.kwargs(), **kw)
     return results
 
 
-def measure_candidates(candidates: dict[str, tuple[torch.Tensor, torch.Tensor]], ref) -> list[Precision]:
-    """Each candidate's errors against the reference (y, states, ...) as Precisions."""
-    return [Precision(name, error_stats(y, ref[0]).rel, error_stats(states, ref[1]).rel)
-            for name, (y, states) in candidates.items()]
-
-
-def candidate_precisions(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, ref, baseline_y_rel: float,
-                         baseline_states_rel: float, *, allow_tf32: bool = False) -> list[Precision]:
-    """The case's own baseline (its errors already measured) and every candidate measured against
-    `ref` (the float64 reference's (y, states, ...))."""
+def candidate_precisions(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
+                         measured: Callable[[dict[str, SSDStream]], dict[str, tuple[float, float]]],
+                         baseline_y_rel: float, baseline_states_rel: float, *, allow_tf32: bool = False
+                         ) -> list[Precision]:
+    """The case's own baseline (its errors already measured) and every candidate, measured by `measured`:
+    streams by name -> (relative error of y, of the states) against the float64 reference
+    (scan.streamed.relative_errors over the case's segments)."""
     own = Precision(BASELINE, baseline_y_rel, baseline_states_rel)
-    return [own, *measure_candidates(candidate_baselines(inputs, case, storage, allow_tf32=allow_tf32), ref)]
+    errors = measured(candidate_baselines(inputs, case, storage, allow_tf32=allow_tf32))
+    return [own, *(Precision(name, y_rel, states_rel) for name, (y_rel, states_rel) in errors.items())]
 
 
 def _log_ratio(kernel: float, candidate: float) -> float:

@@ -11,6 +11,15 @@ moderate decay computed as the difference of two huge, rounded cumsums.
 
 Inputs are drawn on the CPU from a generator seeded with the case's seed, so a
 case is the same on every device; `ScanInputs.to` moves them.
+
+The regimes long sequences run (normal, long) draw their token-wise inputs (x, B, C, z,
+raw dt) in blocks of GENERATION_BLOCK tokens, block k from a generator seeded by (case
+seed, k), and cast each block into the case's dtype as it is drawn: a token's inputs
+depend on the seed, the widths and its position (a longer sequence begins with a shorter
+one's), never on how a run is cut into segments, and no float32 copy of a whole long
+input is made. Their per-head parameters
+(A, dt_bias, D, initial states) come from the case seed's own generator. The other
+regimes draw whole tensors from that one generator.
 """
 
 from __future__ import annotations
@@ -21,7 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.sweep import case_seed
 from ssmcheck.scan.inputs import ScanInputs, ScanShape
+
+GENERATION_BLOCK = 4096  # tokens per block of token-wise inputs (normal, long)
 
 
 @dataclass(frozen=True)
@@ -70,10 +82,16 @@ def _inverse_softplus(v: torch.Tensor) -> torch.Tensor:
     return v + torch.log(-torch.expm1(-v))
 
 
+def _trained_dt_bias(g: torch.Generator, nheads: int) -> torch.Tensor:
+    """dt_bias so that softplus(raw + bias) lies around [1e-3, 0.1] (log-uniform per head) for raw dt
+    of 0.5 N(0, 1)."""
+    return _inverse_softplus(torch.exp(_uniform(g, nheads, math.log(1e-3), math.log(0.1))))
+
+
 def _trained_dt(g: torch.Generator, rows: int, seqlen: int, nheads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(raw dt, dt_bias) so that softplus(raw + bias) lies around [1e-3, 0.1] (log-uniform per head)."""
-    target = torch.exp(_uniform(g, nheads, math.log(1e-3), math.log(0.1)))
-    return 0.5 * _normal(g, (rows, seqlen, nheads)), _inverse_softplus(target)
+    """(raw dt, dt_bias), as _trained_dt_bias describes them."""
+    dt_bias = _trained_dt_bias(g, nheads)
+    return 0.5 * _normal(g, (rows, seqlen, nheads)), dt_bias
 
 
 def _unit_inputs(g: torch.Generator, shape: ScanShape, rows: int, seqlen: int) -> dict[str, torch.Tensor]:
@@ -84,6 +102,24 @@ def _unit_inputs(g: torch.Generator, shape: ScanShape, rows: int, seqlen: int) -
         C=_normal(g, (rows, seqlen, shape.ngroups, shape.dstate)),
         z=_normal(g, (rows, seqlen, shape.nheads, shape.headdim)),
     )
+
+
+def _blocked_tokens(seed: int, shape: ScanShape, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """x, B, C, z at unit scale and raw dt of 0.5 N(0, 1) (as _trained_dt's), in `dtype`, drawn in blocks
+    of GENERATION_BLOCK tokens (the module docstring says why)."""
+    rows, seqlen = shape.batch, shape.seqlen
+    tokens = {}
+    for block, t0 in enumerate(range(0, seqlen, GENERATION_BLOCK)):
+        g = _generator(case_seed(seed, {"token_block": block}))
+        # A whole block is drawn even where the sequence ends in it, so its tokens are a longer case's.
+        drawn = _unit_inputs(g, shape, rows, GENERATION_BLOCK)
+        drawn["dt"] = 0.5 * _normal(g, (rows, GENERATION_BLOCK, shape.nheads))
+        n = min(GENERATION_BLOCK, seqlen - t0)
+        for name, value in drawn.items():
+            if name not in tokens:
+                tokens[name] = torch.empty(rows, seqlen, *value.shape[2:], dtype=dtype)
+            tokens[name][:, t0 : t0 + n] = value[:, :n]
+    return tokens
 
 
 def _ragged_cu_seqlens(g: torch.Generator, nseq: int, total: int, chunk_size: int) -> torch.Tensor:
@@ -128,11 +164,10 @@ def _lengths_note(cu: torch.Tensor) -> str:
 
 def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     g = _generator(seed)
-    u = _unit_inputs(g, shape, shape.batch, shape.seqlen)
-    dt, dt_bias = _trained_dt(g, shape.batch, shape.seqlen, shape.nheads)
     return _finish(
-        dtype, "batch rows, trained-model ranges, D per head, z gate", dt=dt, dt_bias=dt_bias,
-        A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads), dt_softplus=True, **u,
+        dtype, "batch rows, trained-model ranges, D per head, z gate", dt_bias=_trained_dt_bias(g, shape.nheads),
+        A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads), dt_softplus=True,
+        **_blocked_tokens(seed, shape, dtype),
     )
 
 
@@ -262,13 +297,12 @@ def _peak_magnitude(inputs: ScanInputs) -> float:
 
 def long(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     g = _generator(seed)
-    u = _unit_inputs(g, shape, shape.batch, shape.seqlen)
-    dt, dt_bias = _trained_dt(g, shape.batch, shape.seqlen, shape.nheads)
     return _finish(
         dtype, "batch rows continuing from initial states, dt clamped to dt_limit (0, 0.1)",
-        dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads), dt_softplus=True,
-        dt_limit=(0.0, 0.1), initial_states=_normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate)),
-        **u,
+        dt_bias=_trained_dt_bias(g, shape.nheads), A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads),
+        dt_softplus=True, dt_limit=(0.0, 0.1),
+        initial_states=_normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate)),
+        **_blocked_tokens(seed, shape, dtype),
     )
 
 

@@ -21,7 +21,7 @@ from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import invariance, measure, precision, repro, stages
+from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -37,26 +37,54 @@ REFERENCE_CHUNK = 128
 STOCHASTIC_DRAWS = 4
 
 
-def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, states, the SSM part C·h of y) of the sequential recurrence in float64 ("fp64") or float32 ("fp32")."""
+def reference_stream(inputs: ScanInputs, kind: str):
+    """The sequential recurrence in float64 ("fp64") or float32 ("fp32"), or for long rows in float64 its
+    chunked form, as a stream of segments (ops/chunk_scan/naive.py)."""
     from ssmcheck.ops.chunk_scan import naive  # noqa: PLC0415
 
     args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
-    if kind == "fp64" and inputs.x.shape[1] > SEQUENTIAL_REFERENCE_MAX_TOKENS:
-        out = naive.scan_chunked(*args, REFERENCE_CHUNK, **inputs.kwargs())
-    else:
-        dtype = torch.float64 if kind == "fp64" else torch.float32
-        out = naive.scan_recurrent(*args, **inputs.kwargs(), dtype=dtype)
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm
+    if reference_chunk(inputs, kind) is not None:
+        return naive.SSDStream(*args, REFERENCE_CHUNK, **inputs.kwargs(), arith=naive.chunked_arithmetic())
+    dtype = torch.float64 if kind == "fp64" else torch.float32
+    return naive.RecurrentStream(*args, **inputs.kwargs(), dtype=dtype)
+
+
+def reference_chunk(inputs: ScanInputs, kind: str) -> int | None:
+    """The chunk size of the float64 reference's chunked form for these inputs, or None (sequential)."""
+    return REFERENCE_CHUNK if kind == "fp64" and inputs.x.shape[1] > SEQUENTIAL_REFERENCE_MAX_TOKENS else None
+
+
+def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, states, the SSM part C·h of y) of `reference_stream`, whole."""
+    stream = reference_stream(inputs, kind)
+    y, y_ssm = _whole(stream, inputs)
+    return y, streamed.states(stream, inputs), y_ssm
+
+
+def _whole(stream, inputs: ScanInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, y_ssm) of a stream run as one segment, shaped like x."""
+    rows, seqlen = inputs.x.shape[:2]
+    return tuple(t.reshape(rows, seqlen, *t.shape[1:]) for t in stream.segment(0, rows * seqlen))
+
+
+def baseline_stream(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool = False, **changed):
+    """The same math in the kernel's dtype, its states stored in `storage` (the case's rounding), as a
+    stream of segments; with `allow_tf32`, fp32 matmul operands rounded to TF32; `changed`: scan_baseline
+    keywords that differ (a seed, a reduced precision)."""
+    from ssmcheck.ops.chunk_scan.baseline import baseline_stream as stream  # noqa: PLC0415
+
+    options = dict(state_dtype=storage, rounding=case.rounding, seed=case.seed)
+    return stream(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size, **inputs.kwargs(),
+                  **options | precision.judged_baseline_options(inputs, allow_tf32) | changed)
 
 
 def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
              allow_tf32: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, states, the SSM part C·h of y) of the same math in the kernel's dtype, its states stored in
-    `storage` (the case's rounding); with `allow_tf32`, fp32 matmul operands rounded to TF32. C·h comes
-    out in x's dtype, as a kernel called without D and z returns it (it is bitwise that output)."""
-    out = _baseline_output(inputs, case, storage, allow_tf32)
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm.to(inputs.x.dtype)
+    """(y, states, the SSM part C·h of y) of `baseline_stream`, whole. C·h comes out in x's dtype, as a
+    kernel called without D and z returns it (it is bitwise that output)."""
+    stream = baseline_stream(inputs, case, storage, allow_tf32)
+    y, y_ssm = _whole(stream, inputs)
+    return y, streamed.states(stream, inputs), y_ssm.to(inputs.x.dtype)
 
 
 def _baseline_output(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
@@ -130,7 +158,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
         ).to(device)
         inputs = kernel.cached_inputs(inputs, case)
-        ref = reference(inputs, reference_kind)
+        cuts = segments.case_cuts(inputs, case.chunk_size, reference_chunk(inputs, reference_kind))
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"setting up the case raised {describe(exc)}")
 
@@ -146,39 +174,39 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         return _kernel_failed(case, exc, inputs, transcript)
     kernel_seconds = time.perf_counter() - start
     storage = kernel.judged_storage(case, out[1].dtype)
-    try:  # after the call: the states the kernel returned may say how it stores them
-        base = baseline(inputs, case, storage, allow_tf32)
-    except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
-        return ScanResult(case, Status.ERROR, f"computing the baseline raised {describe(exc)}")
-    ssm = None
+    ssm_kernel = None
     if inputs.D is not None or inputs.z is not None:
         # The SSM part alone: the same call without D and z, judged against C·h of the references.
         try:
             ssm_kernel = _calls(kernel, replace(inputs, D=None, z=None), case, transcript, device, 1)[0][0]
         except Exception as exc:  # noqa: BLE001
             return _kernel_failed(case, exc, inputs, transcript, " (the call without D and z)")
-        ssm = (measure.error_stats(ssm_kernel, ref[2]), measure.error_stats(base[2], ref[2]))
+    try:  # after the call: the states the kernel returned may say how it stores them
+        figures = streamed.compare(inputs, case.chunk_size, cuts, reference_stream(inputs, reference_kind),
+                                   out[0], ssm_kernel, _baseline_streams(inputs, case, storage, allow_tf32))
+    except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
+        return ScanResult(case, Status.ERROR, f"computing the references raised {describe(exc)}")
 
     tokens = inputs.token_map()
+    ssm = figures.kernel_ssm is not None
     result = ScanResult(
         case, Status.PASS, kernel_seconds=kernel_seconds, warmup_seconds=warmup_seconds, inputs_note=inputs.note,
         stdout=transcript.text,
         state_storage=dtype_name(storage),
-        kernel=Comparison(measure.error_stats(out[0], ref[0]), measure.error_stats(out[1], ref[1]),
-                          ssm[0] if ssm else None),
-        baseline=Comparison(measure.error_stats(base[0], ref[0]), measure.error_stats(base[1], ref[1]),
-                            ssm[1] if ssm else None),
+        kernel=Comparison(figures.kernel_y, measure.error_stats(out[1], figures.reference_states),
+                          figures.kernel_ssm if ssm else None),
+        baseline=Comparison(figures.baseline_y, measure.error_stats(figures.baseline_states, figures.reference_states),
+                            figures.baseline_ssm if ssm else None),
         worst_group=measure.worst_group(
-            measure.group_errors(out[0], ref[0], tokens, case.chunk_size),
-            _baseline_group_errors(base, inputs, case, storage, allow_tf32, ref, tokens),
-            measure.group_shape(tokens, case.chunk_size, out[0].shape[2]),
+            figures.kernel_groups.group_errors(),
+            # Each group's largest error over the baseline's draws (_baseline_streams).
+            torch.stack([groups.group_errors() for groups in figures.baseline_groups]).amax(0),
+            figures.kernel_groups.shape(),
         ),
-        first_nonfinite_state=measure.locate_nonfinite_states(out[1], ref[1], inputs),
-        per_chunk=measure.per_chunk_error(out[0], ref[0], tokens, case.chunk_size),
+        first_nonfinite_state=measure.locate_nonfinite_states(out[1], figures.reference_states, inputs),
+        per_chunk=figures.kernel_groups.per_chunk(),
     )
-    result.first_nonfinite = (
-        measure.locate_nonfinite_y(out[0], ref[0], tokens, case.chunk_size, inputs) or result.first_nonfinite_state
-    )
+    result.first_nonfinite = figures.first_nonfinite.locate(tokens, inputs) or result.first_nonfinite_state
     result.growth = measure.growth(result.per_chunk)
     result.repeat = measure.repeat_spread(out, again, tokens) if again else None
     verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group,
@@ -186,21 +214,26 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
     racy = result.repeat is not None and not result.repeat.identical and not allow_nondeterministic
     if result.status is Status.FAIL and not racy:  # a race is no question of precision
-        result.precision, note = _classify(inputs, case, storage, ref, result, allow_tf32)
+        result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, allow_tf32)
         result.message += f"; {note}"
     if result.status in (Status.FAIL, Status.NONFINITE):
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
-                                    measure.per_chunk_head_error(out[0], ref[0], tokens, case.chunk_size))
+                                    figures.kernel_groups.per_chunk_head())
     failed = result.status in (Status.FAIL, Status.NONFINITE)
     if kernel.stages is not None and (compare_stages or failed):
-        result.stages = localise_stages(kernel, inputs, case, storage, allow_tf32, tolerance, transcript)
-        result.stdout = transcript.text
+        if len(cuts) > 1:  # the stages of every chunk at once: not bounded by a segment
+            result.stages = StageReport(note=f"stages not compared: the case is longer than one segment "
+                                             f"({cuts[0][1]} tokens)")
+        else:
+            result.stages = localise_stages(kernel, inputs, case, storage, allow_tf32, tolerance, transcript)
+            result.stdout = transcript.text
         if failed:
             result.message += f"; {stages.describe(result.stages)}"
     if serving is not None:
         checks = _serving_calls(serving, kernel, case, storage, allow_tf32, tolerance, transcript, device)
-        result.invariance = invariance.run_checks(checks, inputs, case.chunk_size, case.seed, out, ref,
-                                                  result.baseline)
+        # The serving-shaped checks compare whole outputs: the reference is whole here.
+        result.invariance = invariance.run_checks(checks, inputs, case.chunk_size, case.seed, out,
+                                                  reference(inputs, reference_kind), result.baseline)
         invariance.combine(result)
         result.stdout = transcript.text
     return result
@@ -223,22 +256,16 @@ def _serving_calls(options: invariance.Options, kernel: ScanAdapter, case: ScanC
     )
 
 
-def _baseline_group_errors(base, inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
-                           ref, tokens) -> torch.Tensor:
-    """The baseline's error in each (sequence, chunk, head) group of y, for the worst-group rule.
+def _baseline_streams(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool) -> list:
+    """The case's baseline stream, and for the worst-group rule its other draws.
 
     With stochastic rounding into a narrower storage, one group's error is a draw of a few rounding
     errors: the kernel's worst group and the baseline's are two samples of a maximum, and a correct
     kernel's came out 2.2x the baseline's in one thorough case on the H200. There the baseline is run
     with STOCHASTIC_DRAWS seeds and each group keeps its largest error: the worst a correct
     implementation showed in that many draws. Deterministic rounding needs one draw."""
-    groups = measure.group_errors(base[0], ref[0], tokens, case.chunk_size)
-    if case.rounding != "stochastic" or storage == torch.float32:
-        return groups
-    for draw in range(1, STOCHASTIC_DRAWS):
-        y = baseline(inputs, replace(case, seed=case.seed + draw), storage, allow_tf32)[0]
-        groups = torch.maximum(groups, measure.group_errors(y, ref[0], tokens, case.chunk_size))
-    return groups
+    draws = 1 if case.rounding != "stochastic" or storage == torch.float32 else STOCHASTIC_DRAWS
+    return [baseline_stream(inputs, case, storage, allow_tf32, seed=case.seed + draw) for draw in range(draws)]
 
 
 # Per process: the (kernel, shape) pairs already called once, so compiled and autotuned.
@@ -285,12 +312,16 @@ def _kernel_failed(case: ScanCase, exc: Exception, inputs: ScanInputs, transcrip
     return ScanResult(case, Status.ERROR, message + which, inputs_note=inputs.note, stdout=transcript.text)
 
 
-def _classify(inputs, case, storage, ref, result: ScanResult, allow_tf32: bool) -> tuple[dict | None, str]:
+def _classify(inputs, case, storage, cuts, reference_kind, result: ScanResult, allow_tf32: bool) -> tuple[dict | None, str]:
     """Which reduced precision the kernel's errors match (TF32 matmuls, fp16/bf16 storage, fp16
-    accumulation), for a failing case: (the JSON record, the message's words). Advisory: a failure
-    to classify never changes the verdict."""
+    accumulation), for a failing case: (the JSON record, the message's words); the candidates' baselines
+    are measured in a second pass over the segments. Advisory: a failure to classify never changes the
+    verdict."""
     try:
-        candidates = precision.candidate_precisions(inputs, case, storage, ref, result.baseline.y.rel,
+        def measured(streams: dict) -> dict[str, tuple[float, float]]:
+            return streamed.relative_errors(inputs, cuts, reference_stream(inputs, reference_kind), streams)
+
+        candidates = precision.candidate_precisions(inputs, case, storage, measured, result.baseline.y.rel,
                                                     result.baseline.states.rel, allow_tf32=allow_tf32)
         found = precision.closest(result.kernel.y.rel, result.kernel.states.rel, candidates)
     except Exception as exc:  # noqa: BLE001

@@ -16,7 +16,7 @@ import torch
 from ssmcheck.ops.naive import NO_DT_LIMIT
 from ssmcheck.ops.rounding.naive import round_to
 
-from .naive import Arithmetic, ScanOutput, scan_ssd
+from .naive import Arithmetic, ScanOutput, SSDStream, scan_ssd
 
 # TF32 (tensor-core "fp32" matmuls): fp32's exponent range, 10 fraction bits.
 TF32_BITS = 10
@@ -111,19 +111,31 @@ def scan_baseline(
       at chunk 256). States are still stored in state_dtype.
     With `record_stages`, ScanOutput.stages holds the SSD form's intermediates (naive._ssd).
     """
+    arith = _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate)
+    return scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                    dt_limit, arith, record_stages, y_dtype=x.dtype)
+
+
+def baseline_stream(
+    x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
+    dt_softplus=False, dt_limit=NO_DT_LIMIT, state_dtype=torch.float32, rounding="nearest", seed=0,
+    matmul_operand_bits: int | None = None, accumulate: torch.dtype = torch.float32,
+) -> SSDStream:
+    """`scan_baseline` one segment at a time (naive.SSDStream): the same figures, bit for bit."""
+    arith = _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate)
+    return SSDStream(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+                     arith, y_dtype=x.dtype)
+
+
+def _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate) -> Arithmetic:
     generator = torch.Generator(device=x.device).manual_seed(seed)
 
     def store_state(s):
         return round_to(s.to(torch.float32), state_dtype, rounding, generator)
 
     if matmul_operand_bits is None and accumulate == torch.float32:
-        arith = Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False)
-    else:
-        if accumulate not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"accumulate must be float32, float16 or bfloat16, got {accumulate}")
-        arith = _ReducedArithmetic(accumulate, x.dtype, store_state=store_state, exact_segments=False,
-                                   operand_bits=matmul_operand_bits)
-    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
-                   dt_limit, arith, record_stages)
-    out.y = out.y.to(x.dtype)
-    return out
+        return Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False)
+    if accumulate not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"accumulate must be float32, float16 or bfloat16, got {accumulate}")
+    return _ReducedArithmetic(accumulate, x.dtype, store_state=store_state, exact_segments=False,
+                              operand_bits=matmul_operand_bits)

@@ -7,6 +7,13 @@
   `scan_chunked` rounds nowhere; the same-precision baseline (baseline.py) rounds
   as a straightforward implementation in the kernel's dtype does.
 
+Both forms also run as streams (`RecurrentStream`, `SSDStream`): the tokens, flattened to
+(batch*seqlen) in row order, are computed one segment [f0, f1) at a time, in order, carrying the
+state from segment to segment, so a long sequence's float64 copy is never whole. A stream
+computes exactly what the whole call computes (the whole call is one segment): the SSD form's
+segments must start on its chunk grid (`SSDStream.segment` checks), and its state stores run in
+the whole call's order, so even stochastic rounding draws the same bits.
+
 Conventions follow state-spaces/mamba `mamba_chunk_scan_combined` (ssmcheck/ops/naive.py).
 Varlen means batch 1 with cu_seqlens (nseq+1,): the state restarts at every
 sequence start from initial_states[s] (shape (nseq, ...)) or zero.
@@ -65,46 +72,99 @@ def scan_recurrent(
     x (batch, seqlen, nheads, headdim), dt (batch, seqlen, nheads), A (nheads,),
     B/C (batch, seqlen, ngroups, dstate). Results are in `dtype` on x's device.
     """
-    batch, seqlen, nheads, headdim = x.shape
-    dstate = B.shape[-1]
-    dtv = process_dt(dt, dt_bias, dt_softplus, dt_limit, dtype)
-    decay = torch.exp(dtv * A.to(dtype))  # (batch, seqlen, nheads)
-    dtx = dtv[..., None] * x.to(dtype)  # (batch, seqlen, nheads, headdim)
-    Bh = heads_of_groups(B.to(dtype), nheads)
-    Ch = heads_of_groups(C.to(dtype), nheads)
-    zero = torch.zeros(batch, nheads, headdim, dstate, dtype=dtype, device=x.device)
+    stream = RecurrentStream(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                             cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit, dtype=dtype)
+    y, y_ssm = (t.reshape(*x.shape[:2], *t.shape[1:]) for t in stream.segment(0, x.shape[0] * x.shape[1]))
+    final_states, varlen_states = stream.states()
+    return ScanOutput(y=y, final_states=final_states, varlen_states=varlen_states, y_ssm=y_ssm)
 
-    def start_state(row):
-        return zero[:1].clone() if initial_states is None else initial_states[row : row + 1].to(dtype).clone()
 
-    # Varlen: token t starts sequence starts[t] and ends sequence ends[t]; an empty
-    # sequence's state is its initial state.
-    starts, ends, varlen_states = {}, {}, None
-    cu = _sequence_bounds(x, B, cu_seqlens, initial_states)
-    if cu is not None:
-        varlen_states = zero.new_zeros(len(cu) - 1, nheads, headdim, dstate)
-        for s in range(len(cu) - 1):
-            if cu[s + 1] > cu[s]:
-                starts[cu[s]] = s
-                ends[cu[s + 1] - 1] = s
-            else:
-                varlen_states[s] = start_state(s)[0]
-        state = zero
-    else:
-        state = zero if initial_states is None else initial_states.to(dtype).clone()
+def _row_runs(f0: int, f1: int, seqlen: int) -> list[tuple[slice, int, int]]:
+    """Flattened tokens [f0, f1) as (rows, t0, t1) runs in order: a partial first row, the whole rows,
+    a partial last row."""
+    r0, a = divmod(f0, seqlen)
+    r1, b = divmod(f1, seqlen)
+    if r0 == r1:
+        return [(slice(r0, r0 + 1), a, b)] if b > a else []
+    runs = []
+    if a:
+        runs.append((slice(r0, r0 + 1), a, seqlen))
+        r0 += 1
+    if r1 > r0:
+        runs.append((slice(r0, r1), 0, seqlen))
+    if b:
+        runs.append((slice(r1, r1 + 1), 0, b))
+    return runs
 
-    ys = []
-    for t in range(seqlen):
-        if t in starts:
-            state = start_state(starts[t])
-        state = state * decay[:, t, :, None, None] + dtx[:, t, :, :, None] * Bh[:, t, :, None, :]
-        ys.append(torch.matmul(state, Ch[:, t, :, :, None])[..., 0])
-        if t in ends:
-            varlen_states[ends[t]] = state[0]
-    y = torch.stack(ys, dim=1) if ys else x.new_zeros(x.shape, dtype=dtype)
-    y_ssm = y
-    y = skip_and_gate(y, x, D, z, dtype)
-    return ScanOutput(y=y, final_states=state, varlen_states=varlen_states, y_ssm=y_ssm)
+
+class RecurrentStream:
+    """`scan_recurrent` one segment of flattened tokens at a time: `segment(f0, f1)` returns (y, y_ssm)
+    of tokens [f0, f1) as (f1 - f0, nheads, headdim); `states()`, after the last, the final states."""
+
+    def __init__(self, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
+                 dt_softplus=False, dt_limit=NO_DT_LIMIT, dtype=torch.float64):
+        batch, seqlen, nheads, headdim = x.shape
+        self.inputs = x, dt, B, C, D, z
+        self.dt_options = dt_bias, dt_softplus, dt_limit
+        self.A, self.dtype, self.next = A.to(dtype), dtype, 0
+        zero = torch.zeros(batch, nheads, headdim, B.shape[-1], dtype=dtype, device=x.device)
+        self.initial_states = initial_states
+        # Varlen: token t starts sequence starts[t] and ends sequence ends[t]; an empty
+        # sequence's state is its initial state.
+        self.starts, self.ends, self.varlen_states = {}, {}, None
+        self.state = zero
+        cu = _sequence_bounds(x, B, cu_seqlens, initial_states)
+        if cu is not None:
+            self.varlen_states = zero.new_zeros(len(cu) - 1, nheads, headdim, B.shape[-1])
+            for s in range(len(cu) - 1):
+                if cu[s + 1] > cu[s]:
+                    self.starts[cu[s]] = s
+                    self.ends[cu[s + 1] - 1] = s
+                else:
+                    self.varlen_states[s] = self._start_state(s)[0]
+        elif initial_states is not None:
+            self.state = initial_states.to(dtype).clone()
+
+    def _start_state(self, s: int) -> torch.Tensor:
+        if self.initial_states is None:
+            return self.state.new_zeros(1, *self.state.shape[1:])
+        return self.initial_states[s : s + 1].to(self.dtype).clone()
+
+    def segment(self, f0: int, f1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if f0 != self.next:
+            raise ValueError(f"segments must follow each other: expected one from token {self.next}, got {f0}")
+        self.next = f1
+        parts = [self._run(rows, t0, t1) for rows, t0, t1 in _row_runs(f0, f1, self.inputs[0].shape[1])] if f1 > f0 else []
+        if not parts:
+            empty = self.inputs[0].new_zeros(0, *self.inputs[0].shape[2:], dtype=self.dtype)
+            return empty, empty
+        return tuple(torch.cat([part[k].flatten(0, 1) for part in parts]) for k in range(2))
+
+    def _run(self, rows: slice, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, dt, B, C, D, z = (t if t is None or t.dim() < 3 else t[rows, t0:t1] for t in self.inputs)
+        dtype, nheads = self.dtype, x.shape[2]
+        dtv = process_dt(dt, *self.dt_options, dtype)
+        decay = torch.exp(dtv * self.A)  # (rows, tokens, nheads)
+        dtx = dtv[..., None] * x.to(dtype)  # (rows, tokens, nheads, headdim)
+        Bh = heads_of_groups(B.to(dtype), nheads)
+        Ch = heads_of_groups(C.to(dtype), nheads)
+        state = self.state[rows]
+        ys = []
+        for k, t in enumerate(range(t0, t1)):
+            if t in self.starts:
+                state = self._start_state(self.starts[t])
+            state = state * decay[:, k, :, None, None] + dtx[:, k, :, :, None] * Bh[:, k, :, None, :]
+            ys.append(torch.matmul(state, Ch[:, k, :, :, None])[..., 0])
+            if t in self.ends:
+                self.varlen_states[self.ends[t]] = state[0]
+        self.state[rows] = state
+        y_ssm = torch.stack(ys, dim=1)
+        return skip_and_gate(y_ssm, x, D, z, dtype), y_ssm
+
+    def states(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final_states, varlen_states): the state after each batch row's last token, and with
+        cu_seqlens each sequence's."""
+        return self.state, self.varlen_states
 
 
 # ---------------------------------------------------------------------------
@@ -153,44 +213,44 @@ class Arithmetic:
 
 @dataclass
 class _Piece:
-    start: int  # flattened token index
+    start: int  # token index within its segment
     length: int
     seq: int  # sequence (varlen) or batch row
     first: bool  # starts its sequence
     last: bool  # ends its sequence
 
 
-def _pieces(bounds: list[tuple[int, int]], chunk_size: int) -> list[_Piece]:
+def _pieces(bounds: list[tuple[int, int]], chunk_size: int, f0: int, f1: int) -> list[_Piece]:
+    """The pieces of the flattened tokens [f0, f1), each sequence's grid counted from its start."""
     return [
-        _Piece(k, min(chunk_size, end - k), s, k == begin, k + chunk_size >= end)
+        _Piece(k - f0, min(chunk_size, end - k), s, k == begin, k + chunk_size >= end)
         for s, (begin, end) in enumerate(bounds)
-        for k in range(begin, end, chunk_size)
+        if begin < f1 and end > f0
+        for k in range(max(begin, f0), min(end, f1), chunk_size)
     ]
 
 
-def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic, record_stages: bool = False):
-    """The SSD form over flattened tokens.
+def _ssd(x, dt, A, B, C, pieces: list[_Piece], carry, initial_states, seq_states: list, arith: Arithmetic,
+         record_stages: bool = False):
+    """The SSD form over the pieces of one segment of flattened tokens.
 
-    x (T, nheads, headdim), dt (T, nheads) processed, A (nheads,), B/C (T, ngroups, dstate),
-    all in arith.compute; bounds: [begin, end) of each sequence. Returns y (T, nheads, headdim)
-    without D and z, the stored state at the end of each sequence (nseq, nheads, headdim, dstate),
-    and, with `record_stages`, the intermediates of every piece in piece order (else None):
+    x (T, nheads, headdim), dt (T, nheads) processed, A (nheads,), B/C (T, ngroups, dstate): the
+    segment's tokens, all in arith.compute; `carry` the unrounded state entering the first piece when
+    that piece continues a sequence. Stores the state at the end of each sequence that ends here in
+    `seq_states`. Returns y (T, nheads, headdim) without D and z, the unrounded state leaving the last
+    piece, and, with `record_stages`, the intermediates of every piece in piece order (else None):
     "cumsum" (pieces, nheads, Q) the log-decay from the piece start, "chunk_states" (pieces, nheads,
     headdim, dstate) the state a piece leaves from zero, "passed_states" (same) the stored state
     entering it, "cb" (pieces, ngroups, Q, Q) C·Bᵀ; Q is the longest piece, padding past a piece's
     end holds dt = 0 terms.
     """
     T, nheads, headdim = x.shape
-    ngroups, dstate = B.shape[-2:]
     dev = x.device
-    pieces = _pieces(bounds, chunk_size)
     Q = max((p.length for p in pieces), default=1)  # no wider than the longest piece: padding costs time only
-    zero = torch.zeros(nheads, headdim, dstate, dtype=arith.compute, device=dev)
-    seq_states = [arith.store_state(zero if initial_states is None else initial_states[s]) for s in range(len(bounds))]
+    zero = torch.zeros_like(carry)
     y = torch.zeros(T, nheads, headdim, dtype=arith.compute, device=dev)
     offsets = torch.arange(Q, device=dev)
     block = max(1, _BLOCK_ELEMENTS // (nheads * Q * Q))
-    carry = zero
     recorded = {name: [] for name in ("cumsum", "chunk_states", "passed_states", "cb")} if record_stages else None
     for b0 in range(0, len(pieces), block):
         blk = pieces[b0 : b0 + block]
@@ -230,40 +290,79 @@ def _ssd(x, dt, A, B, C, chunk_size, initial_states, bounds, arith: Arithmetic, 
         y_piece = y_intra + state_part * torch.exp(cum)[..., None]
         y[idx[valid]] = y_piece.permute(0, 2, 1, 3)[valid]
     stages = None if recorded is None else {name: torch.cat(parts) for name, parts in recorded.items() if parts}
-    return y, torch.stack(seq_states), stages
+    return y, carry, stages
+
+
+class SSDStream:
+    """The SSD form one segment of flattened tokens at a time: `segment(f0, f1)` returns (y, y_ssm) of
+    tokens [f0, f1) as (f1 - f0, nheads, headdim), y in `y_dtype` (None: arith.compute); `states()`,
+    after the last, the final states. A segment that cuts a sequence must cut it on that sequence's
+    chunk grid: the pieces, and so the rounding, are then the whole call's."""
+
+    def __init__(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+                 arith: Arithmetic, y_dtype: torch.dtype | None = None):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        batch, seqlen, nheads, headdim = x.shape
+        self.cu = _sequence_bounds(x, B, cu_seqlens, initial_states)
+        if self.cu is None:
+            self.bounds = [(r * seqlen, (r + 1) * seqlen) for r in range(batch)]
+        else:
+            self.bounds = list(zip(self.cu[:-1], self.cu[1:]))
+        self.flat = tuple(None if t is None else t.flatten(0, 1) for t in (x, dt, B, C, z))
+        self.D, self.dt_options, self.chunk_size = D, (dt_bias, dt_softplus, dt_limit), chunk_size
+        self.arith, self.y_dtype, self.A = arith, y_dtype, A.to(arith.compute)
+        self.initial_states = None if initial_states is None else initial_states.to(arith.compute)
+        self.carry = torch.zeros(nheads, headdim, B.shape[-1], dtype=arith.compute, device=x.device)
+        self.seq_states = [arith.store_state(self.carry if self.initial_states is None else self.initial_states[s])
+                           for s in range(len(self.bounds))]
+        self.next = 0
+        self.recorded = None  # the last segment's stages, with record_stages
+
+    def _check_cut(self, f: int) -> None:
+        for begin, end in self.bounds:
+            if begin < f < end and (f - begin) % self.chunk_size:
+                raise ValueError(f"a segment boundary at token {f} cuts a chunk (chunk size {self.chunk_size} "
+                                 f"from the sequence start {begin})")
+
+    def segment(self, f0: int, f1: int, record_stages: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if f0 != self.next:
+            raise ValueError(f"segments must follow each other: expected one from token {self.next}, got {f0}")
+        self._check_cut(f0)
+        self._check_cut(f1)
+        self.next = f1
+        dtype = self.arith.compute
+        x, dt, B, C, z = (None if t is None else t[f0:f1] for t in self.flat)
+        y_ssm, self.carry, self.recorded = _ssd(
+            x.to(dtype), process_dt(dt, *self.dt_options, dtype), self.A, B.to(dtype), C.to(dtype),
+            _pieces(self.bounds, self.chunk_size, f0, f1), self.carry, self.initial_states, self.seq_states,
+            self.arith, record_stages,
+        )
+        y = skip_and_gate(y_ssm, x, self.D, z, dtype)
+        return (y if self.y_dtype is None else y.to(self.y_dtype)), y_ssm
+
+    def states(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final_states, varlen_states), as scan_recurrent's."""
+        stored = torch.stack(self.seq_states)
+        if self.cu is None:
+            return stored, None
+        return stored[_last_sequence(self.cu)][None], stored
 
 
 def scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
-             arith: Arithmetic, record_stages: bool = False) -> ScanOutput:
-    """Validate, flatten to sequences, run the SSD form, and shape the results like scan_recurrent
-    (with `record_stages`, ScanOutput.stages holds the intermediates, as _ssd describes them)."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    batch, seqlen, nheads, headdim = x.shape
-    cu = _sequence_bounds(x, B, cu_seqlens, initial_states)
-    if cu is None:
-        bounds = [(r * seqlen, (r + 1) * seqlen) for r in range(batch)]
-    else:
-        bounds = list(zip(cu[:-1], cu[1:]))
-    dtype = arith.compute
-    y, seq_states, stages = _ssd(
-        x.to(dtype).reshape(batch * seqlen, nheads, headdim),
-        process_dt(dt, dt_bias, dt_softplus, dt_limit, dtype).reshape(batch * seqlen, nheads),
-        A.to(dtype),
-        B.to(dtype).flatten(0, 1),
-        C.to(dtype).flatten(0, 1),
-        chunk_size,
-        None if initial_states is None else initial_states.to(dtype),
-        bounds,
-        arith,
-        record_stages,
-    )
-    y_ssm = y.reshape(x.shape)
-    y = skip_and_gate(y_ssm, x, D, z, dtype)
-    if cu is None:
-        return ScanOutput(y=y, final_states=seq_states, varlen_states=None, y_ssm=y_ssm, stages=stages)
-    return ScanOutput(y=y, final_states=seq_states[_last_sequence(cu)][None], varlen_states=seq_states, y_ssm=y_ssm,
-                      stages=stages)
+             arith: Arithmetic, record_stages: bool = False, y_dtype: torch.dtype | None = None) -> ScanOutput:
+    """The SSD form over the whole input (one segment), shaped like scan_recurrent's results (with
+    `record_stages`, ScanOutput.stages holds the intermediates, as _ssd describes them)."""
+    stream = SSDStream(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+                       arith, y_dtype)
+    y, y_ssm = (t.reshape(*x.shape[:2], *t.shape[1:]) for t in stream.segment(0, x.shape[0] * x.shape[1], record_stages))
+    final_states, varlen_states = stream.states()
+    return ScanOutput(y=y, final_states=final_states, varlen_states=varlen_states, y_ssm=y_ssm, stages=stream.recorded)
+
+
+def chunked_arithmetic(dtype: torch.dtype = torch.float64) -> Arithmetic:
+    """The chunked form's arithmetic: everything in `dtype`, rounding nowhere."""
+    return Arithmetic(dtype, dtype, store_state=lambda s: s, exact_segments=True)
 
 
 def scan_chunked(
@@ -275,7 +374,7 @@ def scan_chunked(
     Same inputs and results as scan_recurrent; segment decays are summed directly,
     so it agrees with the recurrence to ~1e-12 relative in float64. With `record_stages`,
     ScanOutput.stages holds its intermediates (_ssd): the ground truth of a kernel's stages.
+    `SSDStream` with `chunked_arithmetic()` computes it a segment at a time.
     """
-    arith = Arithmetic(dtype, dtype, store_state=lambda s: s, exact_segments=True)
     return scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
-                    dt_limit, arith, record_stages)
+                    dt_limit, chunked_arithmetic(dtype), record_stages)

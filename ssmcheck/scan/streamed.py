@@ -1,0 +1,84 @@
+"""A case's outputs compared with its float64 reference and same-precision baselines a segment at a
+time (scan.segments): the reference and the baselines are streams (ops/chunk_scan/naive.py's
+RecurrentStream and SSDStream) computed one segment after the other, carrying their states, and
+every figure accumulates (scan.measure), so only the kernel's own outputs are ever whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ssmcheck.scan import measure
+from ssmcheck.scan.inputs import ScanInputs
+
+
+def states(stream, inputs: ScanInputs) -> torch.Tensor:
+    """A finished stream's states as the kernel returns them: per sequence for varlen, else per row."""
+    final_states, varlen_states = stream.states()
+    return varlen_states if inputs.varlen else final_states
+
+
+@dataclass
+class Streamed:
+    """What one pass over the segments measured: the kernel's y and SSM-part figures, the first
+    baseline's, each baseline's group sums, the reference's states."""
+
+    kernel_y: measure.ErrorStats
+    kernel_ssm: measure.ErrorStats | None
+    baseline_y: measure.ErrorStats
+    baseline_ssm: measure.ErrorStats | None
+    kernel_groups: measure.GroupSums
+    baseline_groups: list[measure.GroupSums]  # one per baseline stream
+    first_nonfinite: measure.FirstNonfinite
+    reference_states: torch.Tensor
+    baseline_states: torch.Tensor
+
+
+def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]], reference, kernel_y: torch.Tensor,
+            kernel_ssm: torch.Tensor | None, baselines: list) -> Streamed:
+    """The kernel's y (and its SSM part, from the call without D and z) against the `reference` stream,
+    beside the `baselines` streams (the case's own first; the others' group sums only), over `segments`."""
+    tokens = inputs.token_map()
+    shape, dtype = kernel_y.shape, inputs.x.dtype
+    per_token = shape[2] * shape[3]
+    flat_y = kernel_y.flatten(0, 1)  # a view for any contiguous output
+    flat_ssm = None if kernel_ssm is None else kernel_ssm.flatten(0, 1)
+    k_y, b_y, k_ssm, b_ssm = (measure.ErrorSum(shape) for _ in range(4))
+    k_groups = measure.GroupSums(tokens, chunk_size, shape[2])
+    b_groups = [measure.GroupSums(tokens, chunk_size, shape[2]) for _ in baselines]
+    nonfinite = measure.FirstNonfinite(shape[1], chunk_size)
+    for f0, f1 in segments:
+        ref_y, ref_ssm = reference.segment(f0, f1)
+        where, offset = tokens.segment(f0, f1), f0 * per_token
+        y = flat_y[f0:f1]
+        k_y.add(y, ref_y, offset)
+        k_groups.add(y, ref_y, where)
+        nonfinite.add(y, ref_y, where, f0)
+        if flat_ssm is not None:
+            k_ssm.add(flat_ssm[f0:f1], ref_ssm, offset)
+        for k, stream in enumerate(baselines):
+            base_y, base_ssm = stream.segment(f0, f1)
+            b_groups[k].add(base_y, ref_y, where)
+            if k == 0:
+                b_y.add(base_y, ref_y, offset)
+                if flat_ssm is not None:  # C·h in x's dtype, as a kernel called without D and z returns it
+                    b_ssm.add(base_ssm.to(dtype), ref_ssm, offset)
+    has_ssm = flat_ssm is not None
+    return Streamed(k_y.stats(), k_ssm.stats() if has_ssm else None, b_y.stats(), b_ssm.stats() if has_ssm else None,
+                    k_groups, b_groups, nonfinite, states(reference, inputs), states(baselines[0], inputs))
+
+
+def relative_errors(inputs: ScanInputs, segments: list[tuple[int, int]], reference, streams: dict,
+                    ) -> dict[str, tuple[float, float]]:
+    """name -> (norm-wise relative error of y, of the states) of each stream against the `reference` stream."""
+    errors = {name: measure.ErrorSum(inputs.x.shape) for name in streams}
+    per_token = inputs.x.shape[2] * inputs.x.shape[3]
+    for f0, f1 in segments:
+        ref_y = reference.segment(f0, f1)[0]
+        for name, stream in streams.items():
+            errors[name].add(stream.segment(f0, f1)[0], ref_y, f0 * per_token)
+    ref_states = states(reference, inputs)
+    return {name: (errors[name].stats().rel, measure.error_stats(states(stream, inputs), ref_states).rel)
+            for name, stream in streams.items()}
