@@ -348,3 +348,12 @@ def test_the_vllm_wrappers_name_vllms_kernels_for_the_autotuner_search(fakes):
                                   (vllm_peer.state_update, VLLM_SSU, "selective_state_update")):
         origin = getattr(factory(), autotune.ORIGIN)
         assert origin is getattr(fakes(module), name)
+
+
+def test_padded_regime_skips_vllm_and_runs_mamba_ssm(fakes):
+    fakes(VARLEN_SCAN)
+    case = _case(regime="padded")
+    reason = scan_adapter.resolve("vllm", True).skip_reason(case)
+    assert reason is not None and "takes no pad tokens" in reason and "cu_seqlens" in reason
+    fakes(MAMBA_SCAN)
+    assert scan_adapter.resolve("mamba_ssm", True).skip_reason(case) is None
