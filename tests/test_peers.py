@@ -285,6 +285,13 @@ def test_drift_kernel_vllm_runs_as_a_declared_round_to_nearest_kernel(fakes, tmp
     assert report["summary"]["pass"] == 2 and report["settings"]["rounding"] == "declared"
     assert {c["params"]["rounding"] for c in report["cases"]} == {"nearest"}
     assert fake.CALLS and all(call["state_dtype"] == torch.float16 and call["z"] is None for call in fake.CALLS)
+    # The padded-slot check: pad rows on vLLM's null block, slot 0, which no live row takes.
+    for case in report["cases"]:
+        slots = case["slots"]
+        assert slots["pad_slot_id"] == 0 and 0 not in [s for r, s in enumerate(slots["slots"])
+                                                       if r not in slots["pad_rows"]]
+        assert slots["pad_out"]["outputs"] == "written" and slots["untouched"]["status"] == "pass"
+    assert any(call["null_block_id"] == 0 and call["state_batch_indices"] is not None for call in fake.CALLS)
 
 
 def test_drift_kernel_mamba_ssm_runs(fakes, tmp_path):
@@ -292,6 +299,7 @@ def test_drift_kernel_mamba_ssm_runs(fakes, tmp_path):
     result, report = invoke("drift", "--kernel", "mamba_ssm", "--preset", "smoke", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
     assert report["summary"]["pass"] == 2 and fake.CALLS
+    assert all(c["slots"]["pad_slot_id"] == -1 and c["slots"]["pad_out"]["outputs"] == "zeros" for c in report["cases"])
     adapter = drift_adapter.resolve("mamba_ssm", 10, "software", True)
     assert adapter.name == "mamba_ssm" and not adapter.takes_rounding and not adapter.takes_seed
 
@@ -340,3 +348,12 @@ def test_the_vllm_wrappers_name_vllms_kernels_for_the_autotuner_search(fakes):
                                   (vllm_peer.state_update, VLLM_SSU, "selective_state_update")):
         origin = getattr(factory(), autotune.ORIGIN)
         assert origin is getattr(fakes(module), name)
+
+
+def test_padded_regime_skips_vllm_and_runs_mamba_ssm(fakes):
+    fakes(VARLEN_SCAN)
+    case = _case(regime="padded")
+    reason = scan_adapter.resolve("vllm", True).skip_reason(case)
+    assert reason is not None and "takes no pad tokens" in reason and "cu_seqlens" in reason
+    fakes(MAMBA_SCAN)
+    assert scan_adapter.resolve("mamba_ssm", True).skip_reason(case) is None

@@ -77,6 +77,15 @@ def keywords(fn: Callable) -> frozenset[str]:
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
+def keyword_default(fn: Callable, name: str):
+    """The default value of `fn`'s keyword `name` (inspect.Parameter.empty: it has none, or no such keyword)."""
+    try:
+        parameter = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return inspect.Parameter.empty
+    return inspect.Parameter.empty if parameter is None else parameter.default
+
+
 def kernel_name(fn: Callable) -> str:
     """How a kernel passed as a callable is named in reports: MODULE:QUALNAME."""
     return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or type(fn).__name__}"

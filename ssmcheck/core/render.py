@@ -18,6 +18,8 @@ Row = TypeVar("Row")
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 STYLES = {Status.PASS: "green", Status.FAIL: "red", Status.NONFINITE: "bold red", Status.ERROR: "magenta",
           Status.SKIPPED: "dim"}
+# A case's own checks in a table cell (scan's invariance, drift's slots): the check's initial and one of these.
+CHECK_MARKS = {Status.PASS: "✓", Status.FAIL: "✗", Status.NONFINITE: "NaN", Status.ERROR: "!", Status.SKIPPED: "–"}
 
 
 def headline(message: str | None, limit: int = 300) -> str:

@@ -11,7 +11,9 @@ The adapter owns:
 - capability discovery: a callable that takes a `rounding` keyword is told the
   mode (and `seed`, when it takes one: a new seed every step); one that does
   not is run as it is, and `--rounding` declares what it is supposed to do.
-  For the built-in kernel, whether hardware stochastic rounding can run here;
+  For the built-in kernel, whether hardware stochastic rounding can run here. One that takes
+  `state_batch_indices` runs on a state pool with a slot per row (drift.slots checks it), its pad
+  rows marked with its `pad_slot_id` keyword's default (vLLM's wrapper: 0, its null block) or -1;
 - the call, with the mamba signature (the runner seeds torch's generator at the
   start of every trial, so a callable drawing its random bits from torch is
   reproducible and independent across trials), under guards: what the kernel
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssmcheck.core.callables import kernel_name, keywords, load_callable
+from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import dtype_name
 from ssmcheck.core.guard import KernelExit, changed_input, describe, guarded_call, snapshot
@@ -38,6 +40,9 @@ from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
 BUILTIN, TORCH = "builtin", "torch"
+# The slot index of a pad row where a kernel's signature names no pad_slot_id default: serving engines'
+# PAD_SLOT_ID (mamba_ssm skips any negative index).
+PAD_SLOT_ID = -1
 # The peers, named: the installed packages' selective_state_update (ssmcheck.peers).
 MAMBA_SSM, VLLM = "mamba_ssm", "vllm"
 
@@ -66,6 +71,11 @@ class DriftAdapter:
     takes_rounding: bool  # implements --rounding itself (has a `rounding` keyword)
     takes_seed: bool
     options: dict = field(default_factory=dict)  # further keywords (builtin: philox_rounds, rounding_impl, interpret)
+    # Takes a pool of states and a slot per row (a `state_batch_indices` keyword): the slot index of its pad
+    # rows, the default of its `pad_slot_id` keyword or PAD_SLOT_ID (None: it takes no slot indices).
+    pad_slot_id: int | None = None
+    takes_pad_slot_id: bool = False  # is told pad_slot_id (a keyword of its own)
+    takes_out: bool = False  # writes out into a preallocated `out` keyword (which the slot check NaN-fills)
 
     def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str, seed: int,
              where: str, check_inputs: bool = False, transcript: Transcript | None = None) -> torch.Tensor:
@@ -85,11 +95,22 @@ class DriftAdapter:
             raise KernelRaised(f"the kernel wrote into its input {changed}: inputs must be left unchanged ({where})")
         return out
 
+    def update_slots(self, pool: torch.Tensor, slots: torch.Tensor, arguments: dict, out: torch.Tensor,
+                     rounding: str, seed: int, where: str, transcript: Transcript | None = None) -> torch.Tensor:
+        """One call on the state `pool` (in place), row i on slot slots[i] (pad_slot_id: a pad row), y into
+        `out` where the kernel takes one; return out. Raises KernelRaised."""
+        extra = {"state_batch_indices": slots}
+        if self.takes_pad_slot_id:
+            extra["pad_slot_id"] = self.pad_slot_id
+        if self.takes_out:
+            extra["out"] = out
+        return self.update(pool, arguments, rounding, seed, where, transcript, extra)
+
     def update(self, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
-               transcript: Transcript | None = None) -> torch.Tensor:
+               transcript: Transcript | None = None, extra: dict | None = None) -> torch.Tensor:
         """One call on `state` (in place) with the selective_state_update `arguments` (x, dt, A, B, C, D,
-        z, dt_bias, dt_softplus); return out. Raises KernelRaised."""
-        keywords = dict(self.options)
+        z, dt_bias, dt_softplus) and `extra` keywords; return out. Raises KernelRaised."""
+        keywords = {**self.options, **(extra or {})}
         if self.takes_rounding:
             keywords["rounding"] = rounding
         if self.takes_seed:
@@ -136,19 +157,33 @@ def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interp
         return DriftAdapter(
             BUILTIN, selective_state_update, takes_rounding=True, takes_seed=True,
             options={"philox_rounds": philox_rounds, "rounding_impl": rounding_impl, "interpret": interpreter},
+            **_slot_capabilities(selective_state_update),
         )
     if spec == TORCH:
         return DriftAdapter(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
     if spec in (MAMBA_SSM, VLLM):
         from ssmcheck.peers import mamba_ssm, vllm  # noqa: PLC0415
 
-        fn = (mamba_ssm if spec == MAMBA_SSM else vllm).state_update()
-        named = keywords(fn)
-        return DriftAdapter(spec, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
+        return _discovered(spec, (mamba_ssm if spec == MAMBA_SSM else vllm).state_update())
     fn = spec if callable(spec) else load_callable(spec)
+    return _discovered(kernel_name(fn) if callable(spec) else spec, fn)
+
+
+def _discovered(name: str, fn: Callable) -> DriftAdapter:
+    """The adapter of a kernel whose capabilities are the keywords its signature names."""
     named = keywords(fn)
-    name = kernel_name(fn) if callable(spec) else spec
-    return DriftAdapter(name, fn, takes_rounding="rounding" in named, takes_seed="seed" in named)
+    return DriftAdapter(name, fn, takes_rounding="rounding" in named, takes_seed="seed" in named,
+                        **_slot_capabilities(fn))
+
+
+def _slot_capabilities(fn: Callable) -> dict:
+    """The DriftAdapter fields of slot indices (a pool of states, pad rows) that `fn`'s signature shows."""
+    named = keywords(fn)
+    if "state_batch_indices" not in named:
+        return {}
+    default = keyword_default(fn, "pad_slot_id")
+    pad = default if isinstance(default, int) and not isinstance(default, bool) else PAD_SLOT_ID
+    return {"pad_slot_id": pad, "takes_pad_slot_id": "pad_slot_id" in named, "takes_out": "out" in named}
 
 
 def hardware_sr_unavailable(interpreter: bool) -> str | None:

@@ -7,7 +7,7 @@ Python numbers, never tensors: a result may cross a process boundary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ssmcheck.core.status import Status
 from ssmcheck.drift.spec import DriftCase
@@ -83,12 +83,24 @@ class DriftVerdict:
 
 
 @dataclass(frozen=True)
+class SlotCheck:
+    """One verdict of the padded-slot check (drift.slots): its own status, message and figures."""
+
+    name: str  # "live", "untouched", "pad_out"
+    status: Status
+    message: str = ""
+    figures: dict = field(default_factory=dict)  # what it measured, as the JSON report holds it
+
+
+@dataclass(frozen=True)
 class DriftResult:
     case: DriftCase
     verdict: DriftVerdict
     seconds: float
     run: DriftRun | None  # None when skipped or the kernel raised
     stdout: str = ""  # what the kernel printed over the case's steps (core.capture: the start, the rest counted)
+    slots: tuple[SlotCheck, ...] = ()  # for a kernel that takes slot indices (drift.slots)
+    slot_layout: dict | None = None  # the pool, slots and pad rows the slot check ran
 
     @property
     def status(self) -> Status:

@@ -31,6 +31,7 @@ from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
 from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.drift import slots
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.measure import CheckpointSums, figures, first_difference, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
@@ -54,7 +55,8 @@ def run_case(
 ) -> DriftResult:
     """Measure and judge one case (a skipped case only gets its reason). With `repeat` K > 1 every step
     runs K times from the same state (a race shows as runs that differ). `prefill`: the chunk scan's
-    scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill)."""
+    scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill). For a kernel that
+    takes slot indices, the padded-slot check (drift.slots) runs too and is folded into the verdict."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
@@ -64,7 +66,11 @@ def run_case(
     except KernelRaised as exc:
         return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
     verdict = judge(case, run, tolerance, allow_nondeterministic)
-    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text)
+    checks, layout = [], None
+    if kernel.pad_slot_id is not None:  # a kernel that takes slot indices: the padded-slot check
+        checks, layout = slots.run_check(case, kernel, tolerance, device, transcript)
+        verdict = slots.combine(verdict, checks)
+    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout)
 
 
 @contextmanager

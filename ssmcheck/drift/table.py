@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ssmcheck.core import autotune
-from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
+from ssmcheck.core.render import CHECK_MARKS, STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -59,6 +59,11 @@ def _curve(result: DriftResult) -> str:
     return sparkline([p.state_rel for p in result.run.checkpoints]) if result.run else ""
 
 
+def _slots(result: DriftResult) -> str:
+    """Each slot check's initial and outcome: `l✓ u✗ p✓` (live, untouched, pad_out; drift.slots)."""
+    return " ".join(f"{c.name[0]}{CHECK_MARKS[c.status]}" for c in result.slots)
+
+
 def _time(result: DriftResult) -> str:
     return f"{result.seconds:.1f}s" if result.status is not Status.SKIPPED else ""
 
@@ -80,6 +85,7 @@ COLUMNS: tuple[Column[DriftResult], ...] = (
     Column("ratio", lambda r: _optional(r.verdict.ratio, ".2f"), 0, "right"),
     Column("α", lambda r: _optional(r.verdict.growth_exponent, ".2f"), 4, "right"),
     Column("bias z", lambda r: _optional(r.verdict.bias_z, ".1f"), 3, "right"),  # a verdict input (biased SR)
+    Column("slots", _slots, 3),
     Column("crosses tol", _crossing, 5, "right"),
     Column("drift curve", _curve, 7),
     Column("time", _time, 6, "right"),
@@ -88,8 +94,8 @@ COLUMNS: tuple[Column[DriftResult], ...] = (
 
 def results_table(console: Console, results: list[DriftResult]) -> Table:
     """The table for `console.width`: the least important columns dropped until it fits."""
-    tuned = any(r.case.config is not None for r in results)
-    return fitted_table(console, [c for c in COLUMNS if c.header != "config" or tuned], results)
+    shown = {"config": any(r.case.config is not None for r in results), "slots": any(r.slots for r in results)}
+    return fitted_table(console, [c for c in COLUMNS if shown.get(c.header, True)], results)
 
 
 def rounding_comparisons(results: list[DriftResult]) -> list[str]:

@@ -14,7 +14,8 @@ the callables returned here are its own functions, unwrapped:
   batch of several sequences with initial states fails its assertion.
 - `mamba_ssm.ops.triton.selective_state_update.selective_state_update(state, x, dt, A, B, C,
   D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None)`: updates state
-  in place and returns out.
+  in place and returns out. With state_batch_indices, row i updates pool slot
+  state_batch_indices[i]; a negative index is a pad row, which touches no state and gets out 0.
 
 Neither takes a state_dtype, rounding or seed keyword: `scan` runs its fp32/nearest cases,
 `drift` judges it against the --rounding the user declares.

@@ -20,8 +20,9 @@ vLLM's ops take other signatures than ours (DESIGN §2), so this module wraps th
   preallocated `out` and returns None (the CPU one returns out); the state is updated in place,
   stored in its own dtype.
   `state_update()` returns a wrapper with our signature: a plain decode step, one token per
-  row, the state of row i in slot i (no state_batch_indices), zeros for a missing D or
-  dt_bias (stride 0, so vLLM's tied-head path still sees tied parameters).
+  row, the state of row i in slot i, or in slot state_batch_indices[i] of a pool (its pad rows
+  carry vLLM's null block id, 0, passed as `pad_slot_id`), zeros for a missing D or dt_bias
+  (stride 0, so vLLM's tied-head path still sees tied parameters), y in `out` when given.
 
 On a machine without CUDA, vLLM's modules swap both functions for CPU implementations that
 call vLLM's compiled CPU ops (`vllm._custom_ops`) at import time.
@@ -39,6 +40,8 @@ from ssmcheck.core import autotune
 from ssmcheck.peers import import_ops
 
 NAME = "vllm"
+# vLLM's NULL_BLOCK_ID (vllm.v1.attention.backends.utils): the pool slot its pad rows point at.
+NULL_BLOCK_ID = 0
 _WHAT = "vLLM's Mamba2 ops"
 _SCAN_MODULE = "vllm.model_executor.layers.mamba.ops.ssd_combined"
 _STATE_UPDATE_MODULE = "vllm.model_executor.layers.mamba.ops.mamba_ssm"
@@ -227,24 +230,30 @@ def state_update() -> Callable:
     ops cannot be imported."""
     update = import_ops(NAME, _WHAT, _STATE_UPDATE_MODULE).selective_state_update
 
-    def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
-        return call_state_update(update, state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+    def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                          state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None):
+        return call_state_update(update, state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                 state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out)
 
     setattr(vllm_state_update, autotune.ORIGIN, update)
     return vllm_state_update
 
 
-def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                      state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None):
     """One decode step through vLLM's `selective_state_update`: state (batch, nheads, headdim,
-    dstate) updated in place, y returned in a new tensor like x.
+    dstate) updated in place, y returned in `out` (a new tensor like x when None).
 
     vLLM requires D and dt_bias; a missing one is zeros of shape (nheads, headdim) with stride 0,
-    which adds nothing (but x·0 for an infinite x is NaN where "no D" would leave none).
+    which adds nothing (but x·0 for an infinite x is NaN where "no D" would leave none). With
+    `state_batch_indices`, state is a pool and row i updates slot state_batch_indices[i]; a row whose
+    index is `pad_slot_id` (vLLM's null_block_id, 0 by default: slot 0 of the pool is the null block
+    that pad rows point at) reads and writes no state.
     """
     nheads, headdim = state.shape[1], state.shape[2]
     zeros = torch.zeros((), dtype=torch.float32, device=x.device).expand(nheads, headdim)
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     # By keyword: the CPU implementation vLLM swaps in without CUDA orders them (D, z, dt_bias).
     update(state, x, dt, A, B, C, D=zeros if D is None else D, dt_bias=zeros if dt_bias is None else dt_bias,
-           z=z, dt_softplus=dt_softplus, out=out)
+           z=z, dt_softplus=dt_softplus, state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=out)
     return out

@@ -32,6 +32,8 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import changed_input, guarded_call, snapshot
 from ssmcheck.scan.inputs import ScanInputs
+from ssmcheck.scan.padding import PaddedCall, padded
+from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.spec import ScanCase
 
 BUILTIN, TORCH = "builtin", "torch"
@@ -46,6 +48,9 @@ INPUTS = "inputs"
 # flags.
 STAGE_NAMES = ("cumsum", "chunk_states", "passed_states", "cb", "y")
 STAGES_ATTRIBUTE = "ssd_stages"
+# The attribute through which a MODULE:FUNCTION kernel declares (True) that it takes pad tokens: seq_idx -1
+# between its varlen sequences, tokens of no sequence that change no state (the `padded` regime).
+PAD_TOKENS_ATTRIBUTE = "pad_tokens"
 # vLLM's chunk scan asserts a power-of-two chunk size.
 _POWERS_OF_TWO = tuple(2**k for k in range(17))
 
@@ -79,11 +84,17 @@ class ScanAdapter:
     # kernel and the references start from the same states, as a served model's prefill does.
     initial_states_stored: bool = False
     stages: Callable | None = None  # the kernel's SSD stages (STAGE_NAMES), where it offers them
+    # Takes pad tokens (seq_idx -1) between its varlen sequences, as the `padded` regime gives them
+    # (scan.padding); else why not, for the skip reason.
+    pad_tokens: bool = False
+    no_pad_tokens: str = f"it does not declare that it takes pad tokens (seq_idx -1) (attribute {PAD_TOKENS_ATTRIBUTE})"
 
     def skip_reason(self, case: ScanCase) -> str | None:
         """Why this kernel cannot run `case` (None: it can)."""
         if self.chunk_sizes is not None and case.chunk_size not in self.chunk_sizes:
             return f"{self.chunk_size_rule}, not {case.chunk_size}"
+        if REGIMES[case.regime].pad_tokens and not self.pad_tokens:
+            return f"{self.name} takes no pad tokens: {self.no_pad_tokens}"
         if self.takes_state_options:
             return None
         if self.takes_state_dtype:
@@ -148,37 +159,44 @@ class ScanAdapter:
         kernel raised, core.guard.KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
         """
         storage, why = self._storage(inputs, case)[1:]
-        tensors = {name: getattr(inputs, name) for name in _INPUTS}
+        sent = padded(inputs) if inputs.pad_after is not None else None
+        called = sent.inputs if sent else inputs
+        tensors = {name: getattr(called, name) for name in _INPUTS}
         before = snapshot(tensors)
-        result = guarded_call(self.fn, *self.arguments(inputs, case), transcript)
+        result = guarded_call(self.fn, *self._arguments(inputs, case, True, sent), transcript)
         y, states = _unpack(result)
-        x = inputs.x
+        x = called.x
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
         _check_tensor("states", states, state_shape, storage, x.device, why)
         changed = changed_input(before, tensors)
         if changed is not None:
             raise KernelOutputError(f"the kernel wrote into its input {changed}: inputs must be left unchanged")
-        return y, states
+        return (sent.case_y(y) if sent else y), states
 
     def arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool = True) -> tuple[tuple, dict]:
-        """(positional, keyword) arguments of the kernel's call on `inputs`; `returns`: with the
-        return_final_states/return_varlen_states flags (a stages callable takes none)."""
+        """(positional, keyword) arguments of the kernel's call on `inputs` (a padded case's with its pad
+        tokens, scan.padding); `returns`: with the return_final_states/return_varlen_states flags (a
+        stages callable takes none)."""
+        return self._arguments(inputs, case, returns, padded(inputs) if inputs.pad_after is not None else None)
+
+    def _arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool, sent: PaddedCall | None):
         flags = {"return_final_states": not inputs.varlen, "return_varlen_states": inputs.varlen} if returns else {}
-        return ((inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, case.chunk_size),
-                {**inputs.kwargs(), "seq_idx": inputs.seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]})
+        called, seq_idx = (sent.inputs, sent.seq_idx) if sent else (inputs, inputs.seq_idx)
+        return ((called.x, called.dt, called.A, called.B, called.C, case.chunk_size),
+                {**called.kwargs(), "seq_idx": seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]})
 
     def call_stages(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> dict:
-        """The kernel's SSD stages on `inputs` (STAGE_NAMES, in the built-in kernel's layout), checked for
-        presence and device. Raises what the kernel raises, KernelOutputError."""
-        args, kwargs = self.arguments(inputs, case, returns=False)
-        stages = guarded_call(self.stages, args, kwargs, transcript)
+        """The kernel's SSD stages on `inputs` (STAGE_NAMES, in the built-in kernel's layout; y on the case's
+        own tokens), checked for presence and device. Raises what the kernel raises, KernelOutputError."""
+        sent = padded(inputs) if inputs.pad_after is not None else None
+        stages = guarded_call(self.stages, *self._arguments(inputs, case, False, sent), transcript)
         if not isinstance(stages, dict) or set(STAGE_NAMES) - set(stages):
             raise KernelOutputError(f"the stages callable returned no dict of {', '.join(STAGE_NAMES)}")
         for name in STAGE_NAMES:
             if not isinstance(stages[name], torch.Tensor) or stages[name].device != inputs.x.device:
                 raise KernelOutputError(f"stage {name} is not a tensor on {inputs.x.device}")
-        return stages
+        return {**stages, "y": sent.case_y(stages["y"])} if sent else stages
 
 
 def _unpack(result) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,12 +251,14 @@ def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = F
         return ScanAdapter(
             spec, chunk_scan_combined, takes_state_options=True, chunk_sizes=tuple(sizes),
             chunk_size_rule=f"the built-in kernel takes power-of-two chunk sizes {sizes[0]}..{sizes[-1]}",
-            options={"interpret": interpreter}, takes_state_dtype=True, stages=chunk_scan_stages,
+            options={"interpret": interpreter}, takes_state_dtype=True, stages=chunk_scan_stages, pad_tokens=True,
         )
     if spec == MAMBA_SSM:
         from ssmcheck.peers import mamba_ssm  # noqa: PLC0415
 
-        return replace(_discovered(spec, mamba_ssm.chunk_scan(), state_dtype_given), stages=mamba_ssm.chunk_scan_stages())
+        # mamba_ssm takes seq_idx per token and leaves a chunk that ends in a pad token (-1) out of the state.
+        return replace(_discovered(spec, mamba_ssm.chunk_scan(), state_dtype_given), stages=mamba_ssm.chunk_scan_stages(),
+                       pad_tokens=True)
     if spec == VLLM:
         from ssmcheck.peers import vllm  # noqa: PLC0415
 
@@ -247,14 +267,20 @@ def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = F
             chunk_size_rule="vLLM's chunk scan takes power-of-two chunk sizes", takes_state_dtype=True,
             default_state_dtype=INPUTS, state_dtype_given=state_dtype_given, initial_states_stored=True,
             stages=vllm.chunk_scan_stages(),
+            no_pad_tokens="its varlen chunk scan builds its chunks and their seq_idx from cu_seqlens alone, one id "
+                          "per chunk, so a token cannot be marked as belonging to no sequence",
         )
     if callable(spec):
         return _discovered(kernel_name(spec), spec, state_dtype_given)
-    return _discovered(spec, torch_kernel if spec == TORCH else load_callable(spec), state_dtype_given)
+    if spec == TORCH:
+        return replace(_discovered(spec, torch_kernel, state_dtype_given),
+                       no_pad_tokens="the baseline reads its sequences from cu_seqlens alone")
+    return _discovered(spec, load_callable(spec), state_dtype_given)
 
 
 def _discovered(name: str, fn: Callable, state_dtype_given: bool) -> ScanAdapter:
     """The adapter of a kernel whose capabilities are the keywords its signature names."""
     named = keywords(fn)
     return ScanAdapter(name, fn, set(STATE_OPTIONS) <= named, takes_state_dtype="state_dtype" in named,
-                       state_dtype_given=state_dtype_given, stages=getattr(fn, STAGES_ATTRIBUTE, None))
+                       state_dtype_given=state_dtype_given, stages=getattr(fn, STAGES_ATTRIBUTE, None),
+                       pad_tokens=getattr(fn, PAD_TOKENS_ATTRIBUTE, False) is True)

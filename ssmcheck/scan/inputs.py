@@ -50,6 +50,9 @@ class ScanInputs:
     dt_softplus: bool = False
     dt_limit: tuple[float, float] = (0.0, math.inf)
     note: str = ""  # what the regime built, for messages
+    # (nseq,) int64: pad tokens (seq_idx -1) the kernel gets after each varlen sequence (the `padded` regime,
+    # scan.padding); every other field holds the case's own tokens alone, as the references see them.
+    pad_after: torch.Tensor | None = None
 
     @property
     def varlen(self) -> bool:

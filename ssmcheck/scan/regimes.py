@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,6 +42,7 @@ class Regime:
     explanation: str  # one line, for --help and `ssmcheck regimes`
     generate: Callable[..., ScanInputs]  # (shape, dtype, seed, state_dtype=torch.float32) -> ScanInputs
     min_chunks: int = 1  # chunks (full or partial) a row must span, else the case is skipped
+    pad_tokens: bool = False  # the kernel gets pad tokens (seq_idx -1) between the sequences (scan.padding)
 
     def skip_reason(self, shape: ScanShape) -> str | None:
         if -(-shape.seqlen // shape.chunk_size) < self.min_chunks:
@@ -195,6 +196,14 @@ def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
     return _varlen(shape, dtype, seed, with_initial_states=False)
 
 
+def padded(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """ragged's sequences, each followed by 1..chunk_size pad tokens in the kernel's call (scan.padding)."""
+    inputs = _varlen(shape, dtype, seed, with_initial_states=False)
+    pads = torch.randint(1, shape.chunk_size + 1, (shape.batch,), generator=_generator(seed + 1))
+    shown = ", ".join(map(str, pads.tolist()[:8])) + (", ..." if shape.batch > 8 else "")
+    return replace(inputs, pad_after=pads, note=f"{inputs.note}; each followed by {shown} pad tokens (seq_idx -1)")
+
+
 def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     return _varlen(shape, dtype, seed, with_initial_states=True)
 
@@ -313,6 +322,9 @@ REGIMES: dict[str, Regime] = {
                "and softplus, unit-scale x/B/C, D and z", normal),
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
                "sequences (batch 1: a lone sequence)", ragged),
+        Regime("padded", "ragged's packed sequences with pad tokens (seq_idx -1) after each, as a serving "
+               "engine's packed batch has them: they must change no state (kernels that take them)", padded,
+               pad_tokens=True),
         Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
                "(batch 1: a lone sequence)", initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "

@@ -25,6 +25,7 @@ from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import tolerance_limit
 from ssmcheck.scan import spec
 from ssmcheck.scan.adapter import BUILTIN, MAMBA_SSM, VLLM, ScanAdapter
+from ssmcheck.scan.padding import padded
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.results import ScanResult
 from ssmcheck.scan.spec import ScanCase
@@ -119,11 +120,13 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
     inputs = adapter.cached_inputs(inputs, small)
     y, states, y_ssm = run.reference(inputs, runner.reference)
     reproducer = _reproducer(adapter, inputs, small)
+    sent = padded(inputs) if inputs.pad_after is not None else None  # the call's row, with its pad tokens
     tokens = inputs.token_map()
     base = outcome.baseline
     data = {
         "id": small.id, "params": small.params(), "kernel": reproducer.kernel, "y_from_out": reproducer.y_from_out,
-        "y_shape": list(inputs.x.shape), "chunk_size": small.chunk_size, "repeat": runner.repeat,
+        "y_shape": list((sent.inputs if sent else inputs).x.shape), "chunk_size": small.chunk_size,
+        "repeat": runner.repeat, "live": sent.live.cpu() if sent else None,
         "args": [_cpu(a) for a in reproducer.args], "kwargs": {k: _cpu(v) for k, v in reproducer.kwargs.items()},
         "reference": {"y": _cpu(y), "states": _cpu(states),
                       "y_ssm": _cpu(y_ssm) if inputs.D is not None or inputs.z is not None else None},

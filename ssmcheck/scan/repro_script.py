@@ -53,13 +53,14 @@ def pin_configs(pins):
 
 
 def call(fn, case, args, kwargs):
-    """(y, states) of one call on fresh copies of the inputs, y written into a NaN-filled buffer."""
+    """(y, states) of one call on fresh copies of the inputs, y written into a NaN-filled buffer; y on the
+    case's own tokens (a call with pad tokens, seq_idx -1, has more: `live` says where the case's lie)."""
     if "out" in kwargs:
         kwargs = {**kwargs, "out": torch.full_like(kwargs["out"], math.nan)}
     result = fn(*args, **kwargs)
-    if case["y_from_out"]:
-        return kwargs["out"].view(case["y_shape"]), result
-    return result[0], result[1]
+    y, states = (kwargs["out"].view(case["y_shape"]), result) if case["y_from_out"] else (result[0], result[1])
+    live = case.get("live")
+    return (y if live is None else y[:, live.to(y.device)]), states
 
 
 def relative(out, ref):

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ssmcheck.core import autotune
-from ssmcheck.core.render import STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
+from ssmcheck.core.render import CHECK_MARKS, STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status
@@ -90,12 +90,9 @@ def _time(result: ScanResult) -> str:
     return f"{result.seconds:.2f}s{warm}"
 
 
-INVARIANCE_MARKS = {Status.PASS: "✓", Status.FAIL: "✗", Status.NONFINITE: "NaN", Status.ERROR: "!", Status.SKIPPED: "–"}
-
-
 def _invariance(result: ScanResult) -> str:
     """Each invariance check's initial and outcome: `b✓ s✗ d–` (batch, split, prefill_decode)."""
-    return " ".join(f"{c.name[0]}{INVARIANCE_MARKS[c.status]}" for c in result.invariance)
+    return " ".join(f"{c.name[0]}{CHECK_MARKS[c.status]}" for c in result.invariance)
 
 
 PARAMS = 6  # the rank of the parameter columns: dropped first, the case id then shows them

@@ -39,27 +39,39 @@ def _check(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _sequence_bounds(seq_idx: torch.Tensor) -> torch.Tensor:
-    """cu_seqlens from a (1, seqlen) seq_idx: a sequence is a run of equal ids."""
-    ids = seq_idx[0]
-    starts = torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1
-    edges = [torch.zeros(1, dtype=starts.dtype, device=ids.device), starts,
-             torch.full((1,), ids.numel(), dtype=starts.dtype, device=ids.device)]
-    return torch.cat(edges)
+def _spans(seqlen: int, cu_seqlens, seq_idx) -> list[tuple[int, int]]:
+    """Each sequence's token range [start, end) in the row. A token whose seq_idx is -1 is a pad token,
+    of no sequence. Without cu_seqlens a sequence is a run of equal ids (pads left out); with it, sequence s
+    is the tokens of [cu_seqlens[s], cu_seqlens[s+1]) that are not pads, which must be contiguous."""
+    if cu_seqlens is None:
+        ids = seq_idx[0]
+        edges = torch.cat([ids.new_zeros(1), torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1,
+                           ids.new_full((1,), seqlen)]).tolist()
+        return [(a, b) for a, b, first in zip(edges[:-1], edges[1:], ids[edges[:-1]].tolist()) if first >= 0]
+    bounds = cu_seqlens.tolist()
+    _check(cu_seqlens.dim() == 1 and len(bounds) >= 2 and bounds[0] == 0 and bounds[-1] == seqlen
+           and all(a <= b for a, b in zip(bounds[:-1], bounds[1:])),
+           f"cu_seqlens must rise from 0 to seqlen={seqlen}, got {bounds}")
+    spans = list(zip(bounds[:-1], bounds[1:]))
+    if seq_idx is None or not bool((seq_idx < 0).any()):
+        return spans
+    live = (seq_idx[0] >= 0).tolist()
+    trimmed = []
+    for s, (a, b) in enumerate(spans):
+        tokens = [t for t in range(a, b) if live[t]]
+        lo, hi = (tokens[0], tokens[-1] + 1) if tokens else (a, a)
+        _check(hi - lo == len(tokens), f"sequence {s} has pad tokens (seq_idx -1) among its own tokens {lo}..{hi - 1}")
+        trimmed.append((lo, hi))
+    return trimmed
 
 
 def _table(batch: int, seqlen: int, chunk_size: int, cu_seqlens, seq_idx, device) -> ChunkTable:
     if cu_seqlens is None and seq_idx is None:
         return batch_table(batch, seqlen, chunk_size, device)
     _check(batch == 1, f"varlen (cu_seqlens/seq_idx) needs batch 1, got batch {batch}")
-    if cu_seqlens is None:
-        _check(tuple(seq_idx.shape) == (1, seqlen), f"seq_idx must be (1, {seqlen}), got {tuple(seq_idx.shape)}")
-        cu_seqlens = _sequence_bounds(seq_idx)
-    bounds = cu_seqlens.tolist()
-    _check(cu_seqlens.dim() == 1 and len(bounds) >= 2 and bounds[0] == 0 and bounds[-1] == seqlen
-           and all(a <= b for a, b in zip(bounds[:-1], bounds[1:])),
-           f"cu_seqlens must rise from 0 to seqlen={seqlen}, got {bounds}")
-    return varlen_table(cu_seqlens, chunk_size, device)
+    _check(seq_idx is None or tuple(seq_idx.shape) == (1, seqlen),
+           f"seq_idx must be (1, {seqlen}), got {None if seq_idx is None else tuple(seq_idx.shape)}")
+    return varlen_table(_spans(seqlen, cu_seqlens, seq_idx), chunk_size, device)
 
 
 def _check_inputs(x, dt, A, B, C, chunk_size, D, z, dt_bias, state_dtype, rounding, seed):
@@ -109,6 +121,10 @@ def chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
                         state_dtype=torch.float32, rounding="nearest", seed=0, out=None,
                         interpret: bool | None = None, pipeline: Pipeline = PIPELINE):
     """Returns out; (out, final_states); (out, varlen_states); or (out, final_states, varlen_states).
+
+    A token whose seq_idx is -1 is a pad token between (or after) sequences, as a serving engine's packed
+    batch has them: it belongs to no sequence, changes no state, and its output is 0. With cu_seqlens,
+    sequence s is the non-pad tokens of [cu_seqlens[s], cu_seqlens[s+1]).
 
     out (batch, seqlen, nheads, headdim) in x.dtype (written into `out` when given);
     final_states (batch, nheads, headdim, dstate) and varlen_states (nseq, ...) in state_dtype.
@@ -181,6 +197,8 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
         del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
     cb = pipeline.chunk_cb(C2, B2, mm_dtype, table, interpret, alloc=alloc)
     pipeline.chunk_output(x2, z2, C2, D2, cb, dt_proc, dA_cs, states, y, mm_dtype, table, interpret)
+    if seq_idx is not None:
+        y[seq_idx.flatten() < 0] = 0  # pad tokens lie in no chunk: their output is defined as 0
 
     varlen = cu_seqlens is not None or seq_idx is not None
     return {"cumsum": dA_cs, "chunk_states": local if keep_stages else None, "passed_states": states, "cb": cb, "y": out,

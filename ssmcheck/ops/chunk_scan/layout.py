@@ -5,6 +5,8 @@ chunk never straddles a sequence boundary (the last chunk of a sequence may be
 short). Batch mode is the same thing over batch * seqlen flattened tokens, one
 sequence per row. The kernels then never mask by sequence inside a chunk, and a
 sequence that starts mid-way through a fixed chunk grid needs no special case.
+Sequences need not tile the tokens: a pad token between them (seq_idx -1) lies in
+no chunk, so it changes no state and no kernel writes its output.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ class ChunkTable:
     last_seq: int  # the sequence holding the last token (trailing empty sequences hold none)
 
 
-def _build(bounds: tuple[int, ...], chunk_size: int, device: torch.device) -> ChunkTable:
+def _build(spans: tuple[tuple[int, int], ...], chunk_size: int, device: torch.device) -> ChunkTable:
     chunk_token, chunk_len, seq_chunk = [], [], [0]
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in spans:
         for tok in range(start, end, chunk_size):
             chunk_token.append(tok)
             chunk_len.append(min(chunk_size, end - tok))
@@ -36,18 +38,18 @@ def _build(bounds: tuple[int, ...], chunk_size: int, device: torch.device) -> Ch
     as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
     return ChunkTable(
         chunk_size=chunk_size,
-        nseq=len(bounds) - 1,
+        nseq=len(spans),
         nchunks=len(chunk_token),
         chunk_token=as_tensor(chunk_token),
         chunk_len=as_tensor(chunk_len),
         seq_chunk=as_tensor(seq_chunk),
-        last_seq=max(s for s in range(len(bounds) - 1) if bounds[s + 1] > bounds[s]),
+        last_seq=max(s for s, (start, end) in enumerate(spans) if end > start),
     )
 
 
 @functools.lru_cache(maxsize=64)
 def _batch_table(batch: int, seqlen: int, chunk_size: int, device: torch.device) -> ChunkTable:
-    return _build(tuple(b * seqlen for b in range(batch + 1)), chunk_size, device)
+    return _build(tuple((b * seqlen, (b + 1) * seqlen) for b in range(batch)), chunk_size, device)
 
 
 def batch_table(batch: int, seqlen: int, chunk_size: int, device: torch.device) -> ChunkTable:
@@ -55,7 +57,6 @@ def batch_table(batch: int, seqlen: int, chunk_size: int, device: torch.device) 
     return _batch_table(batch, seqlen, chunk_size, torch.device(device))
 
 
-def varlen_table(cu_seqlens: torch.Tensor, chunk_size: int, device: torch.device) -> ChunkTable:
-    """Sequences [cu_seqlens[s], cu_seqlens[s+1]) of one flattened row (reads cu_seqlens on the host)."""
-    bounds = tuple(int(v) for v in cu_seqlens.tolist())
-    return _build(bounds, chunk_size, torch.device(device))
+def varlen_table(spans: list[tuple[int, int]], chunk_size: int, device: torch.device) -> ChunkTable:
+    """Sequences [start, end) of one flattened row, in order."""
+    return _build(tuple(spans), chunk_size, torch.device(device))

@@ -46,6 +46,8 @@ from ssmcheck.ops.rounding.stochastic import (
 )
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The slot index of a pad row (state_batch_indices): serving engines' PAD_SLOT_ID.
+PAD_SLOT_ID = -1
 GROUPS = 4  # row groups per program: one Philox call serves an element of each
 
 
@@ -106,15 +108,15 @@ def _load_dt(dt_ptr, dt_bias_ptr, offset, bias_offset, mask, HAS_DT_BIAS: tl.con
 
 
 @triton.jit
-def _load_state(group, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
+def _load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row group `group`'s state tile (R, BLOCK_N), as stored."""
+    """Row group `group`'s state tile (R, BLOCK_N) of pool slot `slot`, as stored."""
     R: tl.constexpr = BLOCK_P // 4
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     # Each element is read once and written once: let the state stream past L2
     # rather than evict B, C and the per-head parameters that every program reads.
-    return tl.load(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n,
+    return tl.load(state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n,
                    mask=(p < headdim)[:, None] & (n < dstate)[None, :], other=0.0, eviction_policy="evict_first")
 
 
@@ -169,14 +171,14 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
 
 
 @triton.jit
-def _store_group(group, pid_p, b, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                 OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store row group `group`'s rounded state and its output."""
+def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+                 o_p, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store row group `group`'s rounded state (into its slot of the pool) and its output (row b)."""
     R: tl.constexpr = BLOCK_P // 4
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
-    tl.store(state_ptr + b * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
+    tl.store(state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
              mask=rows[:, None] & (n < dstate)[None, :], cache_modifier=".cs")
     tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_nearest(y, OUT_DTYPE, INTERPRET), mask=rows)
 
@@ -184,8 +186,8 @@ def _store_group(group, pid_p, b, h, headdim, dstate, state, y, state_ptr, out_p
 # A new seed every step must not mean a new compilation.
 @triton.jit(do_not_specialize=["seed"])
 def _state_update_kernel(
-    state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, out_ptr,
-    seed, nheads, headdim, dstate, heads_per_group,
+    state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, out_ptr, slots_ptr,
+    seed, nheads, headdim, dstate, heads_per_group, pad_slot_id,
     s_b, s_h, s_p, s_n,
     x_b, x_h, x_p,
     dt_b, dt_h, dt_p,
@@ -197,7 +199,7 @@ def _state_update_kernel(
     z_b, z_h, z_p,
     o_b, o_h, o_p,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr,
+    DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
     N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -206,14 +208,23 @@ def _state_update_kernel(
     pid_p = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
+    slot = b  # the row's state in the pool: its own row, or the slot state_batch_indices names
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        if slot == pad_slot_id:
+            # A pad row (a CUDA-graph batch's filler): no state is read or written; its output is defined as 0.
+            p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+            tl.store(out_ptr + b * o_b + h * o_h + p * o_p, tl.zeros((BLOCK_P,), tl.float32).to(OUT_DTYPE),
+                     mask=p < headdim)
+            return
     # Every load comes before the first store: the compiler cannot move a load above a
     # store that might alias it, and each load left behind a store costs the program
     # another memory latency (and none crosses the barrier of a layout conversion). The
     # state tiles go first, so that their DRAM latency overlaps everything else.
-    t0 = _load_state(0, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    t1 = _load_state(1, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    t2 = _load_state(2, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    t3 = _load_state(3, pid_p, b, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t0 = _load_state(0, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t1 = _load_state(1, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t2 = _load_state(2, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
+    t3 = _load_state(3, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
     x0, d0, z0 = _load_channels(0, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
                                 z_p, HAS_D, HAS_Z, BLOCK_P)
     x1, d1, z1 = _load_channels(1, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
@@ -249,24 +260,24 @@ def _state_update_kernel(
                             dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
                             HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
     if STOCHASTIC:
-        # Counter: the flat index of (batch, head, channel, n) in group 0's rows.
+        # Counter: the flat index of (slot, head, channel, n) in group 0's rows: the bits follow the state.
         R: tl.constexpr = BLOCK_P // 4
         row = pid_p * BLOCK_P + tl.arange(0, R)
-        counters = ((b * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
+        counters = ((slot * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
         s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
     else:
         s0 = round_nearest(s0, STATE_DTYPE, INTERPRET)
         s1 = round_nearest(s1, STATE_DTYPE, INTERPRET)
         s2 = round_nearest(s2, STATE_DTYPE, INTERPRET)
         s3 = round_nearest(s3, STATE_DTYPE, INTERPRET)
-    _store_group(0, pid_p, b, h, headdim, dstate, s0, y0, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
-    _store_group(1, pid_p, b, h, headdim, dstate, s1, y1, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
-    _store_group(2, pid_p, b, h, headdim, dstate, s2, y2, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
-    _store_group(3, pid_p, b, h, headdim, dstate, s3, y3, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                 OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(0, pid_p, b, slot, h, headdim, dstate, s0, y0, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(1, pid_p, b, slot, h, headdim, dstate, s1, y1, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(2, pid_p, b, slot, h, headdim, dstate, s2, y2, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+    _store_group(3, pid_p, b, slot, h, headdim, dstate, s3, y3, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
 
 
 def _check(cond: bool, message: str) -> None:
@@ -278,9 +289,16 @@ def _shape(t) -> tuple | None:
     return None if t is None else tuple(t.shape)
 
 
-def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out):
+def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, slots):
     _check(state.dim() == 4, f"state must be (batch, nheads, headdim, dstate), got {_shape(state)}")
-    batch, nheads, headdim, dstate = state.shape
+    _check(x.dim() == 3, f"x must be (batch, nheads, headdim), got {_shape(x)}")
+    pool, nheads, headdim, dstate = state.shape
+    batch = x.shape[0]
+    if slots is None:
+        _check(pool == batch, f"state has {pool} rows for a batch of {batch} (pass state_batch_indices for a pool)")
+    else:
+        _check(_shape(slots) == (batch,) and not slots.is_floating_point() and slots.device == state.device,
+               f"state_batch_indices must be ({batch},) integers on {state.device}, got {_shape(slots)}")
     ngroups = B.shape[1] if B.dim() == 3 else 0
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
                     ("dt_bias", dt_bias)):
@@ -303,13 +321,18 @@ def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out):
            f"out must be {want_x} {x.dtype} on {x.device}")
 
 
-def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=PAD_SLOT_ID, *,
                            rounding="nearest", seed=0, philox_rounds=DEFAULT_PHILOX_ROUNDS,
                            rounding_impl="software", out=None, interpret: bool | None = None):
     """One decode step: updates `state` in place and returns out (batch, nheads, headdim) in x.dtype.
 
     state (batch, nheads, headdim, dstate) in fp32/fp16/bf16 (computed in fp32,
-    stored rounded per `rounding`, "nearest" or "stochastic"); x, dt, z
+    stored rounded per `rounding`, "nearest" or "stochastic"), or, with
+    `state_batch_indices` (batch,) integers, a pool of any number of states of
+    which row i updates slot state_batch_indices[i] (in range, distinct across
+    rows); a row whose index is `pad_slot_id` is a pad row: it reads and
+    writes no state, and its out is 0. x, dt, z
     (batch, nheads, headdim); A (nheads, headdim, dstate); B, C (batch,
     ngroups, dstate); D, dt_bias (nheads, headdim). Any strides, including
     stride-0 expanded views. Stochastic rounding draws its bits from
@@ -319,12 +342,13 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """
     if interpret is None:
         interpret = interpreting()
-    _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out)
+    _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices)
     check_rounding(state.dtype, rounding, seed, philox_rounds, rounding_impl, interpret=interpret)
-    batch, nheads, headdim, dstate = state.shape
+    _, nheads, headdim, dstate = state.shape
+    batch = x.shape[0]
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if state.numel() == 0:
+    if x.numel() == 0 or state.numel() == 0:
         return out
     config = launch_config(headdim, dstate, state.dtype, interpret)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
@@ -334,12 +358,13 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
     grid = (triton.cdiv(headdim, config.block_p), nheads, batch)
     _state_update_kernel[grid](
-        state, x, dt, dt_bias_, A, B, C, D_, z_, out,
-        seed, nheads, headdim, dstate, nheads // B.shape[1],
+        state, x, dt, dt_bias_, A, B, C, D_, z_, out, state_batch_indices if state_batch_indices is not None else x,
+        seed, nheads, headdim, dstate, nheads // B.shape[1], pad_slot_id,
         *state.stride(), *x.stride(), *dt.stride(), *dtb_strides, *A.stride(), *B.stride(), *C.stride(),
         *d_strides, *z_.stride(), *out.stride(),
         HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
+        HAS_SLOTS=state_batch_indices is not None,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
         INTERPRET=interpret, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),

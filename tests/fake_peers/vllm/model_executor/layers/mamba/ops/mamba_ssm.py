@@ -4,6 +4,8 @@ in its own dtype, rounded to nearest). Computed with ssmcheck's torch step. Ever
 in CALLS (the keywords it was given)."""
 
 
+import torch
+
 from ssmcheck.drift.adapter import torch_state_update
 
 NULL_BLOCK_ID = 0
@@ -17,10 +19,22 @@ def selective_state_update(
 ):
     assert D.dim() == 2 and dt_bias.dim() == 2, "D and dt_bias: (nheads, dim)"
     assert out is not None and out.shape == x.shape, "out: preallocated, like x"
-    batch, nheads, dim, dstate = state.shape
+    _, nheads, dim, dstate = state.shape
+    batch = x.shape[0]
     assert x.shape == (batch, nheads, dim) and dt.shape == x.shape and A.shape == (nheads, dim, dstate)
     assert D.shape == (nheads, dim) and dt_bias.shape == (nheads, dim)
-    assert (state_batch_indices, dst_state_batch_indices, num_accepted_tokens, cu_seqlens) == (None,) * 4, "not faked"
+    assert (dst_state_batch_indices, num_accepted_tokens, cu_seqlens) == (None,) * 3, "not faked"
     assert not enable_stochastic_rounding, "not faked"
-    CALLS.append({"D": D, "dt_bias": dt_bias, "z": z, "dt_softplus": dt_softplus, "state_dtype": state.dtype})
-    out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus))
+    CALLS.append({"D": D, "dt_bias": dt_bias, "z": z, "dt_softplus": dt_softplus, "state_dtype": state.dtype,
+                  "state_batch_indices": state_batch_indices, "null_block_id": null_block_id})
+    if state_batch_indices is None:
+        assert state.shape[0] == batch
+        out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus))
+        return
+    # As vLLM's kernel: row i on pool slot state_batch_indices[i]; a row on the null block reads a zero
+    # state (its load is masked), writes its out and stores no state.
+    for row, slot in enumerate(state_batch_indices.flatten().tolist()):
+        one = slice(row, row + 1)
+        state_row = state[slot:slot + 1] if slot != null_block_id else torch.zeros_like(state[:1])
+        out[one] = torch_state_update(state_row, x[one], dt[one], A, B[one], C[one], D,
+                                      None if z is None else z[one], dt_bias, dt_softplus)

@@ -1,0 +1,187 @@
+"""The padded-slot check of a drift case: one decode step as a serving engine runs it under CUDA graphs.
+
+An engine keeps its cached states in a pool larger than the batch, passes each row's slot in
+`state_batch_indices`, and pads a decode batch to a captured size with rows whose slot is the pad slot
+id (PAD_SLOT_ID -1; vLLM points them at its null block, slot 0). For a kernel that takes slot
+indices (drift.adapter's pad_slot_id), one step runs on such a batch: the case's rows plus PAD_ROWS pad
+rows in random places, a pool of SPARE_SLOTS more slots than rows (and the pad slot where it is one),
+the live rows on a random permutation of them, the regime's own states and inputs. Three verdicts:
+
+- live: each live row's slot holds the float64 step of its own state and inputs, and its out the
+  step's output, within the tolerance rule (the baseline: the float64 step stored in the state dtype
+  in the case's rounding mode; its output is the float64 one), judged slot by slot;
+- untouched: every other slot (the spares, the pad slot) and a guard slot on each side of the pool
+  (where an index of -1 or one past the end writes) keeps its bits;
+- pad_out: the pad rows' out, NaN-filled (a NaN with its own payload) before the call where the kernel
+  takes `out`: wholly written with finite values (zeros, as mamba_ssm and the built-in kernel write,
+  or other values, as vLLM's step from a zero state gives) or wholly left (reported as not written,
+  which passes); partly written or non-finite fails. A kernel that allocates out itself cannot be
+  poisoned: its non-finite pad outputs are reported as undetermined.
+
+How they combine with the case (`combine`): as scan's invariance checks, the case's status is the most
+severe of its own and the checks', and its message adds one clause per check that did not pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from ssmcheck.core import sweep
+from ssmcheck.core.capture import Transcript
+from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import bits
+from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.results import DriftVerdict, SlotCheck
+from ssmcheck.drift.spec import DriftCase
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.state_update.naive import state_update_step
+
+LIVE, UNTOUCHED, PAD_OUT = "live", "untouched", "pad_out"
+TITLES = {LIVE: "slots", UNTOUCHED: "slots untouched", PAD_OUT: "pad rows' out"}
+PAD_ROWS = 2  # pad rows added to the case's batch
+SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
+# A quiet NaN with a payload of its own, for out before the call: a kernel's NaN has another payload.
+_POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
+# The order of severity, as the exit code ranks them (core.status).
+_SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
+
+
+def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
+              transcript: Transcript) -> tuple[list[SlotCheck], dict]:
+    """The three verdicts of `case` for `kernel` (which takes slot indices), and the layout they ran."""
+    layout = _layout(case, kernel.pad_slot_id)
+    problem = make_problem(case.regime, replace(case.shape(), batch=layout["pool"]), case.dtype, 1,
+                           layout["seed"], device)
+    step = next(problem.steps())
+    rows = len(layout["slots"])
+    arguments = {"x": step.x[:rows], "dt": step.dt[:rows], "A": problem.A, "B": step.B[:rows], "C": step.C[:rows],
+                 "D": problem.D, "z": None, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
+    # The pool between two guard slots: a write at slot -1 or one past the end lands in one of them.
+    buffer = torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]).contiguous()
+    before = buffer.clone()
+    pool = buffer[1:-1]
+    slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
+    sent = _poisoned(arguments["x"])
+    seed = sweep.case_seed(layout["seed"], {"step": 1})
+    try:
+        out = kernel.update_slots(pool, slots, arguments, sent, case.rounding, seed, "slot check", transcript)
+    except KernelRaised as exc:
+        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (LIVE, UNTOUCHED, PAD_OUT)], layout
+    # Only the NaN-filled out the kernel wrote into shows what it left: one it allocated holds whatever it held.
+    poisoned = kernel.takes_out and out.data_ptr() == sent.data_ptr()
+    return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance),
+            _untouched(layout, before, buffer),
+            _pad_out(layout, out, poisoned)], layout
+
+
+def _layout(case: DriftCase, pad: int) -> dict:
+    """The pool and the rows: `slots` per row (pad for a pad row), drawn from the case's seed."""
+    seed = sweep.case_seed(case.seed, {"check": "slots"})
+    generator = torch.Generator().manual_seed(seed)
+    rows = case.batch + PAD_ROWS
+    pool = rows + SPARE_SLOTS
+    if 0 <= pad <= pool:  # the pad id names a slot of the pool (vLLM's null block): never a live one
+        pool += 1
+    usable = [s for s in range(pool) if s != pad]
+    live = [usable[i] for i in torch.randperm(len(usable), generator=generator)[:case.batch].tolist()]
+    pad_rows = sorted(torch.randperm(rows, generator=generator)[:PAD_ROWS].tolist())
+    it = iter(live)
+    slots = [pad if r in pad_rows else next(it) for r in range(rows)]
+    return {"seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots, "pad_rows": pad_rows}
+
+
+def _poisoned(x: torch.Tensor) -> torch.Tensor:
+    pattern = torch.full(x.shape, _POISON_BITS[x.dtype], dtype=bits(x).dtype, device=x.device)
+    return pattern.view(x.dtype)
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    num = torch.linalg.vector_norm((a.double() - ref).nan_to_num(math.inf)).item()
+    den = torch.linalg.vector_norm(ref).item()
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance: Tolerance) -> SlotCheck:
+    rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
+    rows = [r for r in range(len(layout["slots"])) if r not in layout["pad_rows"]]
+    live = [layout["slots"][r] for r in rows]
+    per_row = [arguments[k][rows].double() for k in ("x", "dt")]
+    ref, ref_out = state_update_step(pool_before[live].double(), *per_row, arguments["A"].double(),
+                                     arguments["B"][rows].double(), arguments["C"][rows].double(),
+                                     D=arguments["D"].double(), dt_bias=arguments["dt_bias"].double(),
+                                     dt_softplus=arguments["dt_softplus"])
+    generator = torch.Generator(device=pool.device).manual_seed(layout["seed"])
+    stored = round_to(ref, case.dtype, case.rounding, generator).double()
+    worst, failed, nonfinite = None, None, None
+    for i, (row, slot) in enumerate(zip(rows, live)):
+        got_state, got_out = pool[slot], out[row]
+        figures = {"row": row, "slot": slot, "state_rel": _rel(got_state, ref[i]), "out_rel": _rel(got_out, ref_out[i]),
+                   "baseline_state_rel": _rel(stored[i], ref[i])}
+        figures["limit"] = tolerance_limit(figures["baseline_state_rel"], *rule)
+        if nonfinite is None and not (torch.isfinite(got_state).all() and torch.isfinite(got_out).all()):
+            nonfinite = figures
+        over = [f"{what} error {figures[f'{what}_rel']:.3g} > limit {limit:.3g}"
+                for what, base, limit in (("state", figures["baseline_state_rel"], figures["limit"]),
+                                          ("out", 0.0, tolerance_limit(0.0, *rule)))
+                if not within_tolerance(figures[f"{what}_rel"], base, *rule)]
+        if failed is None and over:
+            failed = (figures, "; ".join(over))
+        if worst is None or max(figures["state_rel"], figures["out_rel"]) > max(worst["state_rel"], worst["out_rel"]):
+            worst = figures
+    result = {"rows": len(rows), "worst": worst}
+    if nonfinite is not None:
+        return SlotCheck(LIVE, Status.NONFINITE, f"slots: slot {nonfinite['slot']} (row {nonfinite['row']}) is "
+                         "non-finite after the step", result)
+    if failed is not None:
+        where, over = failed
+        return SlotCheck(LIVE, Status.FAIL, f"slots: slot {where['slot']} (row {where['row']}): {over} "
+                         f"({tolerance_rule(tolerance)}; pad rows {layout['pad_rows']} carry slot id "
+                         f"{layout['pad_slot_id']})", result)
+    return SlotCheck(LIVE, Status.PASS, "", result)
+
+
+def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
+    live = {s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]}
+    # Buffer index i is pool slot i - 1: the guards are slots -1 and pool.
+    changed = [i - 1 for i in range(buffer.shape[0])
+               if i - 1 not in live and not torch.equal(bits(before[i]), bits(buffer[i]))]
+    figures = {"checked": buffer.shape[0] - len(live), "changed": changed}
+    if not changed:
+        return SlotCheck(UNTOUCHED, Status.PASS, "", figures)
+    pool, pad = layout["pool"], layout["pad_slot_id"]
+
+    def named(slot: int) -> str:
+        what = "outside the pool" if slot < 0 or slot >= pool else ("the pad slot" if slot == pad else "no row's")
+        return f"slot {slot} ({what})"
+
+    return SlotCheck(UNTOUCHED, Status.FAIL, "slots untouched: the step wrote " + ", ".join(map(named, changed))
+                     + f"; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
+
+
+def _pad_out(layout, out: torch.Tensor, poisoned: bool) -> SlotCheck:
+    rows = out[layout["pad_rows"]]
+    left = bits(rows) == _POISON_BITS[out.dtype] if poisoned else torch.zeros_like(rows, dtype=torch.bool)
+    finite = torch.isfinite(rows)
+    if poisoned and left.all():
+        return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "not written"})
+    if finite.all():
+        return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "zeros" if bool((rows == 0).all()) else "written"})
+    if not poisoned:
+        return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "undetermined"})
+    what = "partly written" if left.any() else "written non-finite"
+    row = layout["pad_rows"][int((~finite).flatten(1).any(1).nonzero()[0])]
+    return SlotCheck(PAD_OUT, Status.FAIL, f"pad rows' out: {what} (row {row}, slot id {layout['pad_slot_id']})",
+                     {"outputs": what})
+
+
+def combine(verdict: DriftVerdict, checks: list[SlotCheck]) -> DriftVerdict:
+    """The case's verdict with the slot checks folded in (see the module docstring)."""
+    statuses = [verdict.status] + [c.status for c in checks if c.status is not Status.SKIPPED]
+    words = [c.message for c in checks if c.status not in (Status.PASS, Status.SKIPPED)]
+    return replace(verdict, status=next(s for s in _SEVERITY if s in statuses),
+                   message="; ".join(([verdict.message] if verdict.message else []) + words))

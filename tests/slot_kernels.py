@@ -1,0 +1,79 @@
+"""Kernels shaped like serving batches with padding, correct and with planted bugs.
+
+State updates with slot indices (a pool of states, pad rows), for the padded-slot check (drift.slots):
+`slots_correct` is the built-in kernel as it is; the others each plant one serving bug in its calls with
+slot indices (the drift case's own decode, without them, runs the built-in kernel unchanged).
+Chunk scans with pad tokens (seq_idx -1), for the `padded` scan regime: the built-in one, and one that
+lets pads into the state of the sequence before them.
+"""
+
+from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
+from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
+
+
+def slots_correct(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None,
+                  pad_slot_id=-1, out=None):
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                  pad_slot_id, out=out)
+
+
+def pad_clamped_to_slot_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                          state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: a pad row's slot id -1 clamped to 0, so pad rows update slot 0 of the pool."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                  state_batch_indices.clamp(min=0), pad_slot_id, out=out)
+
+
+def pad_rows_left_unwritten(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                            state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Correct, but writes no output for pad rows (their out keeps what it held)."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    full = selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id)
+    live = state_batch_indices != pad_slot_id
+    out[live] = full[live]
+    return out
+
+
+def pad_rows_write_nan(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                       state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: the states are right, but pad rows' out is garbage (NaN)."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                           out=out)
+    out[state_batch_indices == pad_slot_id] = float("nan")
+    return out
+
+
+# ---------------------------------------------------------------------------- chunk scans with pad tokens
+
+
+def pad_tokens_correct(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                       cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                       return_varlen_states=False):
+    """The built-in chunk scan, which leaves pad tokens (seq_idx -1) out of every sequence."""
+    return chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                               dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+pad_tokens_correct.pad_tokens = True
+
+
+def pads_continue_the_sequence(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """Planted: a pad token (seq_idx -1) taken as a token of the sequence before it, so pads leak into its state."""
+    if seq_idx is not None:
+        ids = seq_idx.clone()
+        for t in range(1, ids.shape[1]):
+            if ids[0, t] < 0:
+                ids[0, t] = ids[0, t - 1]
+        seq_idx = ids
+    return chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                               dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+pads_continue_the_sequence.pad_tokens = True

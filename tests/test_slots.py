@@ -1,0 +1,97 @@
+"""The padded-slot check of `drift` (drift.slots): a state pool larger than the batch, permuted slots and
+pad rows, on the CPU through the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ssmcheck
+from ssmcheck.drift import adapter as drift_adapter
+from ssmcheck.drift.slots import PAD_ROWS, SPARE_SLOTS
+
+KERNELS = "tests/slot_kernels.py"
+# One regime, one short decode, a batch of 3 among 5 rows, on the CPU: seconds.
+SMALL = dict(preset="smoke", device="cpu", regime=["normal"], state_dtype=["fp16"], rounding=["nearest"], steps=2,
+             batch=[3], nheads=[2], headdim=[8], dstate=[16])
+
+
+def _case(kernel: str, **options) -> dict:
+    report = ssmcheck.drift(kernel=kernel, **{**SMALL, **options}).to_json()
+    (case,) = report["cases"]
+    return case
+
+
+def test_a_correct_kernel_with_slots_passes_every_slot_check():
+    case = _case(f"{KERNELS}:slots_correct")
+    slots = case["slots"]
+    assert case["status"] == "pass", case["message"]
+    assert [slots[name]["status"] for name in ("live", "untouched", "pad_out")] == ["pass"] * 3
+    assert slots["pad_slot_id"] == -1 and slots["pool"] == 3 + PAD_ROWS + SPARE_SLOTS
+    assert len(slots["pad_rows"]) == PAD_ROWS and all(slots["slots"][r] == -1 for r in slots["pad_rows"])
+    live = [s for r, s in enumerate(slots["slots"]) if r not in slots["pad_rows"]]
+    assert len(set(live)) == 3 and slots["live"]["rows"] == 3
+    assert slots["pad_out"]["outputs"] == "zeros"
+    assert slots["untouched"]["changed"] == [] and slots["untouched"]["checked"] == slots["pool"] + 2 - 3
+
+
+def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named():
+    case = _case(f"{KERNELS}:pad_clamped_to_slot_0")
+    assert case["status"] == "fail"
+    assert "slot 0" in case["message"], case["message"]
+    slots = case["slots"]
+    live = [s for r, s in enumerate(slots["slots"]) if r not in slots["pad_rows"]]
+    if 0 in live:  # the pad rows' steps overwrote a live row's state
+        assert slots["live"]["status"] == "fail" and "slot 0" in slots["live"]["message"]
+    else:
+        assert slots["untouched"]["changed"] == [0] and "slot 0 (no row's)" in slots["untouched"]["message"]
+
+
+@pytest.mark.parametrize(("seed", "caught_by"), [(0, "untouched"), (5, "live")])
+def test_clamping_is_caught_whether_slot_0_is_live_or_spare(seed, caught_by):
+    case = _case(f"{KERNELS}:pad_clamped_to_slot_0", seed=seed)
+    assert case["status"] == "fail" and "slot 0" in case["message"]
+    assert case["slots"][caught_by]["status"] == "fail"
+
+
+def test_pad_rows_left_unwritten_are_reported_not_failed():
+    case = _case(f"{KERNELS}:pad_rows_left_unwritten")
+    assert case["status"] == "pass", case["message"]
+    assert case["slots"]["pad_out"] == {"status": "pass", "message": "", "outputs": "not written"}
+
+
+def test_pad_rows_written_with_garbage_fail():
+    case = _case(f"{KERNELS}:pad_rows_write_nan")
+    assert case["status"] == "fail"
+    assert "pad rows' out: written non-finite" in case["message"]
+
+
+def test_a_kernel_without_slot_indices_gets_no_slot_check():
+    case = _case("torch")
+    assert case["status"] == "pass" and case["slots"] is None
+
+
+def test_slot_capabilities_come_from_the_signature():
+    correct = drift_adapter.resolve(f"{KERNELS}:slots_correct", 10, "software", True)
+    assert (correct.pad_slot_id, correct.takes_pad_slot_id, correct.takes_out) == (-1, True, True)
+
+    def mamba_like(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None):
+        return x
+
+    plain = drift_adapter.resolve(mamba_like, 10, "software", True)
+    assert (plain.pad_slot_id, plain.takes_pad_slot_id, plain.takes_out) == (-1, False, False)
+    assert drift_adapter.resolve("builtin", 10, "software", True).pad_slot_id == -1
+
+
+def test_builtin_pad_rows_touch_no_state_and_get_zero_out():
+    from ssmcheck.ops.state_update.fused_recurrent import selective_state_update  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(7)
+    pool = torch.randn(4, 1, 4, 16, generator=g)
+    x, dt = torch.randn(2, 1, 4, generator=g), torch.rand(2, 1, 4, generator=g)
+    A = -torch.rand(1, 4, 16, generator=g)
+    B, C = torch.randn(2, 1, 16, generator=g), torch.randn(2, 1, 16, generator=g)
+    updated = pool.clone()
+    out = selective_state_update(updated, x, dt, A, B, C, state_batch_indices=torch.tensor([-1, 2]), interpret=True)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isfinite(out[1]).all()
+    assert torch.equal(updated[[0, 1, 3]], pool[[0, 1, 3]]) and not torch.equal(updated[2], pool[2])
