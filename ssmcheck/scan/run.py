@@ -17,7 +17,7 @@ import torch
 
 from ssmcheck.core import autotune
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import DTYPES, dtype_name
+from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
@@ -38,7 +38,8 @@ STOCHASTIC_DRAWS = 4
 
 
 def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, states, the SSM part C·h of y) of the sequential recurrence in float64 ("fp64") or float32 ("fp32")."""
+    """(y, states, the SSM part C·h of y) of the sequential recurrence in float64 ("fp64") or float32 ("fp32");
+    y and C·h saturated to x's dtype, whose range the kernel returns them in (core.formats.saturate)."""
     from ssmcheck.ops.chunk_scan import naive  # noqa: PLC0415
 
     args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
@@ -47,7 +48,8 @@ def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor
     else:
         dtype = torch.float64 if kind == "fp64" else torch.float32
         out = naive.scan_recurrent(*args, **inputs.kwargs(), dtype=dtype)
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm
+    return (saturate(out.y, inputs.x.dtype), out.varlen_states if inputs.varlen else out.final_states,
+            saturate(out.y_ssm, inputs.x.dtype))
 
 
 def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
@@ -56,7 +58,8 @@ def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
     `storage` (the case's rounding); with `allow_tf32`, fp32 matmul operands rounded to TF32. C·h comes
     out in x's dtype, as a kernel called without D and z returns it (it is bitwise that output)."""
     out = _baseline_output(inputs, case, storage, allow_tf32)
-    return out.y, (out.varlen_states if inputs.varlen else out.final_states), out.y_ssm.to(inputs.x.dtype)
+    return (out.y, out.varlen_states if inputs.varlen else out.final_states,
+            saturate(out.y_ssm, inputs.x.dtype).to(inputs.x.dtype))
 
 
 def _baseline_output(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
@@ -91,8 +94,8 @@ def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, sto
         passed = found["passed_states"].dtype
         base = _baseline_output(inputs, case, passed if passed in DTYPES.values() else storage, allow_tf32,
                                 record_stages=True)
-        return stages.localise(found, {**ref.stages, "y": ref.y}, {**base.stages, "y": base.y}, inputs,
-                               case.chunk_size, tolerance)
+        truth = {**ref.stages, "y": saturate(ref.y, inputs.x.dtype)}
+        return stages.localise(found, truth, {**base.stages, "y": base.y}, inputs, case.chunk_size, tolerance)
     except Exception as exc:  # noqa: BLE001
         return StageReport(note=f"comparing the stages raised {describe(exc)}")
 

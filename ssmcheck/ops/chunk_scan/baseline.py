@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.formats import saturate
 from ssmcheck.ops.naive import NO_DT_LIMIT
 from ssmcheck.ops.rounding.naive import round_to
 
@@ -91,7 +92,8 @@ def scan_baseline(
     before exp); every matmul operand rounded to x.dtype, products accumulated in
     fp32; states passed in fp32 and stored in state_dtype (rounded in `rounding`
     mode, stochastic draws from a generator seeded with `seed`); the stored
-    incoming state rounded to x.dtype before C·state; y returned in x.dtype,
+    incoming state rounded to x.dtype before C·state; y returned in x.dtype (saturated there:
+    core.formats.saturate),
     states in state_dtype. Stochastic rounding into an fp32 state rounds nothing.
     Inputs and results as scan_recurrent's (naive.py).
 
@@ -125,5 +127,5 @@ def scan_baseline(
                                    operand_bits=matmul_operand_bits)
     out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
                    dt_limit, arith, record_stages)
-    out.y = out.y.to(x.dtype)
+    out.y = saturate(out.y, x.dtype).to(x.dtype)
     return out
