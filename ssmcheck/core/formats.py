@@ -50,3 +50,19 @@ def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     _, exponent = torch.frexp(values.abs())  # |v| = m * 2**exponent, m in [0.5, 1); 0 for v = 0
     exponent = torch.where(values == 0, fmt.emin, torch.clamp(exponent.to(torch.int64) - 1, min=fmt.emin))
     return torch.ldexp(torch.ones_like(values, dtype=torch.float64), exponent - fmt.mantissa_bits)
+
+
+def saturate(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`values`, in their own dtype, with every finite value beyond `dtype`'s largest finite value set to
+    that value (its sign kept); inf and NaN unchanged.
+
+    What an output stored in `dtype` holds of a finite result past its range, before rounding: the
+    closest value the format has. Plain round-to-nearest stores inf there instead, and the next
+    layer then sees a non-finite value made from finite inputs; so the references judge y saturated,
+    the built-in kernels store it so (ops.rounding.stochastic.round_saturating), and a kernel that
+    stores inf shows as non-finite. inf and NaN come from the arithmetic itself, not from narrowing
+    it, so they stay visible.
+    """
+    # No finite value lies past its own format's largest one (and a bound past it would not convert).
+    big = min(torch.finfo(dtype).max, torch.finfo(values.dtype).max)
+    return torch.where(torch.isfinite(values), values.clamp(-big, big), values)

@@ -33,7 +33,7 @@ import torch
 
 from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import dtype_name
+from ssmcheck.core.formats import dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, changed_input, describe, guarded_call, snapshot
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
@@ -54,14 +54,15 @@ class KernelRaised(Exception):
 def torch_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                        rounding="nearest", seed=0):
     """One decode step in fp32 with plain PyTorch; the state is stored rounded per `rounding`
-    (random bits from a generator seeded with `seed`). Updates `state` in place, returns out."""
+    (random bits from a generator seeded with `seed`). Updates `state` in place, returns out (saturated in
+    x's dtype: core.formats.saturate)."""
     f32 = {name: None if t is None else t.float() for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias))}
     new_state, out = state_update_step(
         state.float(), x.float(), dt.float(), A.float(), B.float(), C.float(), dt_softplus=dt_softplus, **f32
     )
     generator = torch.Generator(device=state.device).manual_seed(seed) if rounding == "stochastic" else None
     state.copy_(round_to(new_state, state.dtype, rounding, generator))
-    return out.to(x.dtype)
+    return saturate(out, x.dtype).to(x.dtype)
 
 
 @dataclass(frozen=True)

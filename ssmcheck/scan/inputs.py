@@ -70,8 +70,13 @@ class ScanInputs:
         return self.token_map().sequence.to(torch.int32)
 
     def to(self, device: str | torch.device) -> ScanInputs:
+        """The inputs on `device`, each with its own strides: views into one buffer (the strided regime's
+        fused in_proj output) stay views, with their strides and offsets, into one moved copy of it.
+        Tensor.to alone would give each non-contiguous view a contiguous copy of its own, so the
+        kernel would never see the layout the regime built."""
+        buffers: dict[tuple, torch.Tensor] = {}
         moved = {
-            f.name: getattr(self, f.name).to(device)
+            f.name: _moved(getattr(self, f.name), device, buffers)
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
@@ -118,3 +123,15 @@ class ScanInputs:
         if self.initial_states is not None:
             parts.append(self.initial_states[sequence, head])
         return all(bool(torch.isfinite(p).all()) for p in parts)
+
+
+def _moved(tensor: torch.Tensor, device: str | torch.device, buffers: dict[tuple, torch.Tensor]) -> torch.Tensor:
+    """`tensor` on `device`; a non-contiguous one as a view of its whole storage moved once (`buffers`,
+    keyed by the storage's address and the dtype read from it, holds the moved storages as flat tensors)."""
+    if tensor.is_contiguous():
+        return tensor.to(device)
+    storage = tensor.untyped_storage()
+    key = (storage.data_ptr(), tensor.dtype)
+    if key not in buffers:
+        buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage).to(device)
+    return buffers[key].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())

@@ -315,6 +315,72 @@ def long(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dty
     )
 
 
+# ---------------------------------------------------------------------------- serving layouts and ranges
+
+# Peak |y| of large-output, in multiples of fp16's largest finite value.
+OUTPUT_PAST_FP16 = 2
+
+
+def in_proj_columns(shape: ScanShape) -> dict[str, int]:
+    """The column blocks of one token of Mamba2's fused in_proj output, in order: z, x, B, C, dt.
+
+    state-spaces/mamba's Mamba2 splits `zxbcdt = in_proj(u)` as [z0, x0, z, xBC, dt] (the d_mlp parts
+    z0, x0 are empty in the Mamba2 models) and xBC as [x, B, C]; vLLM's MambaMixer2 splits the same
+    projection the same way. Its width, 2 * nheads * headdim + 2 * ngroups * dstate + nheads, is the
+    row stride every input of the strided regime carries.
+    """
+    d_inner = shape.nheads * shape.headdim
+    groups = shape.ngroups * shape.dstate
+    return {"z": d_inner, "x": d_inner, "B": groups, "C": groups, "dt": shape.nheads}
+
+
+def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """normal's values, passed as serving engines pass them: z, x, B, C and dt are views into one
+    (batch, seqlen, width) buffer laid out as Mamba2's fused in_proj output (`in_proj_columns`), so
+    every token of every input is `width` elements after the previous one.
+
+    In the models, x, B and C come out of the causal conv over the xBC columns: a conv that writes
+    in place (or a fused one) leaves them in this buffer, one that does not puts them in a buffer of
+    width d_inner + 2 * ngroups * dstate. The in_proj buffer is the wider of the two, so its token
+    offsets reach 2**31 first (README: the 2**31 offsets). dt is in the activations' dtype, as the
+    projection returns it; A, D and dt_bias are parameters, contiguous.
+    """
+    values = normal(shape, dtype, seed)
+    columns = in_proj_columns(shape)
+    # Every column is written below: nothing of the buffer is left unset.
+    buffer = torch.empty((shape.batch, shape.seqlen, sum(columns.values())), dtype=dtype)
+    views, start = {}, 0
+    for name, width in columns.items():
+        value = getattr(values, name)
+        view = buffer[..., start : start + width].unflatten(-1, value.shape[2:])
+        view.copy_(value)
+        views[name] = view
+        start += width
+    return replace(values, **views, note=f"{values.note}; x, z, B, C, dt: views into one in_proj buffer of "
+                                         f"{buffer.shape[-1]} elements per token")
+
+
+def large_output(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """large-magnitude's inputs at fp16's scale (y and states at 1/64 of 65504, whatever the dtypes) with C
+    scaled up, so that |y| peaks at OUTPUT_PAST_FP16 times fp16's largest value while the states, which do
+    not depend on C, stay where they were.
+
+    In fp16 the float64 y lies past the format's range from some token on, while every input, the fp32
+    states and the fp32 sums are finite: the judged reference is y saturated to ±65504 (the closest value
+    fp16 has: core.formats.saturate), so a kernel that stores inf there is non-finite at that token, and
+    one that saturates passes. In bf16 and fp32 the same y is inside the range and nothing may saturate.
+    """
+    from ssmcheck.ops.chunk_scan.naive import scan_recurrent  # noqa: PLC0415 (float64 ground truth)
+
+    inputs = large_magnitude(shape, dtype, seed, state_dtype=torch.float16)
+    ref = scan_recurrent(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, **inputs.kwargs(), dtype=torch.float64)
+    # y = C·h + D·x with everything positive: C·h, the larger part, scales with C.
+    target = OUTPUT_PAST_FP16 * torch.finfo(torch.float16).max
+    scale = target / float(ref.y_ssm.abs().max())
+    return replace(inputs, C=(inputs.C.double() * scale).to(dtype),
+                   note=f"{inputs.note}; C scaled by {scale:.3g}: peak |y| ~ {target:.3g}, past fp16's 65504")
+
+
 REGIMES: dict[str, Regime] = {
     r.name: r
     for r in (
@@ -338,5 +404,9 @@ REGIMES: dict[str, Regime] = {
                "the states reach 1/64 of the format's largest value", large_magnitude),
         Regime("long", "at least 8 chunks of state passing, continuing from initial states, with "
                "dt_limit", long, min_chunks=8),
+        Regime("strided", "normal's values as serving passes them: x, z, B, C, dt are strided views into one "
+               "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths)", strided),
+        Regime("large-output", "large-magnitude's growing states with C scaled so |y| peaks at 2x fp16's largest "
+               "value: fp16 y is judged saturated to 65504, and inf there is non-finite", large_output),
     )
 }

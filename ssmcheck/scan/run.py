@@ -17,7 +17,7 @@ import torch
 
 from ssmcheck.core import autotune
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import DTYPES, dtype_name
+from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
@@ -39,14 +39,17 @@ STOCHASTIC_DRAWS = 4
 
 def reference_stream(inputs: ScanInputs, kind: str):
     """The sequential recurrence in float64 ("fp64") or float32 ("fp32"), or for long rows in float64 its
-    chunked form, as a stream of segments (ops/chunk_scan/naive.py)."""
+    chunked form, as a stream of segments (ops/chunk_scan/naive.py); y and C·h saturated to x's dtype,
+    whose range the kernel returns them in (core.formats.saturate)."""
     from ssmcheck.ops.chunk_scan import naive  # noqa: PLC0415
 
     args = (inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C)
     if reference_chunk(inputs, kind) is not None:
-        return naive.SSDStream(*args, REFERENCE_CHUNK, **inputs.kwargs(), arith=naive.chunked_arithmetic())
-    dtype = torch.float64 if kind == "fp64" else torch.float32
-    return naive.RecurrentStream(*args, **inputs.kwargs(), dtype=dtype)
+        stream = naive.SSDStream(*args, REFERENCE_CHUNK, **inputs.kwargs(), arith=naive.chunked_arithmetic())
+    else:
+        dtype = torch.float64 if kind == "fp64" else torch.float32
+        stream = naive.RecurrentStream(*args, **inputs.kwargs(), dtype=dtype)
+    return streamed.Saturated(stream, inputs.x.dtype)
 
 
 def reference_chunk(inputs: ScanInputs, kind: str) -> int | None:
@@ -84,7 +87,7 @@ def baseline(inputs: ScanInputs, case: ScanCase, storage: torch.dtype,
     kernel called without D and z returns it (it is bitwise that output)."""
     stream = baseline_stream(inputs, case, storage, allow_tf32)
     y, y_ssm = _whole(stream, inputs)
-    return y, streamed.states(stream, inputs), y_ssm.to(inputs.x.dtype)
+    return y, streamed.states(stream, inputs), saturate(y_ssm, inputs.x.dtype).to(inputs.x.dtype)
 
 
 def _baseline_output(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool,
@@ -119,8 +122,8 @@ def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, sto
         passed = found["passed_states"].dtype
         base = _baseline_output(inputs, case, passed if passed in DTYPES.values() else storage, allow_tf32,
                                 record_stages=True)
-        return stages.localise(found, {**ref.stages, "y": ref.y}, {**base.stages, "y": base.y}, inputs,
-                               case.chunk_size, tolerance)
+        truth = {**ref.stages, "y": saturate(ref.y, inputs.x.dtype)}
+        return stages.localise(found, truth, {**base.stages, "y": base.y}, inputs, case.chunk_size, tolerance)
     except Exception as exc:  # noqa: BLE001
         return StageReport(note=f"comparing the stages raised {describe(exc)}")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.formats import saturate
 from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import ScanInputs
 
@@ -18,6 +19,21 @@ def states(stream, inputs: ScanInputs) -> torch.Tensor:
     """A finished stream's states as the kernel returns them: per sequence for varlen, else per row."""
     final_states, varlen_states = stream.states()
     return varlen_states if inputs.varlen else final_states
+
+
+class Saturated:
+    """A reference stream whose y and C·h come out saturated to `dtype`'s range, in their own dtype
+    (core.formats.saturate): the float64 truth as an output stored in `dtype` can hold it."""
+
+    def __init__(self, stream, dtype: torch.dtype):
+        self.stream, self.dtype = stream, dtype
+
+    def segment(self, f0: int, f1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y, y_ssm = self.stream.segment(f0, f1)
+        return saturate(y, self.dtype), saturate(y_ssm, self.dtype)
+
+    def states(self):
+        return self.stream.states()
 
 
 @dataclass
@@ -64,7 +80,7 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
             if k == 0:
                 b_y.add(base_y, ref_y, offset)
                 if flat_ssm is not None:  # C·h in x's dtype, as a kernel called without D and z returns it
-                    b_ssm.add(base_ssm.to(dtype), ref_ssm, offset)
+                    b_ssm.add(saturate(base_ssm, dtype).to(dtype), ref_ssm, offset)
     has_ssm = flat_ssm is not None
     return Streamed(k_y.stats(), k_ssm.stats() if has_ssm else None, b_y.stats(), b_ssm.stats() if has_ssm else None,
                     k_groups, b_groups, nonfinite, states(reference, inputs), states(baselines[0], inputs))

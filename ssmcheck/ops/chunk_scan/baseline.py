@@ -91,7 +91,8 @@ def scan_baseline(
     before exp); every matmul operand rounded to x.dtype, products accumulated in
     fp32; states passed in fp32 and stored in state_dtype (rounded in `rounding`
     mode, stochastic draws from a generator seeded with `seed`); the stored
-    incoming state rounded to x.dtype before C·state; y returned in x.dtype,
+    incoming state rounded to x.dtype before C·state; y returned in x.dtype (saturated there:
+    core.formats.saturate),
     states in state_dtype. Stochastic rounding into an fp32 state rounds nothing.
     Inputs and results as scan_recurrent's (naive.py).
 

@@ -18,7 +18,7 @@ def _chunk_cb_kernel(
 ):
     pid = tl.program_id(0)
     kb, mb, g, c = program_coords(pid, CHUNK // BLOCK_K, CHUNK // BLOCK_M, ngroups)
-    tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)
+    tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)  # 64-bit token offsets: see chunk_state's bases
     n = tl.load(chunk_len_ptr + c)
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     k = kb * BLOCK_K + tl.arange(0, BLOCK_K)

@@ -11,7 +11,7 @@ them BLOCK_M at a time, reading and rounding the incoming state once.
 import triton
 import triton.language as tl
 
-from ssmcheck.ops.rounding.stochastic import round_nearest, triton_dtype
+from ssmcheck.ops.rounding.stochastic import round_saturating, triton_dtype
 
 from .layout import ChunkTable
 from .numerics import decay, mma, operand, program_coords, split
@@ -54,7 +54,10 @@ def _chunk_output_kernel(
             Dh = tl.load(D_ptr + h * headdim + p, mask=pv, other=0.0).to(tl.float32)[None, :]
         else:
             Dh = tl.load(D_ptr + h).to(tl.float32)
-    # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile).
+    # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile). The bases must be
+    # 64-bit: tok0 * stride_tok passes 2**31 from token 203,053 on when the inputs are views into a fused
+    # in_proj buffer at Mamba2-2.7B widths (10576 elements per token); an offset inside a chunk stays below
+    # CHUNK * stride_tok (2.7M there).
     x_chunk = x_ptr + tok0 * stride_x_tok + h * stride_x_head
     c_chunk = C_ptr + tok0 * stride_c_tok + g * stride_c_group
     cb_chunk = cb_ptr + (c * ngroups + g) * CHUNK * CHUNK
@@ -92,9 +95,10 @@ def _chunk_output_kernel(
             zm = tl.load(z_ptr + tok0 * stride_z_tok + h * stride_z_head + m[:, None] * stride_z_tok
                          + p[None, :] * stride_z_dim, mask=out_mask, other=0.0).to(tl.float32)
             acc *= zm * tl.sigmoid(zm)
+        # Saturated: a finite y past fp16's range is stored as 65504, never inf (core.formats.saturate).
         y_chunk = y_ptr + tok0 * stride_y_tok + h * stride_y_head
-        tl.store(y_chunk + m[:, None] * stride_y_tok + p[None, :] * stride_y_dim, round_nearest(acc, OUT_DTYPE, INTERPRET),
-                 mask=out_mask)
+        tl.store(y_chunk + m[:, None] * stride_y_tok + p[None, :] * stride_y_dim,
+                 round_saturating(acc, OUT_DTYPE, INTERPRET), mask=out_mask)
 
 
 def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:

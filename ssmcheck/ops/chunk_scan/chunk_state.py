@@ -34,7 +34,10 @@ def _chunk_state_kernel(
     d = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     pv = p < headdim
     dv = d < dstate
-    # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile).
+    # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile). The bases must be
+    # 64-bit: tok0 * stride_tok passes 2**31 from token 203,053 on when the inputs are views into a fused
+    # in_proj buffer at Mamba2-2.7B widths (10576 elements per token); an offset inside a chunk stays below
+    # CHUNK * stride_tok (2.7M there).
     x_chunk = x_ptr + tok0 * stride_x_tok + h * stride_x_head + p[:, None] * stride_x_dim
     b_chunk = B_ptr + tok0 * stride_b_tok + g * stride_b_group + d[None, :] * stride_b_state
     row = (c * nheads + h) * CHUNK

@@ -16,7 +16,9 @@ def _dt_cumsum_kernel(
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    c = tl.program_id(0)
+    # 64-bit: the output offset (c * nheads + h) * CHUNK counts tokens x heads, past 2**31 from 2**31 / nheads
+    # tokens (16.8M at 128 heads) in int32; token offsets into dt are 64-bit through tok0.
+    c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t = tl.arange(0, CHUNK)
     tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.formats import saturate
 from ssmcheck.ops.naive import NO_DT_LIMIT, heads_of_groups, process_dt, skip_and_gate
 
 
@@ -339,7 +340,8 @@ class SSDStream:
             self.arith, record_stages,
         )
         y = skip_and_gate(y_ssm, x, self.D, z, dtype)
-        return (y if self.y_dtype is None else y.to(self.y_dtype)), y_ssm
+        # Saturated into y_dtype (core.formats.saturate): what an output stored there holds.
+        return (y if self.y_dtype is None else saturate(y, self.y_dtype).to(self.y_dtype)), y_ssm
 
     def states(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(final_states, varlen_states), as scan_recurrent's."""

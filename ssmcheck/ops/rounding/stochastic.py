@@ -104,6 +104,24 @@ def check_rounding(dtype: torch.dtype, rounding: str, seed: int, philox_rounds: 
 
 
 @triton.jit
+def round_saturating(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 block -> DTYPE as round_nearest, but a finite value past DTYPE's largest finite value becomes
+    that value (sign kept) instead of inf; inf and NaN pass through (core.formats.saturate says why).
+    For outputs, whose fp32 results may lie beyond fp16's range while the arithmetic is still finite."""
+    if DTYPE == tl.float32:
+        return x
+    else:
+        if DTYPE == tl.float16:
+            big = 65504.0
+        else:
+            big = 3.3895313892515355e38  # bf16's largest finite value, (2 - 2**-7) * 2**127
+        # Comparisons, not tl.minimum/maximum: they leave NaN alone, and inf is compared away from them.
+        finite_big = (x > big) & (x != float("inf"))
+        finite_small = (x < -big) & (x != float("-inf"))
+        return round_nearest(tl.where(finite_big, big, tl.where(finite_small, -big, x)), DTYPE, INTERPRET)
+
+
+@triton.jit
 def _bf16_from_upper_half(bits):
     """The bf16 whose bits are the upper half of fp32 bit pattern `bits` (exact, everywhere)."""
     return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)

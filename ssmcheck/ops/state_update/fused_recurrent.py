@@ -41,6 +41,7 @@ from ssmcheck.ops.rounding.stochastic import (
     DEFAULT_PHILOX_ROUNDS,
     check_rounding,
     round_nearest,
+    round_saturating,
     stochastic_round_x4,
     triton_dtype,
 )
@@ -173,14 +174,14 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
 @triton.jit
 def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
                  o_p, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store row group `group`'s rounded state (into its slot of the pool) and its output (row b)."""
+    """Store row group `group`'s rounded state (into its slot of the pool) and its output (row b, saturated: core.formats.saturate)."""
     R: tl.constexpr = BLOCK_P // 4
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
     tl.store(state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
              mask=rows[:, None] & (n < dstate)[None, :], cache_modifier=".cs")
-    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_nearest(y, OUT_DTYPE, INTERPRET), mask=rows)
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE, INTERPRET), mask=rows)
 
 
 # A new seed every step must not mean a new compilation.

@@ -1,0 +1,76 @@
+"""Planted chunk-scan kernels that break on serving-shaped inputs, with the state-spaces/mamba signature.
+
+Each computes the right math (the same-precision baseline) and breaks only where the inputs' layout or
+the output's range demands care. Used as `--kernel tests/layout_kernels.py:NAME`.
+
+- `wrapped_token_offsets`: reads its inputs through offsets computed from their strides, with the token
+  term `token * token_stride` held in a WRAP_BITS-bit signed integer: a model of a Triton kernel that
+  computes `offs_t * stride_t` in 32 bits (state-spaces/mamba #1015, #1038; vLLM #20938). The Triton
+  interpreter never overflows at CPU sizes, so the register is narrowed instead: with WRAP_BITS = 14,
+  offsets pass 2**13 = 8192 where a tiny case's fused in_proj rows (82 elements per token at 2 heads
+  x 16, dstate 8, 1 group) reach token 100, as Mamba2-2.7B's (10576 per token) pass 2**31 at token
+  203,053. Below the limit it reads every element where a correct kernel does; past it the offset
+  wraps two's-complement-wise to a negative one, and the element read is the one that far before the
+  view's start (another row, another column block): wrong values, finite ones, as memory beside a
+  buffer holds. An offset before the buffer's first element reads, as a stand-in for memory outside
+  the buffer, the element at that offset taken modulo the buffer's size, so the values stay finite
+  and of the inputs' own scale, the harder case to catch. Contiguous inputs of the same case keep
+  their offsets under the limit (32 elements per token) and read right.
+- `unsaturated_fp16_output`: computes y in fp32 and narrows it with a plain cast, as `acc.to(fp16)`
+  does: a finite y past 65504 is stored as inf.
+"""
+
+import torch
+
+from ssmcheck.ops.chunk_scan.baseline import scan_baseline
+
+WRAP_BITS = 14
+
+
+def _mamba_result(y, out, return_final_states, return_varlen_states):
+    extra = ([out.final_states] if return_final_states else []) + ([out.varlen_states] if return_varlen_states else [])
+    return (y, *extra) if extra else y
+
+
+def _wrap(offsets: torch.Tensor) -> torch.Tensor:
+    """`offsets` held in a WRAP_BITS-bit two's-complement integer."""
+    half = 2 ** (WRAP_BITS - 1)
+    return (offsets + half) % (2 * half) - half
+
+
+def _read(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t` (batch, seqlen, ...) as a kernel reads it through its strides, the token term wrapped."""
+    if t is None:
+        return None
+    buffer = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    offsets = torch.full(t.shape, t.storage_offset(), dtype=torch.int64, device=t.device)
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        index = torch.arange(size, device=t.device) * stride
+        if dim == 1:  # the token dimension
+            index = _wrap(index)
+        offsets = offsets + index.view([size if d == dim else 1 for d in range(t.dim())])
+    return buffer[offsets % buffer.numel()]
+
+
+def wrapped_token_offsets(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                          seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=False, return_varlen_states=False):
+    """The baseline on its inputs as read through WRAP_BITS-bit token offsets (module docstring)."""
+    x, dt, B, C, z = (_read(t) for t in (x, dt, B, C, z))
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def unsaturated_fp16_output(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                            seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                            return_final_states=False, return_varlen_states=False):
+    """y computed in fp32 (inputs widened, so nothing saturates on the way) and cast to x's dtype plainly:
+    inf where a finite y lies past the format's range. Its states are the baseline's."""
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit)
+    wide = [None if t is None else t.float() for t in (x, dt, B, C, z)]
+    y = scan_baseline(wide[0], wide[1], A, wide[2], wide[3], chunk_size, D=D, z=wide[4], dt_bias=dt_bias,
+                      initial_states=initial_states, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                      dt_limit=dt_limit).y
+    return _mamba_result(y.to(x.dtype), out, return_final_states, return_varlen_states)
