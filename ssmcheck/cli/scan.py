@@ -95,8 +95,8 @@ def scan(
     from ssmcheck.scan import table  # noqa: PLC0415 (after the plan has configured the device)
 
     out = cli_common.open_report(SCREEN_WIDTH, table.header(plan.env, plan.kernel, plan.settings,
-                                                             plan.report_settings["autotuned"], plan.memory)
-                                 + cli_common.files_note(plan.files), quiet)
+                                                             plan.report_settings["autotuned"])
+                                 + cli_common.files_note(plan.files) + (f"\n{plan.memory}" if plan.memory else ""), quiet)
     _, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
                                 isolate=isolate, case_timeout=timeout, workers=workers)
     raise typer.Exit(code)

@@ -44,10 +44,9 @@ class Estimate:
     def line(self, free: int | None) -> str:
         """The header's line."""
         where = "not checked on the CPU" if free is None else f"{_size(free)} free on the GPU"
-        return (f"memory: the largest case ({self.case_id}) needs about {_size(self.total)} at its peak "
-                f"({_size(self.calls)} during the kernel's calls: inputs, their copies, outputs, intermediates; "
-                f"{_size(self.comparison)} during the comparison, with a reference segment of "
-                f"{_size(self.segment)}); {where}")
+        return (f"memory: about {_size(self.total)} at the peak of the largest case, {self.case_id} "
+                f"(kernel calls {_size(self.calls)}, comparison {_size(self.comparison)} with reference segments "
+                f"of {_size(self.segment)}); {where}")
 
 
 def _size(nbytes: int) -> str:

@@ -19,9 +19,8 @@ from ssmcheck.scan.results import ScanResult
 from ssmcheck.scan.spec import ScanSettings
 
 
-def header(env: Environment, kernel: str, settings: ScanSettings, autotuned: list[str] = (),
-           memory: str | None = None) -> str:
-    """The environment and settings; with autotuned functions, which configs run; the largest case's memory."""
+def header(env: Environment, kernel: str, settings: ScanSettings, autotuned: list[str] = ()) -> str:
+    """The environment and settings; with autotuned functions, which configs run."""
     text = (
         f"{environment_line('scan', env)}\n"
         f"kernel {kernel} | reference {settings.reference} | tolerance {tolerance_rule(settings.tolerance)} | "
@@ -31,8 +30,6 @@ def header(env: Environment, kernel: str, settings: ScanSettings, autotuned: lis
     configs = autotune.header_line(settings.configs, list(autotuned), env.interpreter)
     if configs:
         text += f"\n{configs}"
-    if memory:
-        text += f"\n{memory}"
     return text
 
 
