@@ -54,7 +54,8 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     from ssmcheck.scan.json import case_json  # noqa: PLC0415
     from ssmcheck.scan.run import ScanRunner  # noqa: PLC0415
 
-    settings, cases, kernel, preset_name, files = _sweep("scan", spec, kernel, preset, env, case, from_report, options)
+    settings, cases, kernel, preset_name, files, _ = _sweep("scan", spec, kernel, preset, env, case, from_report,
+                                                            options)
     kernel = kernel or adapter.BUILTIN
     name = _name(kernel)
     runner = ScanRunner(kernel, settings.tolerance, settings.reference, env.device,
@@ -109,10 +110,10 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
     from ssmcheck.drift.run import DriftRunner  # noqa: PLC0415
     from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
 
-    settings, cases, kernel, preset_name, files = _sweep("drift", spec, kernel, preset, env, case, from_report, options)
+    settings, cases, kernel, preset_name, files, recorded = _sweep("drift", spec, kernel, preset, env, case,
+                                                                   from_report, options)
     kernel = kernel or adapter.BUILTIN
     name = _name(kernel)
-    recorded = {} if from_report is None else _load_settings(Path(from_report))
     philox_rounds = recorded.get("philox_rounds", 10) if philox_rounds is None else philox_rounds
     rounding_impl = recorded.get("rounding_impl", "software") if rounding_impl is None else rounding_impl
     if isinstance(philox_rounds, bool) or not isinstance(philox_rounds, int) or philox_rounds < 1:
@@ -224,8 +225,9 @@ def _adapter(runner):
 
 
 def _sweep(command: str, spec, kernel, preset, env, case_id, from_report, options: dict):
-    """(settings, cases(kernel name) -> list, kernel, preset label, files read) from the options over
-    the preset and pyproject, or over the report of `from_report`."""
+    """(settings, cases(kernel name) -> list, kernel, preset label, files read, the report's recorded
+    settings ({} without `from_report`)) from the options over the preset and pyproject, or over the
+    report of `from_report`."""
     known = set(spec.TABLE.axes) | set(spec.TABLE.settings)
     unknown = sorted(set(options) - known)
     if unknown:
@@ -238,7 +240,7 @@ def _sweep(command: str, spec, kernel, preset, env, case_id, from_report, option
             table = {k: v for k, v in recorded.items() if k in spec.TABLE.settings and v is not None}
             settings = spec.resolve(options, table, str(from_report))
             return (settings, lambda name: [spec.case_from_params(params, name)], kernel or params.get("kernel"),
-                    str(from_report), [str(from_report)])
+                    str(from_report), [str(from_report)], recorded)
         conf = config.load_settings(preset, command, env.device)
         settings = spec.resolve(options, conf.table, conf.label)
     except SweepError as exc:
@@ -248,27 +250,17 @@ def _sweep(command: str, spec, kernel, preset, env, case_id, from_report, option
         built = spec.build_cases(settings, name)
         return built if case_id is None else _pick_case(built, case_id)
 
-    return settings, cases, kernel, conf.preset, conf.files
+    return settings, cases, kernel, conf.preset, conf.files, {}
 
 
-def _load_report(report_path: Path, command: str) -> dict:
+def _load_case(report_path: Path, command: str, case_id: str) -> tuple[dict, dict]:
+    """(the case's params, the run's settings) of case `case_id` in an earlier JSON report."""
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"--from: cannot read {str(report_path)!r}: {exc}") from None
     if not isinstance(report, dict) or report.get("tool") != "ssmcheck" or report.get("command") != command:
         raise UsageError(f"--from: {str(report_path)!r} is not an ssmcheck {command} report")
-    return report
-
-
-def _load_settings(report_path: Path) -> dict:
-    """The settings of an earlier drift report (already checked by `_load_case`)."""
-    return _load_report(report_path, "drift").get("settings", {})
-
-
-def _load_case(report_path: Path, command: str, case_id: str) -> tuple[dict, dict]:
-    """(the case's params, the run's settings) of case `case_id` in an earlier JSON report."""
-    report = _load_report(report_path, command)
     for case in report.get("cases", []):
         if case.get("id") == case_id:
             return case["params"], report.get("settings", {})

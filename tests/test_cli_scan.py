@@ -424,21 +424,28 @@ def test_repeat_finds_a_race_and_passes_the_builtin_kernel(tmp_path):
     assert all(c["repeat"]["identical"] for c in report["cases"])
 
 
+# tests/tuned_kernels: the last element of y is never written under the copy's BLOCK=32 config only.
+TUNED_SCAN = f"{Path(__file__).parent / 'tuned_kernels' / 'scan.py'}:chunk_scan"
+
+
+def _statuses_by_config(report: dict) -> dict[int, set[str]]:
+    statuses = {}
+    for case in report["cases"]:
+        statuses.setdefault(case["params"]["config"]["index"], set()).add(case["status"])
+    return statuses
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's first-config rule; the GPU test follows")
 def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):
     """tests/tuned_kernels: the last element of y is never written under the copy's BLOCK=32 config only.
     In the interpreter, which cannot autotune, `auto` runs each autotuned function's first config."""
-    kernel = f"{Path(__file__).parent / 'tuned_kernels' / 'scan.py'}:chunk_scan"
-    args = ("--kernel", kernel, "--preset", "smoke", "--regime", "normal,ragged")
+    args = ("--kernel", TUNED_SCAN, "--preset", "smoke", "--regime", "normal,ragged")
     result, report = scan(*args, json_path=tmp_path / "auto.json")
     assert result.exit_code == 0, result.output
     assert "configs: the first of each (tests.tuned_kernels.copy._copy_kernel (2 configs))" in result.stdout
     result, report = scan(*args, "--configs", "all", json_path=tmp_path / "all.json")
     assert result.exit_code == 3
-    by_config = {}
-    for case in report["cases"]:
-        by_config.setdefault(case["params"]["config"]["index"], set()).add(case["status"])
-    assert by_config == {0: {"pass"}, 1: {"nonfinite"}}
+    assert _statuses_by_config(report) == {0: {"pass"}, 1: {"nonfinite"}}
     bad = next(c for c in report["cases"] if c["status"] == "nonfinite")
     assert bad["id"].endswith("-cfg-_copy_kernel-1")
     assert bad["params"]["config"] == {"function": "_copy_kernel", "index": 1, "kwargs": {"BLOCK": 32},
@@ -449,14 +456,10 @@ def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):
 @pytest.mark.gpu
 def test_configs_all_flags_the_one_autotune_config_with_the_bug_on_a_gpu(tmp_path):
     """On a GPU `auto` is the autotuner's pick after benchmarking: the slow, buggy BLOCK=32 loses."""
-    kernel = f"{Path(__file__).parent / 'tuned_kernels' / 'scan.py'}:chunk_scan"
-    args = ("--kernel", kernel, "--preset", "smoke", "--regime", "normal,ragged", "--device", "cuda")
+    args = ("--kernel", TUNED_SCAN, "--preset", "smoke", "--regime", "normal,ragged", "--device", "cuda")
     result, _ = scan(*args, json_path=tmp_path / "auto.json")
     assert result.exit_code == 0, result.output
     result, report = scan(*args, "--configs", "all", json_path=tmp_path / "all.json")
     assert result.exit_code == 3
-    statuses = {}
-    for case in report["cases"]:
-        statuses.setdefault(case["params"]["config"]["index"], set()).add(case["status"])
-    assert statuses == {0: {"pass"}, 1: {"nonfinite"}}
+    assert _statuses_by_config(report) == {0: {"pass"}, 1: {"nonfinite"}}
     assert "_copy_kernel config 1 (BLOCK=32, num_stages=3, num_warps=2): nonfinite in 2/2 cases" in result.stdout
