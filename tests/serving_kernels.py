@@ -53,3 +53,13 @@ def decode_ignores_z(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_sof
     with the prefill's (vLLM #54993's class). `drift` passes no z, so only prefill→decode sees it."""
     return selective_state_update(state, x, dt, A, B, C, D=D, z=None, dt_bias=dt_bias, dt_softplus=dt_softplus)
 
+
+
+def one_initial_state_per_row(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """A correct scan that, as mamba_ssm 2.3.2 does, rejects one initial state per varlen sequence with a
+    bare assert: a chunked-prefill continuation of a packed batch cannot run on it."""
+    assert initial_states is None or initial_states.shape[0] == x.shape[0]
+    return _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+                 return_final_states, return_varlen_states)

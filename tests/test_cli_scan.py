@@ -338,6 +338,8 @@ def test_help_documents_options_regimes_and_exit_codes():
         assert option in text
     assert all(name in text for name in REGIMES)
     assert "Exit codes" in text and "5 nothing ran" in text
+    # Brackets are text, not markup that swallows them.
+    assert "[tool.ssmcheck.scan] preset" in text and "([z | x | B | C | dt] per token" in text
 
 
 def test_python_dash_m_runs_the_scan():

@@ -41,6 +41,19 @@ def test_the_builtin_kernels_pass_every_check_of_the_smoke_preset(tmp_path):
     assert "b✓ s✓ p✓" in result.stdout
 
 
+@pytest.mark.parametrize("regime", ["ragged", "initial-state"])
+def test_stochastic_state_storage_keeps_the_builtin_scan_batch_invariant(tmp_path, regime):
+    # Philox counters are sequence-relative: a sequence rounds its stored states the same alone or packed
+    # (found on the H200: global chunk indices made every packed sequence but the first draw other bits).
+    result, report = scan(*SMOKE, "--regime", regime, "--dtype", "fp32", "--batch", "4", "--state-dtype", "fp16",
+                          "--rounding", "stochastic", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    [case] = report["cases"]
+    assert case["state_storage"].startswith("fp16") and "stochastic" in str(case["params"]["rounding"])
+    batch = case["invariance"]["batch"]
+    assert batch["status"] == "pass" and batch["identical"] and batch["sequences"] == 4
+
+
 def test_batch_invariance_catches_outputs_that_depend_on_batch_mates(tmp_path):
     result, report = scan(*SMOKE, "--kernel", f"{SERVING}:batch_dependent", "--regime", "normal,ragged",
                           "--dtype", "fp32", json_path=tmp_path / "r.json")
@@ -71,6 +84,19 @@ def test_split_invariance_catches_a_continuation_that_ignores_its_state_mid_chun
     assert case["message"].startswith("split invariance (cut at tokens")
     assert split["y_rel"] > 2 * split["baseline_y_rel"] and split["state_rel"] > 2 * split["baseline_state_rel"]
     assert any(p % 16 for p in split["points"])  # cut mid-chunk
+
+
+def test_a_check_whose_kernel_raises_is_an_error_named_first_with_the_raising_line(tmp_path):
+    result, report = scan(*SMOKE, "--kernel", f"{SERVING}:one_initial_state_per_row", "--regime", "ragged",
+                          "--batch", "4", json_path=tmp_path / "r.json")
+    assert result.exit_code == 4, result.output
+    [case] = report["cases"]
+    split = case["invariance"]["split"]
+    assert case["status"] == split["status"] == "error" and case["invariance"]["batch"]["status"] == "pass"
+    # A bare assert has no message: the check names where it was raised, as the case's own errors do.
+    assert "raised AssertionError at serving_kernels.py:" in split["message"]
+    assert "assert initial_states is None" in split["message"]
+    assert case["message"].startswith("split invariance: the kernel (second part")
 
 
 def test_prefill_decode_catches_a_decode_that_disagrees_with_the_prefill(tmp_path):

@@ -22,6 +22,8 @@ app = typer.Typer(
     no_args_is_help=False,
     invoke_without_command=True,
     add_completion=False,
+    # Help texts are plain: '[tool.ssmcheck.scan]' and '[z | x | B | C | dt]' are not Rich markup.
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

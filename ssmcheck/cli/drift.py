@@ -81,7 +81,7 @@ def drift(
     jsonl_path: cli_common.JsonlPath = None,
     junit_path: cli_common.JunitPath = None,
     summary_path: cli_common.SummaryPath = None,
-    plot_path: Path = typer.Option(None, "--plot", metavar="FILE.png", help="Draw drift against step, log-log, one line per rounding mode (needs matplotlib: pip install ssmcheck\\[plot])."),
+    plot_path: Path = typer.Option(None, "--plot", metavar="FILE.png", help="Draw drift against step, log-log, one line per rounding mode (needs matplotlib: pip install ssmcheck[plot])."),
     quiet: cli_common.Quiet = False,
     device: cli_common.Device = None,
 ) -> None:

@@ -12,7 +12,8 @@
   recurrence over all the tokens, with the baseline (its own prefill, then plain-PyTorch steps) alike.
 
 How they combine with the case (`combine`): the case's status is the most severe of its own and its
-checks' (nonfinite, then error, then fail), and its message names each check that did not pass. A check
+checks' (nonfinite, then error, then fail), and its message names each check that did not pass, the most
+severe first (so the message opens with what the status says). A check
 that cannot run for the case or the kernel is skipped with the reason and changes nothing.
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ssmcheck.core import sweep
+from ssmcheck.core.guard import describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits, same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -84,17 +86,18 @@ class Raised(Exception):
 
 def combine(result: ScanResult) -> None:
     """Fold the invariance checks into the case's status and message (see the module docstring)."""
-    statuses = [result.status] + [c.status for c in result.invariance if c.status is not Status.SKIPPED]
-    result.status = next(s for s in _SEVERITY if s in statuses)
-    words = [c.message for c in result.invariance if c.status not in (Status.PASS, Status.SKIPPED)]
-    result.message = "; ".join(([result.message] if result.message else []) + words)
+    parts = [(result.status, result.message)] + [(c.status, c.message) for c in result.invariance
+                                                   if c.status is not Status.SKIPPED]
+    parts.sort(key=lambda part: _SEVERITY.index(part[0]))  # stable: the case's own first among equals
+    result.status = parts[0][0]
+    result.message = "; ".join(message for status, message in parts if status is not Status.PASS and message)
 
 
 def _called(what: str, fn: Callable, *args):
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 (the check's error, as a kernel failure is the case's)
-        raise Raised(f"the {what} raised {type(exc).__name__}: {exc}") from exc
+        raise Raised(f"the {what} raised {describe(exc)}") from exc
 
 
 # ---------------------------------------------------------------------------- batch

@@ -4,7 +4,9 @@
     state_in[c + 1]       = exp(dA_last[c]) * state_in[c] + local[c]
 
 carried in fp32 and stored in state_dtype (rounded to nearest, or stochastically
-with Philox bits keyed by (seed, element index)). One program owns a slice of one
+with Philox bits keyed by (seed, element index within its sequence): a sequence
+draws the same bits alone or packed with others, so stochastic storage keeps
+batch invariance; sequences of one call share bits position for position). One program owns a slice of one
 head's state for one sequence; its loads do not depend on the recurrence, so
 they are prefetched while the serial multiply-adds run.
 """
@@ -20,7 +22,7 @@ from .layout import ChunkTable
 
 @triton.jit
 def _state_passing_kernel(
-    local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed, final_counter,
+    local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed,
     nheads, headdim, dstate,
     stride_init_seq, stride_init_head, stride_init_dim, stride_init_state,
     HAS_INIT: tl.constexpr, INTERPRET: tl.constexpr,
@@ -44,15 +46,18 @@ def _state_passing_kernel(
     c_end = tl.load(seq_chunk_ptr + s + 1)
     # The loads do not depend on the recurrence: prefetch them two chunks ahead.
     for c in tl.range(c_first, c_end, num_stages=3):
-        # Philox counters: the element's index in `states`, then in `final` after all of `states`.
         at = (tl.cast(c, tl.int64) * nheads + h) * head_size + e
-        tl.store(states_ptr + at, round_to_storage(state, seed, at, STATE_DTYPE, STOCHASTIC, N_ROUNDS, INTERPRET),
-                 mask=ev)
+        # Philox counter: the element's index among its own sequence's chunk states.
+        counter = (tl.cast(c - c_first, tl.int64) * nheads + h) * head_size + e
+        tl.store(states_ptr + at, round_to_storage(state, seed, counter, STATE_DTYPE, STOCHASTIC, N_ROUNDS,
+                                                   INTERPRET), mask=ev)
         dA_last = tl.load(dA_cs_ptr + (tl.cast(c, tl.int64) * nheads + h) * CHUNK + CHUNK - 1).to(tl.float32)
         state = state * tl.exp(tl.minimum(dA_last, 0.0)) + tl.load(local_ptr + at, mask=ev, other=0.0)
     at = (s * nheads + h) * head_size + e
-    tl.store(final_ptr + at, round_to_storage(state, seed, final_counter + at, STATE_DTYPE, STOCHASTIC, N_ROUNDS,
-                                              INTERPRET), mask=ev)
+    # The final state counts as the state entering the chunk after the sequence's last.
+    counter = (tl.cast(c_end - c_first, tl.int64) * nheads + h) * head_size + e
+    tl.store(final_ptr + at, round_to_storage(state, seed, counter, STATE_DTYPE, STOCHASTIC, N_ROUNDS, INTERPRET),
+             mask=ev)
 
 
 def default_config(headdim: int, dstate: int) -> dict:
@@ -71,7 +76,7 @@ def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, s
     grid = (table.nseq * nheads * triton.cdiv(headdim * dstate, cfg["BLOCK"]),)
     init = initial_states if initial_states is not None else states
     _state_passing_kernel[grid](
-        local, dA_cs, init, table.seq_chunk, states, final, seed, states.numel(),
+        local, dA_cs, init, table.seq_chunk, states, final, seed,
         nheads, headdim, dstate,
         *(init.stride() if initial_states is not None else (0, 0, 0, 0)),
         HAS_INIT=initial_states is not None, INTERPRET=interpret,
