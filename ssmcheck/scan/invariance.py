@@ -87,10 +87,10 @@ class Raised(Exception):
 def combine(result: ScanResult) -> None:
     """Fold the invariance checks into the case's status and message (see the module docstring)."""
     parts = [(result.status, result.message)] + [(c.status, c.message) for c in result.invariance
-                                                   if c.status is not Status.SKIPPED]
+                                                   if c.status not in (Status.PASS, Status.SKIPPED)]
     parts.sort(key=lambda part: _SEVERITY.index(part[0]))  # stable: the case's own first among equals
     result.status = parts[0][0]
-    result.message = "; ".join(message for status, message in parts if status is not Status.PASS and message)
+    result.message = "; ".join(message for _, message in parts if message)
 
 
 def _called(what: str, fn: Callable, *args):

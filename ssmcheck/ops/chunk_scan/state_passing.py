@@ -6,9 +6,10 @@
 carried in fp32 and stored in state_dtype (rounded to nearest, or stochastically
 with Philox bits keyed by (seed, element index within its sequence): a sequence
 draws the same bits alone or packed with others, so stochastic storage keeps
-batch invariance; sequences of one call share bits position for position). One program owns a slice of one
-head's state for one sequence; its loads do not depend on the recurrence, so
-they are prefetched while the serial multiply-adds run.
+batch invariance; sequences of one call share bits position for position).
+
+One program owns a slice of one head's state for one sequence; its loads do not
+depend on the recurrence, so they are prefetched while the serial multiply-adds run.
 """
 
 import torch
