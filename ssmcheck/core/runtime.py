@@ -119,16 +119,14 @@ def _patch_language_once_per_launch() -> None:
         return
     import triton.language as tl  # noqa: PLC0415
 
-    launch = {"scope": None, "langs": set()}
-
-    def langs_of(fn) -> set[int]:
-        return {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
+    launch = {"scope": None, "langs": set()}  # the running launch's scope and the modules it patched
 
     def patch_once(fn):
+        langs = {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
         if launch["scope"] is not None:  # a helper called inside a launch
-            if langs_of(fn) <= launch["langs"]:
+            if langs <= launch["langs"]:
                 return launch["scope"]
-            launch["langs"] |= langs_of(fn)
+            launch["langs"] |= langs
             return patch(fn)
         scope = patch(fn)
         restore = scope.restore
@@ -138,7 +136,7 @@ def _patch_language_once_per_launch() -> None:
             restore()
 
         scope.restore = end_launch
-        launch["scope"], launch["langs"] = scope, langs_of(fn)
+        launch["scope"], launch["langs"] = scope, langs
         return scope
 
     patch_once.once_per_launch = True
