@@ -73,6 +73,13 @@ def test_file_that_raises_on_import(tmp_path):
         load_callable(f"{f}:fn")
 
 
+def test_a_bare_assert_on_import_names_its_line(tmp_path):
+    f = tmp_path / "asserts.py"
+    f.write_text("import sys\nassert sys.maxsize < 0\n")
+    with pytest.raises(KernelSpecError, match=r"raised AssertionError at .*asserts.py:2: assert sys.maxsize < 0"):
+        load_callable(f"{f}:fn")
+
+
 def _explicit(state, x, *, rounding="nearest", seed=0):
     return state
 

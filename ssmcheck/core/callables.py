@@ -20,6 +20,13 @@ class KernelSpecError(ValueError):
     """The --kernel value names nothing callable."""
 
 
+def _describe(exc: BaseException) -> str:
+    """core.guard.describe, imported only when an import failed (it needs torch)."""
+    from ssmcheck.core.guard import describe  # noqa: PLC0415
+
+    return describe(exc)
+
+
 def load_callable(spec: str) -> Callable:
     """Import `MODULE:FUNCTION` or `path/to/file.py:FUNCTION` and return the function."""
     target, sep, name = spec.rpartition(":")
@@ -36,13 +43,13 @@ def load_callable(spec: str) -> Callable:
         try:
             loader_spec.loader.exec_module(module)
         except Exception as exc:
-            raise KernelSpecError(f"--kernel {spec!r}: importing {target} raised {type(exc).__name__}: {exc}") from exc
+            raise KernelSpecError(f"--kernel {spec!r}: importing {target} raised {_describe(exc)}") from exc
     else:
         try:
             with _cwd_on_path():
                 module = importlib.import_module(target)
         except Exception as exc:
-            raise KernelSpecError(f"--kernel {spec!r}: cannot import {target}: {type(exc).__name__}: {exc}") from exc
+            raise KernelSpecError(f"--kernel {spec!r}: cannot import {target}: {_describe(exc)}") from exc
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise KernelSpecError(f"--kernel {spec!r}: {target} has no callable {name!r}")
