@@ -23,8 +23,9 @@ def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True):
     if dt_softplus:
         dt = torch.nn.functional.softplus(dt)
     heads_per_group = state.shape[1] // B.shape[1]
-    Bh = B.float().repeat_interleave(heads_per_group, dim=1)[:, :, None, :]
-    Ch = C.float().repeat_interleave(heads_per_group, dim=1)[:, :, None, :]
+    # output_size: no read-back from the device, so that a CUDA graph can capture the step
+    Bh = B.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
+    Ch = C.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
     new = state.float()
     if decay:
         new = new * torch.exp(dt[..., None] * A.float())

@@ -8,6 +8,7 @@ the interpreter on the CPU, so its runs are kept to a few steps of one small hea
 import importlib.util
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from ssmcheck.drift.adapter import resolve as resolve_kernel
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.run import run_case
 from ssmcheck.drift.spec import build_cases, resolve
+from ssmcheck.drift.stats import log_checkpoints
 
 BROKEN = Path(__file__).parent / "broken_state_update_kernels.py"
 _spec = importlib.util.spec_from_file_location("broken_state_update_kernels", BROKEN)
@@ -188,3 +190,35 @@ def test_builtin_kernel_passes_in_both_modes():
                   rounding="nearest,stochastic")
     assert len(results) == 8
     assert all(r.status is Status.PASS for r in results), [(r.case.id, r.verdict.message) for r in results]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", [0, 7])
+def test_a_graph_replayed_decode_locates_a_nonfinite_state_between_checkpoints(seed):
+    # forgets_decay keeps nothing between calls, so it may run as CUDA graph replays; the device is then read
+    # only at checkpoints, and the overflow (well past step 1, between two checkpoints) is found by replaying.
+    settings_ = resolve({**SMALL, "steps": 400, "trials": 1, "regime": "overflow", "rounding": "nearest",
+                         "state_dtype": "fp16", "batch": "2", "seed": seed}, {}, "test")
+    graphed = replace(resolve_kernel(broken("forgets_decay"), 10, "software", False), graphable=True)
+    [case] = build_cases(settings_, broken("forgets_decay"))
+    result = run_case(case, graphed, settings_.tolerance, "cuda")
+    assert result.run.decode_loop == "graph", result.run.decode_loop
+    expected = _first_overflow_without_decay(case, "cuda")
+    assert expected is not None and expected[0] not in log_checkpoints(case.steps)
+    where = result.run.first_nonfinite
+    assert (where.step, where.batch, where.head, where.channel, where.state_index) == expected
+    assert result.run.checkpoints[-1].step == where.step
+
+
+@pytest.mark.gpu
+def test_graph_replays_give_the_eager_decode_bit_for_bit():
+    settings_ = resolve({**SMALL, "steps": 300, "trials": 2, "regime": "normal", "rounding": "stochastic",
+                         "state_dtype": "fp16", "seed": 3}, {}, "test")
+    builtin = resolve_kernel("builtin", 10, "software", False)
+    [case] = build_cases(settings_, "builtin")
+    graphed = run_case(case, builtin, settings_.tolerance, "cuda")
+    eager = run_case(case, replace(builtin, graphable=False), settings_.tolerance, "cuda")
+    assert graphed.run.decode_loop == "graph" and eager.run.decode_loop.startswith("eager: ")
+    # The kernel's trajectory is the same bits; only the baseline's random draws may differ.
+    assert graphed.run.checkpoints == eager.run.checkpoints
+    assert graphed.run.store_errors == eager.run.store_errors

@@ -243,6 +243,26 @@ def test_fixed_seed_is_deterministic_and_seeds_differ():
     assert not torch.equal(runs[1][0], runs[2][0])
 
 
+def test_a_seed_in_a_device_tensor_rounds_as_the_same_integer_seed():
+    # drift's CUDA graphs pass the seed as a tensor that the graph advances between replays.
+    inp = Inputs(5, 2, 4, 2, 8, 32, state_dtype=torch.float16)
+    by_int, by_tensor = inp.state.clone(), inp.state.clone()
+    out_int = selective_state_update(*inp.args(by_int), rounding="stochastic", seed=2**40 + 3)
+    seed = torch.tensor([2**40 + 3], dtype=torch.int64, device=inp.state.device)
+    out_tensor = selective_state_update(*inp.args(by_tensor), rounding="stochastic", seed=seed)
+    assert torch.equal(by_int.view(torch.int16), by_tensor.view(torch.int16)) and torch.equal(out_int, out_tensor)
+    assert not torch.equal(by_int, inp.state)
+
+
+@pytest.mark.parametrize("seed", [torch.tensor([1, 2]), torch.tensor([1], dtype=torch.int32), torch.tensor([1.0])])
+def test_a_seed_tensor_that_is_not_one_int64_is_refused(seed):
+    inp = _small()
+    state = inp.state.clone()
+    with pytest.raises(ValueError, match="^a seed tensor must be one int64"):
+        selective_state_update(*inp.args(state), rounding="stochastic", seed=seed.to(inp.state.device))
+    assert torch.equal(state, inp.state)
+
+
 def _stagnating_decode(state_dtype, rounding, steps, shape):
     """Signed state errors, in spacings, after `steps` decode steps whose updates are below half a spacing.
 

@@ -99,8 +99,10 @@ def captured_stdout(transcript: Transcript) -> Iterator[None]:
     sys.stdout = stream
     try:
         yield
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # a GPU's device printf reaches fd 1 at synchronization
+        # A GPU's device printf reaches fd 1 at synchronization; a call being captured into a CUDA graph
+        # runs nothing yet (and may not synchronize).
+        if torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
     finally:
         with suppress(ValueError):  # the kernel closed sys.stdout: nothing left in it to flush
             stream.flush()

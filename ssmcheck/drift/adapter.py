@@ -27,7 +27,7 @@ The adapter owns:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -77,8 +77,16 @@ class DriftAdapter:
     pad_slot_id: int | None = None
     takes_pad_slot_id: bool = False  # is told pad_slot_id (a keyword of its own)
     takes_out: bool = False  # writes out into a preallocated `out` keyword (which the slot check NaN-fills)
+    # Reads its seed from a one-element int64 tensor on the device when given one (a CUDA graph replay
+    # then advances it: drift.lockstep); a kernel that takes an int is given an int.
+    takes_seed_tensor: bool = False
+    # May run as CUDA graph replays (drift.lockstep): a kernel ssmcheck knows keeps nothing between calls
+    # on the host. A MODULE:FUNCTION kernel might (a call counter, a seed of its own), which a graph would
+    # freeze at the captured call, so it runs eagerly.
+    graphable: bool = False
 
-    def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str, seed: int,
+    def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str,
+             seed: int | torch.Tensor,
              where: str, check_inputs: bool = False, transcript: Transcript | None = None) -> torch.Tensor:
         """Run one step of `problem` on `state` in place; return out. Raises KernelRaised.
 
@@ -156,16 +164,16 @@ def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interp
         from ssmcheck.ops.state_update.fused_recurrent import selective_state_update  # noqa: PLC0415
 
         return DriftAdapter(
-            BUILTIN, selective_state_update, takes_rounding=True, takes_seed=True,
+            BUILTIN, selective_state_update, takes_rounding=True, takes_seed=True, takes_seed_tensor=True, graphable=True,
             options={"philox_rounds": philox_rounds, "rounding_impl": rounding_impl, "interpret": interpreter},
             **_slot_capabilities(selective_state_update),
         )
     if spec == TORCH:
-        return DriftAdapter(TORCH, torch_state_update, takes_rounding=True, takes_seed=True)
+        return DriftAdapter(TORCH, torch_state_update, takes_rounding=True, takes_seed=True, graphable=True)
     if spec in (MAMBA_SSM, VLLM):
         from ssmcheck.peers import mamba_ssm, vllm  # noqa: PLC0415
 
-        return _discovered(spec, (mamba_ssm if spec == MAMBA_SSM else vllm).state_update())
+        return replace(_discovered(spec, (mamba_ssm if spec == MAMBA_SSM else vllm).state_update()), graphable=True)
     fn = spec if callable(spec) else load_callable(spec)
     return _discovered(kernel_name(fn) if callable(spec) else spec, fn)
 

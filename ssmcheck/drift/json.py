@@ -12,6 +12,8 @@ JSON case keys (always present; figures a case did not produce are null):
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,
     first_nonfinite {output, step, trial, batch, head, channel, state_index},
     repeat {runs, identical, max_abs, run, output, trial, step, batch, head, channel}   with --repeat K > 1,
+    decode_loop                                      "graph" (the steps ran as CUDA graph replays), "eager",
+                                                     or "eager: " and why no graph (null: no steps ran),
     slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
     stdout                                           what the kernel printed over the steps ("" when nothing).
@@ -45,6 +47,7 @@ def case_json(result: DriftResult) -> dict:
         "crossing_observed": v.crossing_observed,
         "first_nonfinite": asdict(run.first_nonfinite) if run and run.first_nonfinite else None,
         "repeat": asdict(run.repeat) if run and run.repeat else None,
+        "decode_loop": run.decode_loop if run else None,
         "slots": {**result.slot_layout, **{c.name: {"status": c.status.value, "message": c.message, **c.figures}
                                            for c in result.slots}} if result.slot_layout else None,
         "stdout": result.stdout,

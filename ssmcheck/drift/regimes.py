@@ -74,10 +74,14 @@ class DecodeProblem:
 
     def steps(self) -> Iterator[StepInputs]:
         """The run's step inputs, on the device; the same stream on every call."""
+        for step in self.host_steps():
+            yield StepInputs(*(t.to(self.device) for t in (step.x, step.dt, step.B, step.C)))
+
+    def host_steps(self) -> Iterator[StepInputs]:
+        """The same stream as `steps`, on the CPU where it is drawn."""
         generator = torch.Generator().manual_seed(self.stream_seed)
         for _ in range(self.nsteps):
-            step = self.draw_step(generator)
-            yield StepInputs(*(t.to(self.device) for t in (step.x, step.dt, step.B, step.C)))
+            yield self.draw_step(generator)
 
 
 def regime_steps(regime: str, steps: int) -> int:

@@ -67,6 +67,8 @@ class DriftRun:
     first_nonfinite: NonfiniteStep | None
     trials: int  # trials run
     repeat: RepeatDifference | None = None  # with --repeat K > 1
+    # How the steps ran: "graph" (CUDA graph replays), "eager", or "eager: " and why no graph (drift.lockstep).
+    decode_loop: str = "eager"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ round, so (stored - exact) in ulps, signed along the exact value, is the
 rounding error of that store, free of the drift accumulated before it. Its
 mean over all stores and trials is the bias the SR z-test judges.
 
+A step is device work only (drift.lockstep); on a GPU it runs as a CUDA graph replay where that
+reproduces the eager step, and the device is then read at the checkpoints only.
+
 `DriftRunner` is the same as a picklable value, so a worker process (core.isolation)
 can rebuild the kernel's adapter and run cases itself.
 """
@@ -29,18 +32,16 @@ import torch
 
 from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import ulp
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.drift import slots
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
-from ssmcheck.drift.measure import CheckpointSums, figures, first_difference, first_nonfinite
+from ssmcheck.drift.lockstep import Lockstep, StepWindow
+from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
-from ssmcheck.drift.results import DriftResult, DriftRun, RepeatDifference, StoreErrors
+from ssmcheck.drift.results import DriftResult, DriftRun, NonfiniteStep, RepeatDifference, StoreErrors
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
 from ssmcheck.drift.verdict import error_verdict, judge, skipped_verdict
-from ssmcheck.ops.rounding.naive import round_to
-from ssmcheck.ops.state_update.naive import state_update_step
 
 
 def run_case(
@@ -103,62 +104,90 @@ def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable
 
 def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
             transcript: Transcript, repeat: int) -> DriftRun:
-    fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(), "dt_softplus": problem.dt_softplus}
-    A64 = problem.A.double()
-    checkpoint_steps = set(log_checkpoints(problem.nsteps))
+    checkpoints = log_checkpoints(problem.nsteps)
     kernel_sums, baseline_sums = CheckpointSums(), CheckpointSums()
     store_errors = SignedErrorMoments()
-    found = None
-    differs, max_abs = None, 0.0  # with repeat > 1: where runs first differed, and by how much at most
-    trials = 0
+    window = StepWindow(problem)
+    found, differs, max_abs, trials, loop = None, None, 0.0, 0, None
     for trial in range(case.trials):
         trials += 1
         trial_seed = sweep.case_seed(case.seed, {"trial": trial})
         torch.manual_seed(trial_seed)  # for callables that draw their random bits from torch
-        baseline_bits = torch.Generator(device=device).manual_seed(trial_seed)
-        state = problem.initial_state.clone()
-        ref = state.double()
-        baseline = ref.clone()
-        for n, step in enumerate(problem.steps(), start=1):
-            inputs64 = (step.x.double(), step.dt.double(), A64, step.B.double(), step.C.double())
-            ref, ref_out = state_update_step(ref, *inputs64, **fixed)
-            baseline_exact, baseline_out = state_update_step(baseline, *inputs64, **fixed)
-            baseline = round_to(baseline_exact, case.dtype, case.rounding, baseline_bits).double()
-
-            before = state.double()
-            seed = sweep.case_seed(trial_seed, {"step": n})
-            saved = state.clone() if repeat > 1 else None
-            out = kernel.call(state, problem, step, case.rounding, seed, f"trial {trial}, step {n}",
-                              check_inputs=n == 1 or n in checkpoint_steps, transcript=transcript)
-            for run in range(2, repeat + 1):  # the same step again, from the same state, inputs and seed
-                again = saved.clone()
-                again_out = kernel.call(again, problem, step, case.rounding, seed,
-                                        f"trial {trial}, step {n}, run {run}", transcript=transcript)
-                difference = first_difference((state, out), (again, again_out))
-                if difference is not None:
-                    output, index, largest = difference
-                    max_abs = max(max_abs, largest)
-                    if differs is None:
-                        differs = dict(run=run, output=output, trial=trial, step=n, batch=index[0], head=index[1],
-                                       channel=index[2])
-            after = state.double()
-            exact, _ = state_update_step(before, *inputs64, **fixed)
-            store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, case.dtype))
-            on_step()
-
-            found = first_nonfinite(after, out, ref, ref_out, n, trial)
-            if found is not None or n in checkpoint_steps:
-                kernel_sums.add(n, figures(after, out, ref, ref_out))
-                baseline_sums.add(n, figures(baseline, baseline_out, ref, ref_out))
-            if found is not None:
-                break
+        lock = Lockstep(case, problem, window, kernel, trial, trial_seed, transcript, store_errors, repeat)
+        graph, lock.graph_note = _graph_plan(device, repeat, kernel)
+        found = _trial(lock, checkpoints, kernel_sums, baseline_sums, on_step, graph)
+        differs = differs or lock.differs
+        loop = loop or lock.graph_note
+        max_abs = max(max_abs, lock.max_abs)
         if found is not None:
             break
     summary = StoreErrors(store_errors.count, store_errors.mean, store_errors.z)
     repeated = None
     if repeat > 1:
         repeated = RepeatDifference(repeat, differs is None, max_abs, **(differs or {}))
-    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials, repeated)
+    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials, repeated, loop)
+
+
+def _graph_plan(device: str, repeat: int, kernel: DriftAdapter) -> tuple[bool, str]:
+    """(whether a trial tries to run its steps as CUDA graph replays, its decode_loop until it does)."""
+    if device != "cuda":
+        return False, "eager"
+    if repeat > 1:
+        return False, "eager: --repeat compares every step's runs"
+    if not kernel.graphable:
+        return False, "eager: a MODULE:FUNCTION kernel may keep state between calls, which a graph would freeze"
+    return True, "eager"
+
+
+def _trial(lock: Lockstep, checkpoints: list[int], kernel_sums: CheckpointSums, baseline_sums: CheckpointSums,
+           on_step: Callable[[], None], graph: bool) -> NonfiniteStep | None:
+    """Run one trial to the end, or to the first non-finite value it finds (returned). The inputs are
+    checked at the first step and the checkpoints (eager steps). Without a graph every step is read
+    back; with one, the device is read at the checkpoints only, and a non-finite value is found by
+    running the steps since the last checkpoint again (a graph replays exactly what it did; an eager
+    call of a kernel that keeps state of its own between calls need not)."""
+    saved = lock.saved()
+    for checkpoint in checkpoints:
+        while lock.step < checkpoint:
+            if graph and lock.step == 1 and lock.graph is None:
+                graph = False  # tried once per trial
+                lock.try_graph()
+            else:
+                lock.advance(check_inputs=lock.step == 0 or lock.step + 1 == checkpoint)
+            on_step()
+            if lock.graph is None and bool(lock.tripped):  # every step so far eager: this one went bad
+                return _located(lock, kernel_sums, baseline_sums)
+        if bool(lock.tripped):
+            return _localise(lock, saved, checkpoint, kernel_sums, baseline_sums)
+        _measure(lock, kernel_sums, baseline_sums)
+        saved = lock.saved()
+    return None
+
+
+def _localise(lock: Lockstep, saved, checkpoint: int, kernel_sums: CheckpointSums,
+              baseline_sums: CheckpointSums) -> NonfiniteStep | None:
+    """The first non-finite step after `saved`: the steps to `checkpoint` again, read back one by one."""
+    lock.restore(saved)
+    while lock.step < checkpoint:
+        lock.advance()
+        if bool(lock.tripped):
+            return _located(lock, kernel_sums, baseline_sums)
+    # Not again: only a kernel whose output changes between identical runs gets here.
+    _measure(lock, kernel_sums, baseline_sums)
+    return None
+
+
+def _located(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: CheckpointSums) -> NonfiniteStep | None:
+    """Where the step just run went non-finite, measured like a checkpoint."""
+    out, ref_out, _ = lock.outputs
+    _measure(lock, kernel_sums, baseline_sums)
+    return first_nonfinite(lock.state.double(), out, lock.ref, ref_out, lock.step, lock.trial)
+
+
+def _measure(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: CheckpointSums) -> None:
+    out, ref_out, baseline_out = lock.outputs
+    kernel_sums.add(lock.step, figures(lock.state.double(), out, lock.ref, ref_out))
+    baseline_sums.add(lock.step, figures(lock.baseline, baseline_out, lock.ref, ref_out))
 
 
 @dataclass(frozen=True)

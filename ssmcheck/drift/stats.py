@@ -45,7 +45,22 @@ class SignedErrorMoments:
         finite = torch.isfinite(errors)
         kept = torch.where(finite, errors, 0.0)
         sums = torch.stack([finite.sum().double(), kept.sum(), kept.square().sum()])
-        self._sums = sums if self._sums is None else self._sums + sums
+        if self._sums is None:
+            self._sums = torch.zeros_like(sums)
+        self._sums.add_(sums)  # in place: a CUDA graph that captured this call keeps adding to the same sums
+
+    def saved(self) -> torch.Tensor | None:
+        """The running sums as they are now, for `restore`."""
+        return None if self._sums is None else self._sums.clone()
+
+    def restore(self, saved: torch.Tensor | None) -> None:
+        """Go back to the sums `saved` returned (in place, where there are sums already)."""
+        if self._sums is None:
+            self._sums = None if saved is None else saved.clone()
+        elif saved is None:
+            self._sums.zero_()
+        else:
+            self._sums.copy_(saved)
 
     def _read(self) -> tuple[int, float, float]:
         if self._sums is None:

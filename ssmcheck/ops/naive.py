@@ -40,7 +40,8 @@ def heads_of_groups(t: torch.Tensor, nheads: int, dim: int = -2) -> torch.Tensor
     ngroups = t.shape[dim]
     if nheads % ngroups:
         raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
-    return t.repeat_interleave(nheads // ngroups, dim=dim)
+    # output_size: without it, CUDA reads the size back from the device (no CUDA graph can hold that).
+    return t.repeat_interleave(nheads // ngroups, dim=dim, output_size=nheads)
 
 
 def skip_and_gate(y, x, D, z, dtype) -> torch.Tensor:

@@ -202,7 +202,8 @@ def _state_update_kernel(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
-    N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     # Heads vary faster than batch entries, so that consecutive programs walk the state
     # (batch, nheads, headdim, dstate) in memory order: DRAM then streams as in a copy.
@@ -265,6 +266,8 @@ def _state_update_kernel(
         R: tl.constexpr = BLOCK_P // 4
         row = pid_p * BLOCK_P + tl.arange(0, R)
         counters = ((slot * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
+        if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
+            seed = tl.load(seed)
         s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
     else:
         s0 = round_nearest(s0, STATE_DTYPE, INTERPRET)
@@ -337,14 +340,20 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     (batch, nheads, headdim); A (nheads, headdim, dstate); B, C (batch,
     ngroups, dstate); D, dt_bias (nheads, headdim). Any strides, including
     stride-0 expanded views. Stochastic rounding draws its bits from
-    Philox(seed, element): pass a new seed every step. `out`, when given, is
+    Philox(seed, element): pass a new seed every step, an int or a one-element int64 tensor on the
+    state's device (read by the kernel: what a CUDA graph captures and replays). `out`, when given, is
     written and returned. `interpret`: whether Triton runs the kernel through
     its interpreter (None: as TRITON_INTERPRET says).
     """
     if interpret is None:
         interpret = interpreting()
     _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices)
-    check_rounding(state.dtype, rounding, seed, philox_rounds, rounding_impl, interpret=interpret)
+    seed_in_memory = isinstance(seed, torch.Tensor)
+    if seed_in_memory:  # its value is the kernel's to read: checking it here would wait on the device
+        _check(seed.dtype == torch.int64 and seed.numel() == 1 and seed.device == state.device,
+               f"a seed tensor must be one int64 on {state.device}, got {seed.numel()} {seed.dtype} on {seed.device}")
+    check_rounding(state.dtype, rounding, 0 if seed_in_memory else seed, philox_rounds, rounding_impl,
+                   interpret=interpret)
     _, nheads, headdim, dstate = state.shape
     batch = x.shape[0]
     if out is None:
@@ -367,7 +376,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
         HAS_SLOTS=state_batch_indices is not None,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
-        STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware", N_ROUNDS=philox_rounds,
+        STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
+        SEED_IN_MEMORY=seed_in_memory, N_ROUNDS=philox_rounds,
         INTERPRET=interpret, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
         num_warps=config.num_warps,
     )

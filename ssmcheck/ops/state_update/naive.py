@@ -18,15 +18,16 @@ def state_update_step(
 
     state (batch, nheads, headdim, dstate); x, dt, z (batch, nheads, headdim);
     A (nheads, headdim, dstate); B, C (batch, ngroups, dstate); D, dt_bias
-    (nheads, headdim). Tied parameters may be stride-0 expanded views.
+    (nheads, headdim). Tied parameters may be stride-0 expanded views. The state may have
+    leading dimensions of its own (several states stepped on the same inputs at once).
     """
     dtype = torch.promote_types(torch.promote_types(state.dtype, x.dtype), A.dtype)
-    nheads = state.shape[1]
+    nheads = state.shape[-3]
     dt = process_dt(dt, dt_bias, dt_softplus, NO_DT_LIMIT, dtype)
     decay = torch.exp(dt[..., None] * A.to(dtype))  # (batch, nheads, headdim, dstate)
     Bh = heads_of_groups(B.to(dtype), nheads)  # (batch, nheads, dstate)
     Ch = heads_of_groups(C.to(dtype), nheads)
     xd = x.to(dtype)
-    new_state = state.to(dtype) * decay + (dt * xd)[..., None] * Bh[:, :, None, :]
+    new_state = state.to(dtype) * decay + (dt * xd)[..., None] * Bh[..., None, :]
     out = skip_and_gate(torch.matmul(new_state, Ch[..., None])[..., 0], xd, D, z, dtype)
     return new_state, out

@@ -1,0 +1,240 @@
+"""One trial of a drift case as device work: the kernel's step, the float64 reference and the baseline in
+lockstep, with nothing read back to the host between checkpoints.
+
+A decode step here is a fixed sequence of device operations that reads its inputs at a device-side
+counter into a window of steps already on the device. So the same step can be captured once in a CUDA
+graph and replayed, one launch per step instead of a hundred operations dispatched from Python:
+- the three float64 recurrences (the reference, the baseline before rounding, and the exact update of
+  the kernel's previous state, which the kernel's store is measured against) are one stacked step;
+- the per-store rounding errors accumulate in place on the device (stats.SignedErrorMoments);
+- a device flag records whether the kernel's state or output went non-finite where the reference is
+  finite; the runner reads it at checkpoints and, when it is set, replays from the last checkpoint one
+  step at a time to find where (`localise`).
+
+A graph is used only where it reproduces the eager step bit for bit (`try_graph`): its replay of a step
+is compared with the same step run eagerly from the same state. A kernel that takes its seed as a host
+integer bakes the seed of the captured step into the graph, one that draws from its own random stream
+draws differently under replay, one that synchronises cannot be captured: those run eagerly, the same
+sequence of operations dispatched from Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ssmcheck.core import sweep
+from ssmcheck.core.capture import Transcript
+from ssmcheck.core.formats import ulp
+from ssmcheck.core.tensors import bits
+from ssmcheck.drift.adapter import DriftAdapter
+from ssmcheck.drift.regimes import DecodeProblem, StepInputs
+from ssmcheck.drift.measure import first_difference
+from ssmcheck.drift.stats import SignedErrorMoments
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.state_update.naive import state_update_step
+
+# At most this many bytes of step inputs lie on the device at once (a window of steps).
+WINDOW_BYTES = 64 << 20
+
+
+class StepWindow:
+    """Consecutive steps' inputs stacked on the device, and the counter a step reads them at.
+
+    One per case: every trial decodes the same stream, so a run that fits in one window is drawn once."""
+
+    def __init__(self, problem: DecodeProblem):
+        self.problem = problem
+        first = next(problem.host_steps())
+        self.dt_per_head = first.dt.stride(2) == 0  # Mamba2's dt: one value per head, expanded over headdim
+        dt = first.dt[..., 0] if self.dt_per_head else first.dt
+        per_step = sum(t.numel() * t.element_size() for t in (first.x, dt, first.B, first.C))
+        self.size = max(1, min(problem.nsteps, WINDOW_BYTES // per_step))
+        self.x, self.dt, self.B, self.C = (torch.empty((self.size, *t.shape), dtype=t.dtype, device=problem.device)
+                                           for t in (first.x, dt, first.B, first.C))
+        self.counter = torch.zeros(1, dtype=torch.int64, device=problem.device)
+        self.start = -1  # the window holds steps start + 1 .. start + count (numbered from 1)
+        self.count = 0
+        self._stream: Iterator[StepInputs] | None = None
+        self._drawn = 0  # steps the stream has yielded
+
+    def holds(self, step: int) -> bool:
+        return self.start < step <= self.start + self.count
+
+    def load(self, step: int) -> None:
+        """Point the counter at `step`, first putting a window starting there on the device when the one
+        there does not hold it."""
+        if not self.holds(step):
+            start = step - 1
+            if self._stream is None or self._drawn > start:
+                self._stream, self._drawn = self.problem.host_steps(), 0
+            for _ in range(start - self._drawn):  # skipped steps still have to be drawn: one stream
+                next(self._stream)
+            count = min(self.size, self.problem.nsteps - start)
+            steps = [next(self._stream) for _ in range(count)]
+            self._drawn = start + count
+            for buffer, name in ((self.x, "x"), (self.dt, "dt"), (self.B, "B"), (self.C, "C")):
+                values = [getattr(s, name) for s in steps]
+                if name == "dt" and self.dt_per_head:
+                    values = [v[..., 0] for v in values]
+                buffer[:count].copy_(torch.stack(values))
+            self.start, self.count = start, count
+        self.counter.fill_(step - 1 - self.start)
+
+    def inputs(self) -> StepInputs:
+        """The current step's inputs, read at the counter (device operations only)."""
+        x, dt, B, C = (t.index_select(0, self.counter)[0] for t in (self.x, self.dt, self.B, self.C))
+        if self.dt_per_head:
+            dt = dt[..., None].expand(x.shape)
+        return StepInputs(x, dt, B, C)
+
+
+@dataclass
+class Saved:
+    """A trial's position, for going back to it (`Lockstep.restore`)."""
+
+    step: int
+    state: torch.Tensor
+    ref: torch.Tensor
+    baseline: torch.Tensor
+    store_errors: torch.Tensor | None
+    tripped: torch.Tensor
+
+
+class Lockstep:
+    """One trial: the kernel's state, the reference and the baseline, advanced one step at a time."""
+
+    def __init__(self, case, problem: DecodeProblem, window: StepWindow, kernel: DriftAdapter, trial: int,
+                 trial_seed: int, transcript: Transcript, store_errors: SignedErrorMoments, repeat: int = 1):
+        self.case, self.problem, self.window, self.kernel = case, problem, window, kernel
+        self.trial, self.trial_seed, self.transcript = trial, trial_seed, transcript
+        device = problem.device
+        self.state = problem.initial_state.clone()
+        self.ref = self.state.double()
+        self.baseline = self.ref.clone()
+        self.bits = torch.Generator(device=device).manual_seed(trial_seed)  # the baseline's SR draws
+        self.store_errors = store_errors  # shared by the case's trials
+        self.repeat = repeat  # runs of every step's kernel call from the same state (eager only)
+        self.differs: dict | None = None  # with repeat > 1: where a run first differed from the first
+        self.max_abs = 0.0  # and the largest |difference| seen
+        self.tripped = torch.zeros((), dtype=torch.bool, device=device)
+        self.fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(),
+                      "dt_softplus": problem.dt_softplus}
+        self.A64 = problem.A.double()
+        self.seeds = torch.empty(window.size, dtype=torch.int64, device=device)  # this trial's, per window step
+        self.step = 0  # steps run
+        self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # out, ref_out, baseline_out
+        self.graph = None  # a captured step, once try_graph found it faithful
+        self.graph_note = "eager"  # how the steps ran: "graph", or why not
+        window.load(1)  # the counter back at the first step (the window may hold it from an earlier trial)
+        self._graph_outputs = None
+        self._seeds_start = None
+
+    def seed(self, step: int) -> int:
+        """The kernel's seed at `step`: new every step, reproducible from the trial's seed."""
+        return sweep.case_seed(self.trial_seed, {"step": step})
+
+    def advance(self, check_inputs: bool = False) -> None:
+        """Run the next step: a graph replay when there is a graph, else eagerly."""
+        n = self._ready()
+        if self.graph is not None and not check_inputs:
+            self.graph.replay()
+            self.outputs = self._graph_outputs
+        else:
+            self.outputs = self._step(n, check_inputs)
+        self.step = n
+
+    def _ready(self) -> int:
+        """The next step's number, its inputs and this trial's seeds for its window on the device."""
+        n = self.step + 1
+        if not self.window.holds(n):
+            self.window.load(n)
+        if self._seeds_start != self.window.start:
+            host = [self.seed(self.window.start + 1 + i) for i in range(self.window.count)]
+            self.seeds[: self.window.count].copy_(torch.tensor(host, dtype=torch.int64))
+            self._seeds_start = self.window.start
+        return n
+
+    def _step(self, n: int, check_inputs: bool):
+        """Step n as device operations; raises drift.adapter.KernelRaised."""
+        step = self.window.inputs()
+        seed = self.seeds.index_select(0, self.window.counter) if self.kernel.takes_seed_tensor else self.seed(n)
+        before = self.state.double()
+        new, outs = state_update_step(torch.stack([self.ref, self.baseline, before]), step.x.double(),
+                                      step.dt.double(), self.A64, step.B.double(), step.C.double(), **self.fixed)
+        saved = self.state.clone() if self.repeat > 1 else None
+        out = self.kernel.call(self.state, self.problem, step, self.case.rounding, seed,
+                               f"trial {self.trial}, step {n}", check_inputs=check_inputs,
+                               transcript=self.transcript)
+        for run in range(2, self.repeat + 1):  # the same call again, from the same state, inputs and seed
+            self._compare_run(run, n, saved, step, seed, out)
+        self.ref.copy_(new[0])
+        self.baseline.copy_(round_to(new[1], self.case.dtype, self.case.rounding, self.bits))
+        after, exact = self.state.double(), new[2]
+        self.store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, self.case.dtype))
+        bad = (~torch.isfinite(after) & torch.isfinite(self.ref)).any()
+        self.tripped |= bad | (~torch.isfinite(out) & torch.isfinite(outs[0])).any()
+        self.window.counter.add_(1)
+        return out, outs[0], outs[1]
+
+    def _compare_run(self, run: int, n: int, saved: torch.Tensor, step: StepInputs, seed, out: torch.Tensor) -> None:
+        again = saved.clone()
+        again_out = self.kernel.call(again, self.problem, step, self.case.rounding, seed,
+                                     f"trial {self.trial}, step {n}, run {run}", transcript=self.transcript)
+        difference = first_difference((self.state, out), (again, again_out))
+        if difference is None:
+            return
+        output, index, largest = difference
+        self.max_abs = max(self.max_abs, largest)
+        if self.differs is None:
+            self.differs = dict(run=run, output=output, trial=self.trial, step=n, batch=index[0], head=index[1],
+                                channel=index[2])
+
+    def try_graph(self) -> str | None:
+        """Capture the next step in a CUDA graph and keep it if its replay equals the eager step bit for bit
+        (None), else say why not and run eagerly from here on. Runs that next step either way."""
+        n = self._ready()
+        before = self.saved()
+        self.graph_note = self._capture(n, before)
+        return None if self.graph is not None else self.graph_note
+
+    def _capture(self, n: int, before: Saved) -> str:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            graph.register_generator_state(self.bits)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                outputs = self._step(n, check_inputs=False)
+        except Exception as exc:  # noqa: BLE001 (a kernel that cannot be captured runs eagerly)
+            # The baseline's generator stays registered with the failed capture: draw from a new one.
+            self.bits = torch.Generator(device=self.problem.device).manual_seed(self.trial_seed + 1)
+            self.restore(before)
+            self.advance(check_inputs=True)
+            return f"eager: not captured: {type(exc).__name__}: {exc}".splitlines()[0]
+        graph.replay()
+        replayed = (self.state.clone(), outputs[0].clone())
+        self.restore(before)
+        self.advance(check_inputs=True)
+        if not (_same_bits(replayed[0], self.state) and _same_bits(replayed[1], self.outputs[0])):
+            return "eager: a replay differs from the eager step (a seed or random stream a graph cannot advance)"
+        self.graph, self._graph_outputs = graph, outputs
+        return "graph"
+
+    def saved(self) -> Saved:
+        return Saved(self.step, self.state.clone(), self.ref.clone(), self.baseline.clone(),
+                     self.store_errors.saved(), self.tripped.clone())
+
+    def restore(self, saved: Saved) -> None:
+        """Back to `saved`, in place (a graph keeps reading the same tensors)."""
+        self.step = saved.step
+        for mine, theirs in ((self.state, saved.state), (self.ref, saved.ref), (self.baseline, saved.baseline),
+                             (self.tripped, saved.tripped)):
+            mine.copy_(theirs)
+        self.store_errors.restore(saved.store_errors)
+        if saved.step < self.problem.nsteps:
+            self.window.load(saved.step + 1)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool((bits(a) == bits(b)).all())
