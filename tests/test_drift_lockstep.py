@@ -1,0 +1,110 @@
+"""The decode loop of drift.lockstep on the CPU: windows of step inputs, and the checkpoint-only read-back
+that a CUDA graph run uses (here with a stand-in graph that replays the step eagerly)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssmcheck.core import sweep
+from ssmcheck.core.capture import Transcript
+from ssmcheck.drift import lockstep
+from ssmcheck.drift import run as drift_run
+from ssmcheck.drift.adapter import resolve as resolve_kernel
+from ssmcheck.drift.measure import CheckpointSums
+from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.spec import build_cases, resolve
+from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
+
+BROKEN = Path(__file__).parent / "broken_state_update_kernels.py"
+_spec = importlib.util.spec_from_file_location("broken_state_update_kernels", BROKEN)
+bk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bk)
+
+
+def _case(**options):
+    settings_ = resolve({"nheads": "2", "headdim": "8", "dstate": "16", "batch": "2", **options}, {}, "test")
+    [case] = build_cases(settings_, "torch")
+    return case, settings_.tolerance
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_a_run_in_windows_of_a_few_steps_is_the_run_in_one_window(monkeypatch, rounding):
+    case, tolerance = _case(regime="normal", state_dtype="fp16", rounding=rounding, steps=40, trials=2, seed=5)
+    kernel = resolve_kernel("torch", 10, "software", False)
+    whole = drift_run.run_case(case, kernel, tolerance, "cpu")
+    step_bytes = 4 * (2 * 2 * 8 + 2 * 2 + 2 * 2 * 1 * 16)  # x, dt per head, B and C of one step, float32
+    monkeypatch.setattr(lockstep, "WINDOW_BYTES", 7 * step_bytes)  # 40 steps in windows of 7
+    windowed = drift_run.run_case(case, kernel, tolerance, "cpu")
+    assert lockstep.StepWindow(make_problem(case.regime, case.shape(), case.dtype, 40, case.seed, "cpu")).size == 7
+    assert windowed.run.checkpoints == whole.run.checkpoints and windowed.run.baseline == whole.run.baseline
+    assert windowed.run.store_errors == whole.run.store_errors and whole.run.store_errors.count > 0
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph: `replay` runs the lockstep's next step eagerly."""
+
+    def __init__(self, lock):
+        self.lock, self.replays = lock, 0
+
+    def replay(self):
+        self.replays += 1
+        self.lock._graph_outputs = self.lock._step(self.lock.step + 1, check_inputs=False)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 12345])
+def test_with_a_graph_a_nonfinite_state_is_found_at_its_step_from_the_checkpoints(seed):
+    # forgets_decay overflows between two checkpoints; read back at the checkpoints only, the run still
+    # names the step and element that the eager loop (read every step) names.
+    case, tolerance = _case(regime="overflow", state_dtype="fp16", rounding="nearest", steps=120, trials=1,
+                            seed=seed)
+    kernel = resolve_kernel(f"{BROKEN}:forgets_decay", 10, "software", False)
+    eager = drift_run.run_case(case, kernel, tolerance, "cpu").run.first_nonfinite
+    assert eager is not None and eager.step not in log_checkpoints(case.steps)
+
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    trial_seed = sweep.case_seed(case.seed, {"trial": 0})
+    lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, trial_seed, Transcript(),
+                             SignedErrorMoments())
+    graph = _EagerGraph(lock)
+
+    def try_graph():
+        lock.advance(check_inputs=True)
+        lock.graph = graph
+
+    lock.try_graph = try_graph
+    sums = CheckpointSums(), CheckpointSums()
+    found = drift_run._trial(lock, log_checkpoints(case.steps), *sums, lambda: None, graph=True)
+    assert found == eager
+    assert graph.replays > eager.step  # replayed to the checkpoint past it, then again from the one before
+    assert max(sums[0].sums) == eager.step  # measured where it stopped
+
+
+def test_the_eager_loop_reads_every_step_when_there_is_no_graph():
+    case, tolerance = _case(regime="normal", state_dtype="fp16", rounding="nearest", steps=32, trials=1,
+                            batch="3")
+    result = drift_run.run_case(case, resolve_kernel(f"{BROKEN}:inf_at_one_element", 10, "software", False),
+                                tolerance, "cpu")
+    where = result.run.first_nonfinite
+    assert (where.step, where.batch, where.head, where.channel, where.state_index) == (
+        bk.INF_STEP, bk.INF_BATCH, bk.INF_HEAD, bk.INF_CHANNEL, bk.INF_STATE_INDEX)
+    assert result.run.decode_loop == "eager"
+
+
+def test_a_saved_position_comes_back_bit_for_bit():
+    case, _ = _case(regime="normal", state_dtype="bf16", rounding="stochastic", steps=16, trials=1, seed=2)
+    kernel = resolve_kernel("builtin", 10, "software", True)
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, 99, Transcript(),
+                             SignedErrorMoments())
+    for _ in range(3):
+        lock.advance()
+    saved = lock.saved()
+    lock.advance()
+    first = (lock.state.clone(), lock.outputs[0].clone(), lock.ref.clone())
+    lock.advance()
+    lock.restore(saved)
+    lock.advance()
+    assert lock.step == 4
+    assert all(torch.equal(a, b) for a, b in zip(first, (lock.state, lock.outputs[0], lock.ref), strict=True))
