@@ -29,6 +29,8 @@ of group 0's element (r, n). See ssmcheck/ops/rounding/stochastic.py.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +60,7 @@ class LaunchConfig:
     num_warps: int
 
 
+@functools.cache  # asked at every decode step
 def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
@@ -284,9 +287,11 @@ def _state_update_kernel(
                  o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
 
 
-def _check(cond: bool, message: str) -> None:
+def _check(cond: bool, message: Callable[[], str]) -> None:
+    # The message is built only for a failed check: a decode step at batch 1 is launch-bound, and
+    # formatting some twenty messages cost more than the checks themselves.
     if not cond:
-        raise ValueError(message)
+        raise ValueError(message())
 
 
 def _shape(t) -> tuple | None:
@@ -294,35 +299,37 @@ def _shape(t) -> tuple | None:
 
 
 def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, slots):
-    _check(state.dim() == 4, f"state must be (batch, nheads, headdim, dstate), got {_shape(state)}")
-    _check(x.dim() == 3, f"x must be (batch, nheads, headdim), got {_shape(x)}")
+    _check(state.dim() == 4, lambda: f"state must be (batch, nheads, headdim, dstate), got {_shape(state)}")
+    _check(x.dim() == 3, lambda: f"x must be (batch, nheads, headdim), got {_shape(x)}")
     pool, nheads, headdim, dstate = state.shape
     batch = x.shape[0]
     if slots is None:
-        _check(pool == batch, f"state has {pool} rows for a batch of {batch} (pass state_batch_indices for a pool)")
+        _check(pool == batch,
+               lambda: f"state has {pool} rows for a batch of {batch} (pass state_batch_indices for a pool)")
     else:
         _check(_shape(slots) == (batch,) and not slots.is_floating_point() and slots.device == state.device,
-               f"state_batch_indices must be ({batch},) integers on {state.device}, got {_shape(slots)}")
+               lambda: f"state_batch_indices must be ({batch},) integers on {state.device}, got {_shape(slots)}")
     ngroups = B.shape[1] if B.dim() == 3 else 0
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
                     ("dt_bias", dt_bias)):
-        _check(t is None or t.dtype in FLOAT_DTYPES, f"{name} dtype {t.dtype if t is not None else ''} "
-               "is not one of float32/float16/bfloat16")
-        _check(t is None or t.device == state.device, f"{name} is on {t.device if t is not None else ''}, "
-               f"state on {state.device}")
+        _check(t is None or t.dtype in FLOAT_DTYPES,
+               lambda: f"{name} dtype {t.dtype} is not one of float32/float16/bfloat16")
+        _check(t is None or t.device == state.device, lambda: f"{name} is on {t.device}, state on {state.device}")
     want_x = (batch, nheads, headdim)
-    _check(_shape(x) == want_x, f"x must be {want_x}, got {_shape(x)}")
-    _check(_shape(dt) == want_x, f"dt must be {want_x}, got {_shape(dt)}")
-    _check(z is None or _shape(z) == want_x, f"z must be {want_x}, got {_shape(z)}")
-    _check(_shape(A) == (nheads, headdim, dstate), f"A must be {(nheads, headdim, dstate)}, got {_shape(A)}")
+    _check(_shape(x) == want_x, lambda: f"x must be {want_x}, got {_shape(x)}")
+    _check(_shape(dt) == want_x, lambda: f"dt must be {want_x}, got {_shape(dt)}")
+    _check(z is None or _shape(z) == want_x, lambda: f"z must be {want_x}, got {_shape(z)}")
+    _check(_shape(A) == (nheads, headdim, dstate),
+           lambda: f"A must be {(nheads, headdim, dstate)}, got {_shape(A)}")
     _check(ngroups >= 1 and _shape(B) == (batch, ngroups, dstate) and _shape(C) == _shape(B),
-           f"B and C must be (batch={batch}, ngroups, dstate={dstate}) alike, got {_shape(B)} and {_shape(C)}")
-    _check(nheads % ngroups == 0, f"ngroups={ngroups} must divide nheads={nheads}")
-    _check(D is None or _shape(D) == (nheads, headdim), f"D must be {(nheads, headdim)}, got {_shape(D)}")
+           lambda: f"B and C must be (batch={batch}, ngroups, dstate={dstate}) alike, got {_shape(B)} and "
+                   f"{_shape(C)}")
+    _check(nheads % ngroups == 0, lambda: f"ngroups={ngroups} must divide nheads={nheads}")
+    _check(D is None or _shape(D) == (nheads, headdim), lambda: f"D must be {(nheads, headdim)}, got {_shape(D)}")
     _check(dt_bias is None or _shape(dt_bias) == (nheads, headdim),
-           f"dt_bias must be {(nheads, headdim)}, got {_shape(dt_bias)}")
+           lambda: f"dt_bias must be {(nheads, headdim)}, got {_shape(dt_bias)}")
     _check(out is None or (_shape(out) == want_x and out.dtype == x.dtype and out.device == x.device),
-           f"out must be {want_x} {x.dtype} on {x.device}")
+           lambda: f"out must be {want_x} {x.dtype} on {x.device}")
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -351,7 +358,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     seed_in_memory = isinstance(seed, torch.Tensor)
     if seed_in_memory:  # its value is the kernel's to read: checking it here would wait on the device
         _check(seed.dtype == torch.int64 and seed.numel() == 1 and seed.device == state.device,
-               f"a seed tensor must be one int64 on {state.device}, got {seed.numel()} {seed.dtype} on {seed.device}")
+               lambda: f"a seed tensor must be one int64 on {state.device}, got {seed.numel()} {seed.dtype} on "
+                       f"{seed.device}")
     check_rounding(state.dtype, rounding, 0 if seed_in_memory else seed, philox_rounds, rounding_impl,
                    interpret=interpret)
     _, nheads, headdim, dstate = state.shape
@@ -366,7 +374,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
     d_strides = D.stride() if D is not None else (0, 0)
     dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
-    grid = (triton.cdiv(headdim, config.block_p), nheads, batch)
+    # Plain integer arithmetic: triton.cdiv and next_power_of_2 cost a few microseconds a call in Triton 3.
+    grid = (-(-headdim // config.block_p), nheads, batch)
     _state_update_kernel[grid](
         state, x, dt, dt_bias_, A, B, C, D_, z_, out, state_batch_indices if state_batch_indices is not None else x,
         seed, nheads, headdim, dstate, nheads // B.shape[1], pad_slot_id,
@@ -378,7 +387,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, BLOCK_P=config.block_p, BLOCK_N=triton.next_power_of_2(dstate),
+        INTERPRET=interpret, BLOCK_P=config.block_p, BLOCK_N=1 << (dstate - 1).bit_length(),
         num_warps=config.num_warps,
     )
     return out
