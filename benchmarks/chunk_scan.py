@@ -1,10 +1,12 @@
-"""Time the built-in chunk scan at Mamba2-2.7B widths on a GPU, and record the result.
+"""Time the built-in chunk scan and the peers' at Mamba2-2.7B widths on a GPU, and record the result.
 
 80 heads x 64, dstate 128, one group, chunk 256, bf16, dt_softplus, dt_bias and D,
-batch 1 (DESIGN §7); medians of triton.testing.do_bench on fresh random inputs.
+batch 1 (DESIGN §7); medians of triton.testing.do_bench on fresh random inputs, every
+kernel in this process on the same inputs (benchmarks/peers.py: vLLM and mamba_ssm where
+they can be imported, their metadata made outside the timed call), each checked finite.
 Not a test: run it by hand on the GPU machine from the checkout, e.g.
 
-    PYTHONPATH=. python benchmarks/chunk_scan.py --stages
+    PYTHONPATH=.:.peers/v033:.peers/mamba python benchmarks/chunk_scan.py --stages
 
 It prints a table and appends it, with date, device, versions, commit and this
 command, to benchmarks/RESULTS.md (or --results PATH).
@@ -14,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 
+from peers import chunk_scans
 from record import append_section, commit, markdown_table
 
 from ssmcheck.core import runtime
 from ssmcheck.core.formats import DTYPES
 
-# Peers' whole-pipeline medians (ms) in the same harness on the H200, DESIGN §7.
-PEERS = {"vLLM 0.33": {4096: 0.35, 16384: 0.81, 65536: 2.98},
-         "mamba 2.3.2": {4096: 0.50, 16384: 1.02, 65536: 3.06}}
+PEERS = ("vLLM", "mamba_ssm")
 SHAPE = dict(nheads=80, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 
 
@@ -96,8 +97,8 @@ def main() -> None:
         return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
     lengths = [int(v) for v in opts.lengths.split(",")]
-    header = ["L", "ours (ms)", *(f"{name} (ms)" for name in PEERS), "ours / vLLM"]
-    rows, stage_rows = [], []
+    header = ["L", "ours (ms)", *(f"{name} (ms)" for name in PEERS), *(f"ours / {name}" for name in PEERS)]
+    rows, stage_rows, left_out, origins = [], [], {}, {}
     for seqlen in lengths:
         args = inputs(seqlen)
         out = torch.empty_like(args["x"])
@@ -106,23 +107,33 @@ def main() -> None:
             return chunk_scan_combined(**args, chunk_size=SHAPE["chunk_size"], dt_softplus=True,
                                        state_dtype=state_dtype, out=out)
 
-        ms = bench(run)
-        assert torch.isfinite(out).all(), f"non-finite output at L={seqlen}"
-        vllm = PEERS["vLLM 0.33"].get(seqlen)
-        rows.append([f"{seqlen // 1024}k", f"{ms:.3f}", *(f"{p.get(seqlen, float('nan')):.2f}" for p in PEERS.values()),
-                     f"{ms / vllm:.2f}x" if vllm else "-"])
+        peers, missing = chunk_scans(args, SHAPE["chunk_size"])
+        left_out.update(missing)
+        times = {}
+        for name, fn in {"ours": run, **peers}.items():
+            origins[name] = getattr(fn, "origin", "ssmcheck.ops.chunk_scan")
+            ms = bench(fn)
+            y = fn()
+            times[name] = ms if bool(torch.isfinite(y).all()) else None  # a non-finite y is not a time
+        ours = times["ours"]
+        rows.append([f"{seqlen // 1024}k", *(("non-finite" if times.get(n) is None else f"{times[n]:.3f}")
+                                              if n in times else "-" for n in ("ours", *PEERS)),
+                     *(f"{ours / times[n]:.2f}" if ours and times.get(n) else "-" for n in PEERS)])
+        print(" | ".join(rows[-1]), flush=True)
         if opts.stages:
-            times = stage_times(args, state_dtype, bench)
-            stage_rows.append([f"{seqlen // 1024}k", *(f"{t:.3f}" for t in times.values())])
-            stage_header = ["L", *(f"{name} (ms)" for name in times)]
+            stages = stage_times(args, state_dtype, bench)
+            stage_rows.append([f"{seqlen // 1024}k", *(f"{t:.3f}" for t in stages.values())])
+            stage_header = ["L", *(f"{name} (ms)" for name in stages)]
 
     text = markdown_table(header, rows)
     if stage_rows:
         text += "\n\nStages alone:\n\n" + markdown_table(stage_header, stage_rows)
     print(text)
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
-    details = [f"shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; state_dtype {opts.state_dtype}; "
-               "median of triton.testing.do_bench"]
+    details = [f"shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; state_dtype {opts.state_dtype} (ours; "
+               "the peers store states in their own way); median of triton.testing.do_bench",
+               *(f"{name}: {origin}" for name, origin in origins.items()),
+               *(f"{name} left out: {why}" for name, why in left_out.items())]
     append_section(opts.results, "chunk scan", env, commit(opts.commit), details, text)
 
 

@@ -1,38 +1,48 @@
-"""Time one decode step of the built-in state update at Mamba2-2.7B widths on a GPU, and record the result.
+"""Time one decode step of the built-in state update and of the peers at Mamba2-2.7B widths on a GPU, and record it.
 
 80 heads x 64 channels, dstate 128, one group, dt_softplus, dt_bias and D
 (tied per head, as Mamba2 passes them), z optional, bf16 activations; batch
-1, 64 and 256; the state in fp32, fp16 and bf16, to nearest and (fp16/bf16)
-stochastically. Times are medians of triton.testing.do_bench_cudagraph (a
-CUDA graph of many steps, as a decode loop runs them, so launch overhead
-does not hide small batches); the steps rotate over enough state buffers
-(4x L2) that no step finds its state cached. Before timing, each mode's
-step is checked against the float64 reference (outputs poisoned), and after
-it every buffer must still be finite: a wrong result prints WRONG instead of
-a time. Not a test: run it by hand on
-the GPU machine from the checkout, e.g.
+1, 64 and 256; the state in fp32, fp16 and bf16, to nearest and (fp16/bf16,
+ours only: vLLM's is cvt.rs, sm_100 and up; mamba_ssm has none) stochastically. Every kernel
+runs in this process on the same inputs (benchmarks/peers.py: vLLM and
+mamba_ssm where they can be imported), and the table gives ratios of ours to
+theirs. Two times per kernel:
+- graph: the median of triton.testing.do_bench_cudagraph (a CUDA graph of many
+  steps, as a decode loop captured in a graph runs them: device time only);
+  the steps rotate over enough state buffers (4x L2) that no step finds its
+  state cached;
+- loop: a plain Python loop of eager steps, synchronised at its end, per step:
+  what a decode loop without graphs pays, the host's launch time included
+  (at batch 1 it is the host's).
+Before timing, each kernel's step is checked against the float64 reference
+(outputs poisoned), and after it every buffer must still be finite: a wrong
+result prints WRONG instead of a time. Not a test: run it by hand on the GPU
+machine from the checkout, e.g.
 
-    PYTHONPATH=. python benchmarks/state_update.py --z
+    PYTHONPATH=.:.peers/v033:.peers/mamba python benchmarks/state_update.py --z
 
-It prints a table (ms, GB/s against the measured copy bandwidth, the bytes
-floor, and software SR's cost over round to nearest) and appends it, with
-date, device, versions, commit and this command, to benchmarks/RESULTS.md
-(or --results PATH). --sweep also times other launch configurations.
+It prints a table (ms, ours' GB/s against the measured copy bandwidth, the
+bytes floor, software SR's cost over round to nearest, ours / each peer) and
+appends it, with date, device, versions, commit and this command, to
+benchmarks/RESULTS.md (or --results PATH). --sweep also times other launch
+configurations of ours.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import time
 
+from peers import state_updates
 from record import append_section, commit, markdown_table
 
 from ssmcheck.core import runtime
 from ssmcheck.core.formats import DTYPES
 
 SHAPE = dict(nheads=80, headdim=64, dstate=128, ngroups=1)
-# state-spaces/mamba 2.3.2 on the same H200 at batch 256 (DESIGN §7), ms.
-MAMBA_232 = {"fp32": 0.38, "fp16": 0.38}
+OURS = "ssmcheck"
+LOOP_STEPS = 2000  # eager steps per loop timing
 MODES = (("fp32", "nearest"), ("fp16", "nearest"), ("fp16", "stochastic"), ("bf16", "nearest"),
          ("bf16", "stochastic"))
 # (block_p, num_warps)
@@ -75,17 +85,17 @@ def step_bytes(batch: int, state_size: int, with_z: bool) -> int:
     return state + activations + 3 * h * 4  # A, D, dt_bias
 
 
-def check_step(args: dict, state, rounding: str) -> None:
-    """One step against the float64 reference, outputs poisoned first: a fast wrong kernel is not timed."""
+def check_step(args: dict, state, step) -> None:
+    """`step(state) -> out` once against the float64 reference, out poisoned first: a fast wrong kernel is not
+    timed. Raises AssertionError."""
     import torch  # noqa: PLC0415
 
-    from ssmcheck.ops.state_update import fused_recurrent, naive  # noqa: PLC0415
+    from ssmcheck.ops.state_update import naive  # noqa: PLC0415
 
     fp64 = {k: v.double() if torch.is_tensor(v) else v for k, v in args.items()}
     ref_state, ref_out = naive.state_update_step(state.double(), **fp64)
     got = state.clone()
-    out = torch.full_like(args["x"], float("nan"))
-    fused_recurrent.selective_state_update(got, **args, rounding=rounding, seed=7, out=out)
+    out = step(got)
     for name, value, ref, tol in (("state", got, ref_state, 2 * 2.0 ** -8), ("out", out, ref_out, 2 * 2.0 ** -7)):
         err = ((value.double() - ref).norm() / ref.norm()).item()
         # fp16/bf16 storage of the state and bf16 output: a few units of their rounding, relative to the norm.
@@ -121,59 +131,95 @@ def main() -> None:
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
 
-    def time_step(batch: int, state_name: str, rounding: str, rep: int = 100) -> float:
-        args, state = inputs(batch, DTYPES[state_name], opts.z)
-        check_step(args, state, rounding)
-        nbytes = step_bytes(batch, state.element_size(), opts.z)
-        buffers = [state] + [state.clone() for _ in range(min(63, math.ceil(4 * l2 / nbytes) - 1))]
-        out = torch.empty_like(args["x"])
-        turn = [0]
+    def kernels(args: dict, rounding: str) -> tuple[dict, dict]:
+        """{name: step(state) -> out}: ours, and the peers for round to nearest; out NaN until written."""
+        out = torch.full_like(args["x"], float("nan"))
 
-        def step():
+        def ours(state):
+            return fused_recurrent.selective_state_update(state, **args, rounding=rounding, seed=12345, out=out)
+
+        peers, missing = state_updates(args) if rounding == "nearest" else ({}, {})
+        return {OURS: ours, **peers}, missing
+
+    def time_step(step, args: dict, state, rep: int = 100) -> tuple[float, float]:
+        """(graph ms, loop ms) of `step`, checked first. Raises AssertionError."""
+        check_step(args, state, step)
+        nbytes = step_bytes(state.shape[0], state.element_size(), opts.z)
+        buffers = [state] + [state.clone() for _ in range(min(63, math.ceil(4 * l2 / nbytes) - 1))]
+        turn, outs = [0], []
+
+        def rotating():
             turn[0] += 1
-            fused_recurrent.selective_state_update(buffers[turn[0] % len(buffers)], **args, rounding=rounding,
-                                                   seed=12345, out=out)
+            outs[:] = [step(buffers[turn[0] % len(buffers)])]
 
         # do_bench_cudagraph runs on a new stream that does not wait for this one: without the
         # sync its first steps can read buffers whose clones are still being written.
         torch.cuda.synchronize()
-        ms = triton.testing.do_bench_cudagraph(step, rep=rep, return_mode="median")
+        graph_ms = triton.testing.do_bench_cudagraph(rotating, rep=rep, return_mode="median")
+        for _ in range(50):
+            rotating()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(LOOP_STEPS):
+            rotating()
+        torch.cuda.synchronize()
+        loop_ms = (time.perf_counter() - start) * 1e3 / LOOP_STEPS
         bad = [i for i, b in enumerate(buffers) if not torch.isfinite(b).all()]
-        if bad or not torch.isfinite(out).all():
-            first = buffers[bad[0]] if bad else out
+        if bad or not torch.isfinite(outs[0]).all():
+            first = buffers[bad[0]] if bad else outs[0]
             where = (~torch.isfinite(first)).nonzero()[:4].tolist()
             raise AssertionError(f"non-finite after {turn[0]} timed steps: state buffers {bad[:8]} of {len(buffers)}, "
-                                 f"out finite: {bool(torch.isfinite(out).all())}, first at {where}")
-        return ms
+                                 f"out finite: {bool(torch.isfinite(outs[0]).all())}, first at {where}")
+        return graph_ms, loop_ms
 
-    def timed(batch: int, state_name: str, rounding: str, rep: int = 100) -> float | None:
-        """time_step, or None after printing why the kernel's result was wrong."""
+    def timed(name: str, step, args: dict, state, label: str, rep: int = 100) -> tuple[float, float] | None:
+        """time_step, or None after printing why the kernel's result was wrong (or why it raised)."""
         try:
-            return time_step(batch, state_name, rounding, rep)
-        except AssertionError as wrong:
-            print(f"batch {batch} {state_name} {rounding}: WRONG: {wrong}", flush=True)
+            return time_step(step, args, state, rep)
+        except Exception as wrong:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
+            print(f"{label} {name}: WRONG: {type(wrong).__name__}: {wrong}".splitlines()[0], flush=True)
             return None
+
+    def ms_text(value: float | None) -> str:
+        return "wrong" if value is None else f"{value:.4f}"
+
+    def ratio(ours: float | None, theirs: float | None) -> str:
+        return f"{ours / theirs:.2f}" if ours and theirs else "-"
 
     peak = copy_bandwidth()
     batches = [int(v) for v in opts.batches.split(",")]
-    rows, times = [], {}
+    rows, times, left_out, origins = [], {}, {}, {}
+    peer_names = ("vLLM", "mamba_ssm")
     for batch in batches:
         for state_name, rounding in MODES:
-            ms = timed(batch, state_name, rounding)
-            times[batch, state_name, rounding] = ms
-            if ms is None:
-                rows.append([str(batch), state_name, rounding, "wrong"] + ["-"] * 5)
-                continue
+            args, state = inputs(batch, DTYPES[state_name], opts.z)
+            steps, missing = kernels(args, rounding)
+            left_out.update(missing)
+            label = f"batch {batch} {state_name} {rounding}"
+            got = {}
+            for name, step in steps.items():
+                origins[name] = getattr(step, "origin", "ssmcheck.ops.state_update.fused_recurrent")
+                got[name] = timed(name, step, args, state, label)
+            times[batch, state_name, rounding] = got.get(OURS)
+            ours = got.get(OURS)
             nbytes = step_bytes(batch, DTYPES[state_name].itemsize, opts.z)
             floor = nbytes / peak / 1e6
-            nearest = times[batch, state_name, "nearest"]
-            sr_cost = f"{ms / nearest:.2f}x" if rounding == "stochastic" and nearest else "-"
-            mamba = MAMBA_232.get(state_name) if batch == 256 and rounding == "nearest" else None
-            rows.append([str(batch), state_name, rounding, f"{ms:.4f}", f"{nbytes / ms / 1e6:.0f}",
-                         f"{floor:.4f}", f"{floor / ms:.0%}", sr_cost, f"{mamba:.2f}" if mamba else "-"])
-            print(" | ".join(rows[-1]), flush=True)
-    text = markdown_table(["batch", "state", "rounding", "ms", "GB/s", "floor ms", "of floor", "SR / nearest",
-                  "mamba 2.3.2 ms"], rows)
+            nearest = times.get((batch, state_name, "nearest"))
+            sr_cost = f"{ours[0] / nearest[0]:.2f}x" if rounding == "stochastic" and ours and nearest else "-"
+            row = [str(batch), state_name, rounding, *(ms_text(ours[i]) if ours else "wrong" for i in (0, 1)),
+                   f"{nbytes / ours[0] / 1e6:.0f}" if ours else "-", f"{floor:.4f}",
+                   f"{floor / ours[0]:.0%}" if ours else "-", sr_cost]
+            for peer in peer_names:
+                theirs = got.get(peer)
+                row += [ms_text(theirs[0]) if theirs else "-", ms_text(theirs[1]) if theirs else "-",
+                        ratio(ours and ours[0], theirs and theirs[0]), ratio(ours and ours[1], theirs and theirs[1])]
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+    head = ["batch", "state", "rounding", "ours graph ms", "ours loop ms", "GB/s", "floor ms", "of floor",
+            "SR / nearest"]
+    for peer in peer_names:
+        head += [f"{peer} graph ms", f"{peer} loop ms", f"ours / {peer} graph", f"ours / {peer} loop"]
+    text = markdown_table(head, rows)
 
     if opts.sweep:
         batch = max(batches)
@@ -182,9 +228,9 @@ def main() -> None:
         for state_name, rounding in MODES:
             for config in SWEEP:
                 fused_recurrent.launch_config = lambda *_, c=config: fused_recurrent.LaunchConfig(*c)
-                ms = timed(batch, state_name, rounding, rep=30)
-                sweep_rows.append([state_name, rounding, *map(str, config),
-                                   "wrong" if ms is None else f"{ms:.4f}"])
+                args, state = inputs(batch, DTYPES[state_name], opts.z)
+                ms = timed(OURS, kernels(args, rounding)[0][OURS], args, state, f"{config}", rep=30)
+                sweep_rows.append([state_name, rounding, *map(str, config), "wrong" if ms is None else f"{ms[0]:.4f}"])
                 print(" | ".join(sweep_rows[-1]), flush=True)
         fused_recurrent.launch_config = default
         text += f"\n\nLaunch configurations at batch {batch}:\n\n"
@@ -194,8 +240,11 @@ def main() -> None:
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
     details = [
         f"one decode step: bf16 activations, {shape}, dt_softplus, dt_bias, D{', z' if opts.z else ''} "
-        f"(A, dt, dt_bias, D tied per head); median of triton.testing.do_bench_cudagraph; floor = fewest bytes / "
-        f"measured copy bandwidth {peak:.0f} GB/s (read + written); stochastic = software SR, Philox 10 rounds"
+        f"(A, dt, dt_bias, D tied per head); graph = median of triton.testing.do_bench_cudagraph, loop = "
+        f"{LOOP_STEPS} eager steps / their wall time; floor = fewest bytes / measured copy bandwidth {peak:.0f} GB/s "
+        "(read + written); stochastic = software SR, Philox 10 rounds",
+        *(f"{name}: {origin}" for name, origin in origins.items()),
+        *(f"{name} left out: {why}" for name, why in left_out.items()),
     ]
     append_section(opts.results, "state update", env, commit(opts.commit), details, text)
 
