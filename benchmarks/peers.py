@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def _peer(name: str, what: str):
-    """The peer `name`'s (ssmcheck.peers module, its `what`: "state_update" or "chunk_scan"), or (None, the
-    reason it cannot be imported)."""
+def _available(what: str, missing: dict):
+    """(name, its ssmcheck.peers module, its `what`: "state_update" or "chunk_scan") for each peer that imports;
+    each other peer's reason goes into `missing`."""
     from ssmcheck.core.callables import KernelSpecError  # noqa: PLC0415
     from ssmcheck.peers import mamba_ssm, vllm  # noqa: PLC0415
 
-    module = vllm if name == "vLLM" else mamba_ssm
-    try:
-        return module, getattr(module, what)()
-    except KernelSpecError as exc:
-        return None, str(exc)
+    for name, module in (("vLLM", vllm), ("mamba_ssm", mamba_ssm)):
+        try:
+            yield name, module, getattr(module, what)()
+        except KernelSpecError as exc:
+            missing[name] = str(exc)
 
 
 def where(fn: Callable) -> str:
@@ -40,11 +40,7 @@ def state_updates(args: dict) -> tuple[dict[str, Callable], dict[str, str]]:
     import torch  # noqa: PLC0415
 
     steps, missing = {}, {}
-    for name in ("vLLM", "mamba_ssm"):
-        module, fn = _peer(name, "state_update")
-        if module is None:
-            missing[name] = fn
-            continue
+    for name, _, fn in _available("state_update", missing):
         if name == "vLLM":
             raw = getattr(fn, ORIGIN)  # vLLM's own function, not our adapter around it
             out = torch.full_like(args["x"], float("nan"))  # poisoned: an unwritten element shows
@@ -68,11 +64,7 @@ def chunk_scans(args: dict, chunk_size: int) -> tuple[dict[str, Callable], dict[
     from ssmcheck.core.autotune import ORIGIN  # noqa: PLC0415
 
     runs, missing = {}, {}
-    for name in ("vLLM", "mamba_ssm"):
-        module, fn = _peer(name, "chunk_scan")
-        if module is None:
-            missing[name] = fn
-            continue
+    for name, module, fn in _available("chunk_scan", missing):
         if name == "vLLM":
             varlen = getattr(fn, ORIGIN)
             positional, keywords = module.varlen_arguments(**args, chunk_size=chunk_size, dt_softplus=True)
