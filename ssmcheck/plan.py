@@ -71,7 +71,7 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
                          f"MODULE:FUNCTION kernel offers them as its {adapter.STAGES_ATTRIBUTE!r} attribute)")
     cases, autotuned = _configs(settings, runner, cases(name))
     tol = settings.tolerance
-    return _fits(settings.repeat, env.device, _sharded(shard, Plan(
+    return _fits(settings.repeat, settings.invariance, env.device, _sharded(shard, Plan(
         "scan", env, name, settings, cases, runner, {
             "preset": preset_name, "config_files": files, "reference": settings.reference,
             "tol_factor": tol.tol_factor, "floor": tol.floor, "rtol": tol.rtol, "seed": settings.seed,
@@ -85,12 +85,12 @@ def plan_scan(kernel: str | Callable | None = None, preset: str | None = None, *
     )))
 
 
-def _fits(repeat: int, device: str, plan: Plan) -> Plan:
+def _fits(repeat: int, invariance: bool, device: str, plan: Plan) -> Plan:
     """The plan with its memory line, or UsageError where its largest case cannot fit in the device's free
     memory (scan.memory), before anything runs."""
     from ssmcheck.scan import memory  # noqa: PLC0415
 
-    need, free = memory.largest(plan.cases, repeat), memory.free_bytes(device)
+    need, free = memory.largest(plan.cases, repeat, invariance), memory.free_bytes(device)
     reason = memory.refusal(need, free)
     if reason:
         raise UsageError(reason)

@@ -120,3 +120,22 @@ def test_the_memory_estimate_and_the_refusal(monkeypatch):
     with pytest.raises(api.UsageError, match=r"needs about .* GiB of GPU memory, more than the 1.0 GiB free"):
         api.plan_scan(model="Mamba2-2.7B", dtype="bf16", regime="normal", seqlen="262144", device="cpu")
     assert "1.0 GiB free" in api.plan_scan(seqlen="64", device="cpu").memory  # a small sweep fits
+
+
+def test_invariance_checks_are_counted_in_the_memory_estimate(monkeypatch):
+    # They hold the whole float64 reference (not a segment of it): a sweep that fits without them may not.
+    from ssmcheck import api
+
+    options = dict(model="Mamba2-2.7B", dtype="bf16", regime="normal", chunk_size="256", seqlen="262144",
+                   batch="1", device="cpu")
+    case = api.plan_scan(**options).cases[0]
+    plain, checked = memory.estimate(case), memory.estimate(case, invariance=True)
+    elements = 262144 * 80 * 64
+    assert plain.invariance == 0 and checked.invariance > elements * memory.INVARIANCE_BYTES_PER_ELEMENT
+    assert checked.total == checked.invariance > plain.total
+    assert "invariance checks" in api.plan_scan(**options, invariance=True).memory
+    between = (plain.total + checked.total) // 2
+    monkeypatch.setattr(memory, "free_bytes", lambda device: between)
+    assert "free on the GPU" in api.plan_scan(**options).memory
+    with pytest.raises(api.UsageError, match=r"needs about .* GiB of GPU memory"):
+        api.plan_scan(**options, invariance=True)

@@ -8,8 +8,11 @@ Two phases of a case hold memory at once:
   fp32 dt and fp64 cumulative log-decays per token and head, fp32 chunk states and the passed states
   per chunk, fp32 C·Bᵀ per chunk; another kernel's may differ);
 - the comparison: the inputs and the outputs, and one segment (scan.segments) of the float64
-  reference, the baselines and the measurements.
-Every regime is counted with z (the largest inputs); the estimate is the larger phase.
+  reference, the baselines and the measurements;
+- with --invariance, the serving checks (scan.invariance): the inputs and the outputs, and whole, not
+  by segment, the float64 reference's y and C·h (with the copy that stacks them) and the baseline's split
+  runs in fp32; their kernel calls on parts of the batch need no more than the whole batch's.
+Every regime is counted with z (the largest inputs); the estimate is the largest phase.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from ssmcheck.scan.segments import SEGMENT_ELEMENTS, segment_tokens
 # Bytes a segment costs per element of y: the float64 reference (x, y, C·h, the gate) and the baselines'
 # fp32 copies (four of them under stochastic rounding), plus the measurements' float64 temporaries.
 SEGMENT_BYTES_PER_ELEMENT = 128
+# Bytes the invariance checks hold per element of y: the whole float64 reference's y and C·h, and the
+# stack that makes each (3 x 8), and the baseline's two split parts, y and C·h in fp32 (4 x 4).
+INVARIANCE_BYTES_PER_ELEMENT = 40
 # The SSD form's per-block temporaries (naive._BLOCK_ELEMENTS float64 elements, a few of them at once).
 BLOCK_BYTES = 2**30
 GIB = 2**30
@@ -36,25 +42,28 @@ class Estimate:
     calls: int  # bytes during the kernel's calls: inputs, their copies, outputs, intermediates
     comparison: int  # bytes during the comparison: inputs, outputs, one segment
     segment: int  # bytes of one segment of the references and measurements
+    invariance: int = 0  # bytes during the --invariance checks (0 without)
 
     @property
     def total(self) -> int:
-        return max(self.calls, self.comparison)
+        return max(self.calls, self.comparison, self.invariance)
 
     def line(self, free: int | None) -> str:
         """The header's line."""
         where = "not checked on the CPU" if free is None else f"{_size(free)} free on the GPU"
+        checks = f", invariance checks {_size(self.invariance)}" if self.invariance else ""
         return (f"memory: about {_size(self.total)} at the peak of the largest case, {self.case_id} "
                 f"(kernel calls {_size(self.calls)}, comparison {_size(self.comparison)} with reference segments "
-                f"of {_size(self.segment)}); {where}")
+                f"of {_size(self.segment)}{checks}); {where}")
 
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
 
 
-def estimate(case, repeat: int = 1) -> Estimate:
-    """The estimate of one ScanCase (the module docstring says what it counts)."""
+def estimate(case, repeat: int = 1, invariance: bool = False) -> Estimate:
+    """The estimate of one ScanCase, with `invariance` its --invariance checks too (the module docstring says
+    what it counts)."""
     size = DTYPES[case.dtype].itemsize
     state = DTYPES[case.state_dtype].itemsize
     ntok = case.batch * case.seqlen
@@ -68,12 +77,13 @@ def estimate(case, repeat: int = 1) -> Estimate:
     outputs = (repeat + 1) * y + states * state
     elements = min(ntok, segment_tokens(heads, headdim)) * heads * headdim
     segment = elements * SEGMENT_BYTES_PER_ELEMENT + (BLOCK_BYTES if ntok * heads * headdim > SEGMENT_ELEMENTS else 0)
-    return Estimate(case.id, 2 * inputs + outputs + intermediates, inputs + outputs + segment, segment)
+    checks = inputs + outputs + ntok * heads * headdim * INVARIANCE_BYTES_PER_ELEMENT if invariance else 0
+    return Estimate(case.id, 2 * inputs + outputs + intermediates, inputs + outputs + segment, segment, checks)
 
 
-def largest(cases: list, repeat: int = 1) -> Estimate | None:
+def largest(cases: list, repeat: int = 1, invariance: bool = False) -> Estimate | None:
     """The estimate of the case that needs the most (cases that are skipped need none), or None."""
-    runnable = [estimate(case, repeat) for case in cases if case.skip_reason is None]
+    runnable = [estimate(case, repeat, invariance) for case in cases if case.skip_reason is None]
     return max(runnable, key=lambda e: e.total, default=None)
 
 
