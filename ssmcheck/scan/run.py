@@ -184,9 +184,12 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             ssm_kernel = _calls(kernel, replace(inputs, D=None, z=None), case, transcript, device, 1)[0][0]
         except Exception as exc:  # noqa: BLE001
             return _kernel_failed(case, exc, inputs, transcript, " (the call without D and z)")
+    ref_stream = reference_stream(inputs, reference_kind)
+    if serving is not None:  # the serving-shaped checks compare whole outputs: keep the reference whole
+        ref_stream = streamed.Recorded(ref_stream)
     try:  # after the call: the states the kernel returned may say how it stores them
-        figures = streamed.compare(inputs, case.chunk_size, cuts, reference_stream(inputs, reference_kind),
-                                   out[0], ssm_kernel, _baseline_streams(inputs, case, storage, allow_tf32))
+        figures = streamed.compare(inputs, case.chunk_size, cuts, ref_stream, out[0], ssm_kernel,
+                                   _baseline_streams(inputs, case, storage, allow_tf32))
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"computing the references raised {describe(exc)}")
 
@@ -234,9 +237,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             result.message += f"; {stages.describe(result.stages)}"
     if serving is not None:
         checks = _serving_calls(serving, kernel, case, storage, allow_tf32, tolerance, transcript, device)
-        # The serving-shaped checks compare whole outputs: the reference is whole here.
         result.invariance = invariance.run_checks(checks, inputs, case.chunk_size, case.seed, out,
-                                                  reference(inputs, reference_kind), result.baseline)
+                                                  ref_stream.whole(inputs), result.baseline)
         invariance.combine(result)
         result.stdout = transcript.text
     return result

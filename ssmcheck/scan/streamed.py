@@ -36,6 +36,30 @@ class Saturated:
         return self.stream.states()
 
 
+class Recorded:
+    """A stream that keeps what its segments return, so that one pass both streams the comparison and
+    leaves the whole output (for the --invariance checks, which compare whole outputs): the reference is
+    computed once, not again whole. It holds the whole output, as computing it whole would."""
+
+    def __init__(self, stream):
+        self.stream, self.parts = stream, []
+
+    def segment(self, f0: int, f1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        part = self.stream.segment(f0, f1)
+        self.parts.append(part)
+        return part
+
+    def states(self):
+        return self.stream.states()
+
+    def whole(self, inputs: ScanInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, states, C·h) of the finished pass, y and C·h shaped like x (the segments covered every token)."""
+        rows, seqlen = inputs.x.shape[:2]
+        y, y_ssm = (torch.cat([part[k] for part in self.parts]).reshape(rows, seqlen, *self.parts[0][k].shape[1:])
+                    for k in (0, 1))
+        return y, states(self, inputs), y_ssm
+
+
 @dataclass
 class Streamed:
     """What one pass over the segments measured: the kernel's y and SSM-part figures, the first
