@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.core.tensors import bits
+from ssmcheck.ops.rounding.naive import round_to, rounded_by_exponents
 
 TARGETS = [torch.float16, torch.bfloat16]
 SOURCES = [torch.float32, torch.float64]
@@ -49,11 +50,27 @@ def test_representable_values_are_unchanged(dtype, source, mode):
     assert torch.equal(torch.signbit(out), torch.signbit(v))
 
 
+def _float32_edges(dtype) -> torch.Tensor:
+    """Ties, neighbours of the overflow threshold and of the subnormal range, signed zeros, inf and NaN."""
+    fmt_max, tiny = MAX[dtype], TINY[dtype]
+    ulp_at_max = fmt_max - torch.nextafter(torch.tensor(fmt_max, dtype=dtype), torch.tensor(0.0, dtype=dtype)).item()
+    values = [0.0, -0.0, math.inf, -math.inf, math.nan, fmt_max, fmt_max + ulp_at_max / 2, fmt_max + ulp_at_max / 4,
+              tiny / 2, tiny * 1.5, tiny * 2.5, tiny / 4, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8]
+    v = torch.tensor(values + [-v for v in values], dtype=torch.float32)
+    up, down = (torch.nextafter(v, torch.full_like(v, direction)) for direction in (math.inf, -math.inf))
+    return torch.cat([v, up, down])
+
+
 @pytest.mark.parametrize("dtype", TARGETS)
-def test_nearest_from_float32_matches_the_native_conversion(dtype):
-    """torch rounds float32 to fp16/bf16 once, to nearest even, on the CPU."""
-    x = spread_values(3, 50000, dtype, torch.float32)
-    assert torch.equal(round_to(x, dtype, "nearest"), x.to(dtype))
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_nearest_from_float32_is_the_native_conversion(dtype, device):
+    """round_to takes the native float32 conversion for nearest: it must round as the exponent arithmetic does,
+    everywhere, ties to even, overflow and subnormals included (on the GPU as well: its conversion is its own)."""
+    x = torch.cat([spread_values(3, 200000, dtype, torch.float32), _float32_edges(dtype)]).to(device)
+    native, exact = round_to(x, dtype, "nearest"), rounded_by_exponents(x, dtype, "nearest")
+    assert torch.equal(native.isnan(), exact.isnan())
+    same = native.isnan() | (bits(native) == bits(exact))
+    assert bool(same.all()), x[~same][:8].tolist()
 
 
 def test_nearest_from_float64_does_not_round_twice():
