@@ -98,6 +98,10 @@ def _row_runs(f0: int, f1: int, seqlen: int) -> list[tuple[slice, int, int]]:
     return runs
 
 
+# Upper bound on the elements of the states a block of tokens keeps at once (RecurrentStream._run).
+_RECURRENT_BLOCK_ELEMENTS = 2**24
+
+
 class RecurrentStream:
     """`scan_recurrent` one segment of flattened tokens at a time: `segment(f0, f1)` returns (y, y_ssm)
     of tokens [f0, f1) as (f1 - f0, nheads, headdim); `states()`, after the last, the final states."""
@@ -151,15 +155,23 @@ class RecurrentStream:
         Ch = heads_of_groups(C.to(dtype), nheads)
         state = self.state[rows]
         ys = []
-        for k, t in enumerate(range(t0, t1)):
-            if t in self.starts:
-                state = self._start_state(self.starts[t])
-            state = state * decay[:, k, :, None, None] + dtx[:, k, :, :, None] * Bh[:, k, :, None, :]
-            ys.append(torch.matmul(state, Ch[:, k, :, :, None])[..., 0])
-            if t in self.ends:
-                self.varlen_states[self.ends[t]] = state[0]
+        # Tokens in blocks: each block's updates dt*x*Bᵀ in one operation and its outputs C·h in one matmul,
+        # so that a token costs one operation in the loop, h = h*decay + update, into the block's states.
+        block = max(1, _RECURRENT_BLOCK_ELEMENTS // state.numel())
+        for b0 in range(0, t1 - t0, block):
+            b1 = min(t1 - t0, b0 + block)
+            updates = dtx[:, b0:b1, :, :, None] * Bh[:, b0:b1, :, None, :]  # (rows, tokens, nheads, headdim, dstate)
+            states = torch.empty_like(updates)
+            for k in range(b0, b1):
+                t = t0 + k
+                if t in self.starts:
+                    state = self._start_state(self.starts[t])
+                state = torch.addcmul(updates[:, k - b0], state, decay[:, k, :, None, None], out=states[:, k - b0])
+                if t in self.ends:
+                    self.varlen_states[self.ends[t]] = state[0]
+            ys.append(torch.matmul(states, Ch[:, b0:b1, :, :, None])[..., 0])
         self.state[rows] = state
-        y_ssm = torch.stack(ys, dim=1)
+        y_ssm = torch.cat(ys, dim=1)
         return skip_and_gate(y_ssm, x, D, z, dtype), y_ssm
 
     def states(self) -> tuple[torch.Tensor, torch.Tensor | None]:
