@@ -127,9 +127,11 @@ def _check_step(inp: Inputs, rounding="nearest", seed=0):
     allowed = rounding_room * _spacing(torch.maximum(new.abs(), got.abs()), state.dtype) + arithmetic
     assert bool(torch.isfinite(got).all())
     excess = (got - new).abs() - allowed
+    # (A skipped store keeps the old value: wherever that is further from the truth than the bound allows,
+    # the bound fails it; where it is not, the step changes the element by less than its rounding, and
+    # no count of changed elements can tell. Such a count failed a correct step of 4 bf16 elements, 2 of
+    # them moved by less than half an ulp.)
     assert float(excess.max()) <= 0, f"state off by {float(excess.max()):.3g} beyond the bound"
-    # Every state element was rewritten (a skipped store keeps the old value).
-    assert float((got != inp.state.double()).double().mean()) > 0.5
     dstate = state.shape[-1]
     out_allowed = 0.5 * _spacing(ref_out, out.dtype) + ((dstate + 8) * EPS32 + 4 * EXP_ERR) * out_scale
     assert bool(torch.isfinite(out).all()), "out has unwritten (NaN) entries"
