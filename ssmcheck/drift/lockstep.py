@@ -151,7 +151,7 @@ class Lockstep:
         n = self.step + 1
         if not self.window.holds(n):
             self.window.load(n)
-        if self._seeds_start != self.window.start:
+        if self.kernel.takes_seed_tensor and self._seeds_start != self.window.start:
             host = [self.seed(self.window.start + 1 + i) for i in range(self.window.count)]
             self.seeds[: self.window.count].copy_(torch.tensor(host, dtype=torch.int64))
             self._seeds_start = self.window.start
@@ -160,7 +160,10 @@ class Lockstep:
     def _step(self, n: int, check_inputs: bool):
         """Step n as device operations; raises drift.adapter.KernelRaised."""
         step = self.window.inputs()
-        seed = self.seeds.index_select(0, self.window.counter) if self.kernel.takes_seed_tensor else self.seed(n)
+        if self.kernel.takes_seed_tensor:
+            seed = self.seeds.index_select(0, self.window.counter)
+        else:
+            seed = self.seed(n) if self.kernel.takes_seed else 0
         before = self.state.double()
         new, outs = state_update_step(torch.stack([self.ref, self.baseline, before]), step.x.double(),
                                       step.dt.double(), self.A64, step.B.double(), step.C.double(), **self.fixed)
