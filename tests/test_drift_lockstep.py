@@ -108,3 +108,14 @@ def test_a_saved_position_comes_back_bit_for_bit():
     lock.advance()
     assert lock.step == 4
     assert all(torch.equal(a, b) for a, b in zip(first, (lock.state, lock.outputs[0], lock.ref), strict=True))
+
+
+def test_which_runs_try_a_graph():
+    builtin = resolve_kernel("builtin", 10, "software", True)
+    module_kernel = resolve_kernel(f"{BROKEN}:forgets_decay", 10, "software", True)
+    assert drift_run._graph_plan("cpu", 1, builtin) == (False, "eager")
+    assert drift_run._graph_plan("cuda", 1, builtin) == (True, "eager")  # until the capture says otherwise
+    assert drift_run._graph_plan("cuda", 3, builtin) == (False, "eager: --repeat compares every step's runs")
+    tried, note = drift_run._graph_plan("cuda", 1, module_kernel)
+    assert not tried and note.startswith("eager: a MODULE:FUNCTION kernel")
+    assert builtin.graphable and builtin.takes_seed_tensor and not module_kernel.graphable
