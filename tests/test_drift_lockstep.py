@@ -119,3 +119,25 @@ def test_which_runs_try_a_graph():
     tried, note = drift_run._graph_plan("cuda", 1, module_kernel)
     assert not tried and note.startswith("eager: a MODULE:FUNCTION kernel")
     assert builtin.graphable and builtin.takes_seed_tensor and not module_kernel.graphable
+
+
+def test_with_a_graph_a_nonfinite_step_that_does_not_come_again_ends_nothing():
+    # inf_at_one_element writes inf at its INF_STEP-th call only: replayed from the checkpoint before it, the
+    # step is finite (as for a kernel whose output changes between identical runs); the trial carries on.
+    case, _ = _case(regime="normal", state_dtype="fp16", rounding="nearest", steps=32, trials=1, batch="3")
+    kernel = resolve_kernel(f"{BROKEN}:inf_at_one_element", 10, "software", False)
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, 1, Transcript(),
+                             SignedErrorMoments())
+    graph = _EagerGraph(lock)
+
+    def try_graph():
+        lock.advance(check_inputs=True)
+        lock.graph = graph
+
+    lock.try_graph = try_graph
+    checkpoints = log_checkpoints(case.steps)
+    assert bk.INF_STEP not in checkpoints
+    sums = CheckpointSums(), CheckpointSums()
+    assert drift_run._trial(lock, checkpoints, *sums, lambda: None, graph=True) is None
+    assert lock.step == case.steps and sorted(sums[0].sums) == checkpoints  # every checkpoint measured

@@ -157,22 +157,25 @@ def _trial(lock: Lockstep, checkpoints: list[int], kernel_sums: CheckpointSums, 
             on_step()
             if lock.graph is None and bool(lock.tripped):  # every step so far eager: this one went bad
                 return _located(lock, kernel_sums, baseline_sums)
-        if bool(lock.tripped):
-            return _localise(lock, saved, checkpoint, kernel_sums, baseline_sums)
-        _measure(lock, kernel_sums, baseline_sums)
+        if not bool(lock.tripped):
+            _measure(lock, kernel_sums, baseline_sums)
+        elif (found := _localise(lock, saved, checkpoint, kernel_sums, baseline_sums)) is not None:
+            return found
+        else:  # not again (a kernel whose output changes between identical runs): carry on from here
+            lock.tripped.zero_()
         saved = lock.saved()
     return None
 
 
 def _localise(lock: Lockstep, saved, checkpoint: int, kernel_sums: CheckpointSums,
               baseline_sums: CheckpointSums) -> NonfiniteStep | None:
-    """The first non-finite step after `saved`: the steps to `checkpoint` again, read back one by one."""
+    """The first non-finite step after `saved`: the steps to `checkpoint` again, read back one by one (None,
+    the checkpoint measured, when none goes non-finite this time)."""
     lock.restore(saved)
     while lock.step < checkpoint:
         lock.advance()
         if bool(lock.tripped):
             return _located(lock, kernel_sums, baseline_sums)
-    # Not again: only a kernel whose output changes between identical runs gets here.
     _measure(lock, kernel_sums, baseline_sums)
     return None
 
