@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ssmcheck.core.tensors import finite
 from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import ScanInputs, ScanShape, TokenMap
 from ssmcheck.scan.regimes import REGIMES
@@ -156,3 +157,16 @@ def test_the_group_figures_are_the_same_bits_on_every_run_on_a_gpu():
     runs = [(measure.per_chunk_error(y, ref, tokens, 64), measure.per_chunk_head_error(y, ref, tokens, 64),
              measure.group_errors(y, ref, tokens, 64).cpu().tolist()) for _ in range(8)]
     assert all(run == runs[0] for run in runs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32,
+                                                             torch.float64]))
+def test_finite_is_isfinite_for_every_bit_pattern(seed, dtype):
+    # Random bit patterns cover every class: zeros, subnormals, normals up to the largest, inf and NaNs.
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    info = torch.iinfo(ints)
+    patterns = torch.randint(info.min, info.max, (4096,), dtype=ints, generator=torch.Generator().manual_seed(seed))
+    values = torch.cat([patterns.view(dtype), torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan]).to(dtype),
+                        torch.tensor([torch.finfo(dtype).max, -torch.finfo(dtype).max]).to(dtype)])
+    assert torch.equal(finite(values), torch.isfinite(values))

@@ -15,3 +15,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN equals the same NaN): what 'unchanged' means for a kernel's input."""
     return torch.equal(bits(a), bits(b))
+
+
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """torch.isfinite of a float tensor in two device operations, not four: t - t is exactly 0 where t is
+    finite and NaN where it is inf or NaN (what a decode step run as a CUDA graph pays per operation)."""
+    return (t - t) == 0

@@ -28,7 +28,7 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
-from ssmcheck.core.tensors import bits
+from ssmcheck.core.tensors import bits, finite
 from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.measure import first_difference
@@ -177,8 +177,8 @@ class Lockstep:
         self.baseline.copy_(round_to(new[1], self.case.dtype, self.case.rounding, self.bits))
         after, exact = self.state.double(), new[2]
         self.store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, self.case.dtype))
-        bad = (~torch.isfinite(after) & torch.isfinite(self.ref)).any()
-        self.tripped |= bad | (~torch.isfinite(out) & torch.isfinite(outs[0])).any()
+        bad = (~finite(after) & finite(self.ref)).any()
+        self.tripped |= bad | (~finite(out) & finite(outs[0])).any()
         self.window.counter.add_(1)
         return out, outs[0], outs[1]
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.tensors import finite
+
 # Stochastic rounding is "biased" when the mean rounding error per store is both
 # statistically nonzero (|z| above BIAS_Z_LIMIT: ~6e-5 two-sided under the null)
 # and larger than BIAS_FLOOR_ULP. The floor is above what a kernel's own fp32
@@ -42,9 +44,9 @@ class SignedErrorMoments:
 
     def add(self, errors: torch.Tensor) -> None:
         errors = errors.double()
-        finite = torch.isfinite(errors)
-        kept = torch.where(finite, errors, 0.0)
-        sums = torch.stack([finite.sum().double(), kept.sum(), kept.square().sum()])
+        counted = finite(errors)
+        kept = torch.where(counted, errors, 0.0)
+        sums = torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
         if self._sums is None:
             self._sums = torch.zeros_like(sums)
         self._sums.add_(sums)  # in place: a CUDA graph that captured this call keeps adding to the same sums
