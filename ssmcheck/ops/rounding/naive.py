@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ssmcheck.core.formats import FORMATS, ROUNDINGS
+from ssmcheck.core.tensors import finite
 
 
 def round_to(
@@ -48,9 +49,10 @@ def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
     fmt = FORMATS[dtype]
     xd = x.to(torch.float64)
     mag = xd.abs()
+    ok = finite(xd)  # (drift rounds its baseline every decode step: few operations, each a launch)
     # Exponent of |x| (frexp's mantissa is in [0.5, 1)), floored at emin: below it
     # the spacing is the subnormal one. Zero, inf and NaN are dealt with below.
-    _, e = torch.frexp(torch.where(torch.isfinite(mag), mag, torch.zeros_like(mag)))
+    _, e = torch.frexp(torch.where(ok, mag, 0.0))
     e = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
     ulp = torch.ldexp(torch.ones_like(mag), e - fmt.mantissa_bits)
     scaled = mag / ulp  # exact: division by a power of two
@@ -64,7 +66,7 @@ def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
         up = u < frac
     rounded = (lower + up.to(torch.float64)) * ulp
     overflow = 2.0 ** (fmt.emax + 1)
-    rounded = torch.where(rounded >= overflow, torch.full_like(rounded, float("inf")), rounded)
+    rounded = torch.where(rounded >= overflow, float("inf"), rounded)
     rounded = torch.copysign(rounded, xd)  # keeps -0.0 and the sign of overflow
-    rounded = torch.where(torch.isfinite(xd), rounded, xd)
+    rounded = torch.where(ok, rounded, xd)
     return rounded.to(dtype)  # exact: every finite value here is representable in dtype
