@@ -46,6 +46,10 @@ def inputs(seqlen: int, seed: int = 0) -> dict:
     )
 
 
+def _length(seqlen: int) -> str:
+    return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+
+
 def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
     """Median ms of each pipeline stage, run as chunk_scan_combined runs them."""
     from ssmcheck.ops.chunk_scan.chunk_cb import chunk_cb  # noqa: PLC0415
@@ -109,20 +113,25 @@ def main() -> None:
 
         peers, missing = chunk_scans(args, SHAPE["chunk_size"])
         left_out.update(missing)
-        times = {}
+        times, cells = {}, {}
         for name, fn in {"ours": run, **peers}.items():
             origins[name] = getattr(fn, "origin", "ssmcheck.ops.chunk_scan")
-            ms = bench(fn)
-            y = fn()
-            times[name] = ms if bool(torch.isfinite(y).all()) else None  # a non-finite y is not a time
-        ours = times["ours"]
-        rows.append([f"{seqlen // 1024}k", *(("non-finite" if times.get(n) is None else f"{times[n]:.3f}")
-                                              if n in times else "-" for n in ("ours", *PEERS)),
+            try:
+                ms = bench(fn)
+                finite = bool(torch.isfinite(fn()).all())  # a non-finite y is not a time
+            except Exception as exc:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
+                print(f"L={seqlen} {name}: raised {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
+                cells[name] = "raised"
+                continue
+            times[name] = ms if finite else None
+            cells[name] = f"{ms:.3f}" if finite else "non-finite"
+        ours = times.get("ours")
+        rows.append([_length(seqlen), *(cells.get(n, "-") for n in ("ours", *PEERS)),
                      *(f"{ours / times[n]:.2f}" if ours and times.get(n) else "-" for n in PEERS)])
         print(" | ".join(rows[-1]), flush=True)
         if opts.stages:
             stages = stage_times(args, state_dtype, bench)
-            stage_rows.append([f"{seqlen // 1024}k", *(f"{t:.3f}" for t in stages.values())])
+            stage_rows.append([_length(seqlen), *(f"{t:.3f}" for t in stages.values())])
             stage_header = ["L", *(f"{name} (ms)" for name in stages)]
 
     text = markdown_table(header, rows)
