@@ -42,6 +42,13 @@ def test_a_run_in_windows_of_a_few_steps_is_the_run_in_one_window(monkeypatch, r
     assert windowed.run.store_errors == whole.run.store_errors and whole.run.store_errors.count > 0
 
 
+def _lock(case, kernel, trial_seed: int) -> lockstep.Lockstep:
+    """Trial 0 of `case` on the CPU."""
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    return lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, trial_seed, Transcript(),
+                             SignedErrorMoments())
+
+
 class _EagerGraph:
     """Stands in for a captured CUDA graph: `replay` runs the lockstep's next step eagerly."""
 
@@ -51,6 +58,19 @@ class _EagerGraph:
     def replay(self):
         self.replays += 1
         self.lock._graph_outputs = self.lock._step(self.lock.step + 1, check_inputs=False)
+
+
+def _graphed_lock(case, kernel, trial_seed: int) -> tuple[lockstep.Lockstep, _EagerGraph]:
+    """`_lock` whose try_graph runs the step and then "captures" the stand-in graph."""
+    lock = _lock(case, kernel, trial_seed)
+    graph = _EagerGraph(lock)
+
+    def try_graph():
+        lock.advance(check_inputs=True)
+        lock.graph = graph
+
+    lock.try_graph = try_graph
+    return lock, graph
 
 
 @pytest.mark.parametrize("seed", [0, 7, 12345])
@@ -63,17 +83,7 @@ def test_with_a_graph_a_nonfinite_state_is_found_at_its_step_from_the_checkpoint
     eager = drift_run.run_case(case, kernel, tolerance, "cpu").run.first_nonfinite
     assert eager is not None and eager.step not in log_checkpoints(case.steps)
 
-    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
-    trial_seed = sweep.case_seed(case.seed, {"trial": 0})
-    lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, trial_seed, Transcript(),
-                             SignedErrorMoments())
-    graph = _EagerGraph(lock)
-
-    def try_graph():
-        lock.advance(check_inputs=True)
-        lock.graph = graph
-
-    lock.try_graph = try_graph
+    lock, graph = _graphed_lock(case, kernel, sweep.case_seed(case.seed, {"trial": 0}))
     sums = CheckpointSums(), CheckpointSums()
     found = drift_run._trial(lock, log_checkpoints(case.steps), *sums, lambda: None, graph=True)
     assert found == eager
@@ -95,9 +105,7 @@ def test_the_eager_loop_reads_every_step_when_there_is_no_graph():
 def test_a_saved_position_comes_back_bit_for_bit():
     case, _ = _case(regime="normal", state_dtype="bf16", rounding="stochastic", steps=16, trials=1, seed=2)
     kernel = resolve_kernel("builtin", 10, "software", True)
-    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
-    lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, 99, Transcript(),
-                             SignedErrorMoments())
+    lock = _lock(case, kernel, 99)
     for _ in range(3):
         lock.advance()
     saved = lock.saved()
@@ -126,16 +134,7 @@ def test_with_a_graph_a_nonfinite_step_that_does_not_come_again_ends_nothing():
     # step is finite (as for a kernel whose output changes between identical runs); the trial carries on.
     case, _ = _case(regime="normal", state_dtype="fp16", rounding="nearest", steps=32, trials=1, batch="3")
     kernel = resolve_kernel(f"{BROKEN}:inf_at_one_element", 10, "software", False)
-    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
-    lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, 1, Transcript(),
-                             SignedErrorMoments())
-    graph = _EagerGraph(lock)
-
-    def try_graph():
-        lock.advance(check_inputs=True)
-        lock.graph = graph
-
-    lock.try_graph = try_graph
+    lock, _ = _graphed_lock(case, kernel, 1)
     checkpoints = log_checkpoints(case.steps)
     assert bk.INF_STEP not in checkpoints
     sums = CheckpointSums(), CheckpointSums()

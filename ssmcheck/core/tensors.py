@@ -21,3 +21,9 @@ def finite(t: torch.Tensor) -> torch.Tensor:
     """torch.isfinite of a float tensor in two device operations, not four: t - t is exactly 0 where t is
     finite and NaN where it is inf or NaN (what a decode step run as a CUDA graph pays per operation)."""
     return (t - t) == 0
+
+
+def nonfinite_mask(value: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Where `value` is inf or NaN although `truth` (its reference) is finite: a non-finite value the
+    kernel made, not one it was handed."""
+    return ~finite(value) & finite(truth)

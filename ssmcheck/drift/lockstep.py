@@ -28,7 +28,7 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
-from ssmcheck.core.tensors import bits, finite
+from ssmcheck.core.tensors import bits, nonfinite_mask
 from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.measure import first_difference
@@ -177,8 +177,7 @@ class Lockstep:
         self.baseline.copy_(round_to(new[1], self.case.dtype, self.case.rounding, self.bits))
         after, exact = self.state.double(), new[2]
         self.store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, self.case.dtype))
-        bad = (~finite(after) & finite(self.ref)).any()
-        self.tripped |= bad | (~finite(out) & finite(outs[0])).any()
+        self.tripped |= nonfinite_mask(after, self.ref).any() | nonfinite_mask(out, outs[0]).any()
         self.window.counter.add_(1)
         return out, outs[0], outs[1]
 

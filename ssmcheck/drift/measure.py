@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ssmcheck.core.tensors import bits
+from ssmcheck.core.tensors import bits, nonfinite_mask
 from ssmcheck.drift.results import Checkpoint, NonfiniteStep
 
 
@@ -44,12 +44,10 @@ def figures(state64, out, ref, ref_out) -> list[float]:
 
 
 def first_nonfinite(state, out, ref, ref_out, step: int, trial: int) -> NonfiniteStep | None:
-    masks = [(name, ~torch.isfinite(value) & torch.isfinite(truth))
-             for name, value, truth in (("state", state, ref), ("out", out, ref_out))]
-    # Runs every decode step: one read-back decides; locating is only for the step that went bad.
-    if not torch.stack([bad.any() for _, bad in masks]).any().item():
-        return None
-    for name, bad in masks:
+    """The first element, state before out, in index order, that the kernel made non-finite at `step`
+    (drift.lockstep's flag is the device-side `any` of the same masks)."""
+    for name, value, truth in (("state", state, ref), ("out", out, ref_out)):
+        bad = nonfinite_mask(value, truth)
         flat = bad.flatten().nonzero()
         if flat.numel():
             coords = [int(i) for i in torch.unravel_index(flat[0, 0], bad.shape)]

@@ -108,13 +108,14 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
     kernel_sums, baseline_sums = CheckpointSums(), CheckpointSums()
     store_errors = SignedErrorMoments()
     window = StepWindow(problem)
+    graph, eager_note = _graph_plan(device, repeat, kernel)
     found, differs, max_abs, trials, loop = None, None, 0.0, 0, None
     for trial in range(case.trials):
         trials += 1
         trial_seed = sweep.case_seed(case.seed, {"trial": trial})
         torch.manual_seed(trial_seed)  # for callables that draw their random bits from torch
         lock = Lockstep(case, problem, window, kernel, trial, trial_seed, transcript, store_errors, repeat)
-        graph, lock.graph_note = _graph_plan(device, repeat, kernel)
+        lock.graph_note = eager_note
         found = _trial(lock, checkpoints, kernel_sums, baseline_sums, on_step, graph)
         differs = differs or lock.differs
         loop = loop or lock.graph_note

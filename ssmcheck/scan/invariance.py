@@ -28,7 +28,7 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.guard import describe
 from ssmcheck.core.status import Status
-from ssmcheck.core.tensors import bits, same_bits
+from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import ScanInputs
@@ -115,7 +115,7 @@ def _batch(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs,
         alone = (y[0], states[0])
         together = (out[0][piece.row, piece.start:piece.stop], out[1][piece.sequence])
         truth = (ref[0][piece.row, piece.start:piece.stop], ref[1][piece.sequence])
-        if nonfinite is None and any(measure.nonfinite_mask(a, t).any() for a, t in zip(alone, truth)):
+        if nonfinite is None and any(nonfinite_mask(a, t).any() for a, t in zip(alone, truth)):
             nonfinite = piece.sequence
         rels = [_rel(a - b, t) for a, b, t in zip(alone, together, truth)]
         gap = max(float((a.double() - b.double()).abs().nan_to_num(math.inf).max()) for a, b in zip(alone, together))
@@ -194,7 +194,7 @@ def _split(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs,
                "baseline_y_rel": errors["baseline"][0], "baseline_state_rel": errors["baseline"][1],
                "unsplit_y_rel": _rel(y - out[0], ref[0])}
     where = f"cut at {_points_text(points)}"
-    if measure.nonfinite_mask(y, ref[0]).any() or measure.nonfinite_mask(states, ref[1]).any():
+    if nonfinite_mask(y, ref[0]).any() or nonfinite_mask(states, ref[1]).any():
         return InvarianceCheck(SPLIT, Status.NONFINITE, f"split invariance: non-finite output ({where})", figures)
     kernel, baseline = errors["kernel"], errors["baseline"]
     failed = _over(serving.tolerance, [("y", kernel[0], baseline[0]), ("state", kernel[1], baseline[1])])
@@ -241,8 +241,8 @@ def _prefill_decode(serving: Serving, inputs: ScanInputs, chunk_size, seed, out,
                "baseline_handoff_y_rel": errors["baseline"][0], "baseline_y_rel": errors["baseline"][1],
                "baseline_state_rel": errors["baseline"][2]}
     y, state = runs["kernel"]
-    bad_steps = measure.nonfinite_mask(y, truth_y).flatten(2).any(-1).any(0).nonzero()
-    if len(bad_steps) or measure.nonfinite_mask(state, ref[1][sequences]).any():
+    bad_steps = nonfinite_mask(y, truth_y).flatten(2).any(-1).any(0).nonzero()
+    if len(bad_steps) or nonfinite_mask(state, ref[1][sequences]).any():
         at = f"y from decode step {int(bad_steps[0]) + 1}" if len(bad_steps) else "the states after decoding"
         return InvarianceCheck(PREFILL_DECODE, Status.NONFINITE, f"prefill→decode: {at} non-finite", figures)
     names = ("hand-off step y", "decoded y", "state after decoding")

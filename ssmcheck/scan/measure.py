@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ssmcheck.core.tensors import bits, same_bits
+from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.scan.inputs import TokenMap
 from ssmcheck.scan.results import ErrorStats, NonfiniteToken, RepeatSpread, WorstGroup
 
@@ -73,10 +73,6 @@ def _unravel(flat: int, shape) -> tuple[int, ...]:
         index.append(flat % size)
         flat //= size
     return tuple(reversed(index))
-
-
-def nonfinite_mask(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    return ~torch.isfinite(out) & torch.isfinite(ref)
 
 
 class FirstNonfinite:

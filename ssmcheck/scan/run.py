@@ -67,7 +67,7 @@ def reference(inputs: ScanInputs, kind: str) -> tuple[torch.Tensor, torch.Tensor
 def _whole(stream, inputs: ScanInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, y_ssm) of a stream run as one segment, shaped like x."""
     rows, seqlen = inputs.x.shape[:2]
-    return tuple(t.reshape(rows, seqlen, *t.shape[1:]) for t in stream.segment(0, rows * seqlen))
+    return tuple(streamed.like_x(t, inputs) for t in stream.segment(0, rows * seqlen))
 
 
 def baseline_stream(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, allow_tf32: bool = False, **changed):

@@ -15,6 +15,11 @@ from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import ScanInputs
 
 
+def like_x(flat: torch.Tensor, inputs: ScanInputs) -> torch.Tensor:
+    """Every flattened token's values (rows * seqlen, ...) shaped like x's tokens (rows, seqlen, ...)."""
+    return flat.reshape(*inputs.x.shape[:2], *flat.shape[1:])
+
+
 def states(stream, inputs: ScanInputs) -> torch.Tensor:
     """A finished stream's states as the kernel returns them: per sequence for varlen, else per row."""
     final_states, varlen_states = stream.states()
@@ -54,9 +59,7 @@ class Recorded:
 
     def whole(self, inputs: ScanInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(y, states, C·h) of the finished pass, y and C·h shaped like x (the segments covered every token)."""
-        rows, seqlen = inputs.x.shape[:2]
-        y, y_ssm = (torch.cat([part[k] for part in self.parts]).reshape(rows, seqlen, *self.parts[0][k].shape[1:])
-                    for k in (0, 1))
+        y, y_ssm = (like_x(torch.cat([part[k] for part in self.parts]), inputs) for k in (0, 1))
         return y, states(self, inputs), y_ssm
 
 
