@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ def commit(given: str | None = None) -> str:
         return given
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+        # Untracked files (a copied checkout's ignored build folders) change nothing measured.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (no git here; pass --commit)"
     return f"{head} + uncommitted changes" if dirty else head
@@ -30,7 +33,7 @@ def append_section(path: str | Path, title: str, env, commit_id: str, details: l
     bullets = [
         f"device: {env.gpu or env.device}; torch {env.torch}; triton {env.triton}",
         f"commit: {commit_id}",
-        f"command: `PYTHONPATH=. python {' '.join(sys.argv)}`",
+        f"command: `PYTHONPATH={os.environ.get('PYTHONPATH', '')} python {' '.join(sys.argv)}`",
         *details,
     ]
     block = f"\n## {title} — {datetime.date.today().isoformat()}\n\n" + "".join(f"- {b}\n" for b in bullets) + f"\n{text}\n"

@@ -21,10 +21,11 @@ headdim, dstate), dt and dt_bias expanded over headdim, as Mamba2 passes
 them) are detected from their zero strides and read once per program, so
 exp(dt * A) is one scalar per head.
 
-Stochastic rounding draws one Philox call (four 32-bit words) per four state
-elements: the program's channels form four row groups, and element (r, n) of
-group k takes word k of Philox(seed, counter), counter = the flat state index
-of group 0's element (r, n). See ssmcheck/ops/rounding/stochastic.py.
+Stochastic rounding draws one Philox call (four 32-bit words) per eight state
+elements: the program's channels form eight row groups, and element (r, n) of
+group k takes half of word k mod 4 of Philox(seed, counter), counter = the flat
+state index of group 0's element (r, n) (a program holding fp16 subnormals
+draws a second call). See ssmcheck/ops/rounding/stochastic.py.
 """
 
 from __future__ import annotations
@@ -44,39 +45,45 @@ from ssmcheck.ops.rounding.stochastic import (
     check_rounding,
     round_nearest,
     round_saturating,
-    stochastic_round_x4,
+    stochastic_round_x8,
     triton_dtype,
 )
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The slot index of a pad row (state_batch_indices): serving engines' PAD_SLOT_ID.
 PAD_SLOT_ID = -1
-GROUPS = 4  # row groups per program: one Philox call serves an element of each
+
+def row_groups(stochastic: bool) -> int:
+    """Row groups per program: 8 under stochastic rounding (one Philox call serves an element of each),
+    else 4."""
+    return 8 if stochastic else 4
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    block_p: int  # channels (headdim rows) per program, a multiple of GROUPS
+    block_p: int  # channels (headdim rows) per program, a multiple of the row groups
     num_warps: int
 
 
 @functools.cache  # asked at every decode step
-def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
+def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, stochastic: bool,
+                  interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
-    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
-    every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
-    configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
+    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128 (16 under
+    stochastic rounding, with twice the row groups): to nearest, the fastest or within 2% of the
+    fastest of the configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
     configurations at batch 256). Small one-warp programs keep the most state loads in flight
     per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
+    groups = row_groups(stochastic)
     if interpreter:
         channels = 64
     else:
         row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
-        channels = GROUPS * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
-    return LaunchConfig(block_p=max(GROUPS, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
+        channels = groups * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
+    return LaunchConfig(block_p=max(groups, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
 
 
 @triton.jit
@@ -113,9 +120,9 @@ def _load_dt(dt_ptr, dt_bias_ptr, offset, bias_offset, mask, HAS_DT_BIAS: tl.con
 
 @triton.jit
 def _load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
-                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row group `group`'s state tile (R, BLOCK_N) of pool slot `slot`, as stored."""
-    R: tl.constexpr = BLOCK_P // 4
+    R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     # Each element is read once and written once: let the state stream past L2
@@ -125,33 +132,18 @@ def _load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p
 
 
 @triton.jit
-def _load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
-                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Row group `group`'s x, D and z (R,) in fp32; D and z are 0 where absent (and unused)."""
-    R: tl.constexpr = BLOCK_P // 4
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
-    rows = p < headdim
-    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
-    d = tl.zeros_like(x)
-    z = tl.zeros_like(x)
-    if HAS_D:
-        d = tl.load(D_ptr + h * d_h + p * d_p, mask=rows, other=0.0).to(tl.float32)
-    if HAS_Z:
-        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_p, mask=rows, other=0.0).to(tl.float32)
-    return x, d, z
-
-
-@triton.jit
-def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr,
-                   dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                   HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-                   DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
-                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row group `group`: (new fp32 state (R, BLOCK_N), output (R,) = (C . state + D * x) * silu(z))."""
-    R: tl.constexpr = BLOCK_P // 4
+def _group(group, state, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+           dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
+           HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+           DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
+           GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row group `group` of the loaded state tile `state`: (new fp32 state (R, BLOCK_N),
+    output (R,) = (C . state + D * x) * silu(z))."""
+    R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
     if DT_PER_HEAD:
         dt = dt_head
         dA = dA_head
@@ -168,17 +160,19 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
     state = state.to(tl.float32) * dA + (dt * x[:, None]) * b_row[None, :]
     y = tl.sum(state * c_row[None, :], axis=1)
     if HAS_D:
-        y += x * d
+        y += x * tl.load(D_ptr + h * d_h + p * d_p, mask=rows, other=0.0).to(tl.float32)
     if HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_p, mask=rows, other=0.0).to(tl.float32)
         y *= z / (1.0 + tl.exp(-z))
     return state, y
 
 
 @triton.jit
 def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                 o_p, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
     """Store row group `group`'s rounded state (into its slot of the pool) and its output (row b, saturated: core.formats.saturate)."""
-    R: tl.constexpr = BLOCK_P // 4
+    R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
@@ -205,8 +199,8 @@ def _state_update_kernel(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
-    SEED_IN_MEMORY: tl.constexpr, N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    SEED_IN_MEMORY: tl.constexpr, N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, GROUPS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Heads vary faster than batch entries, so that consecutive programs walk the state
     # (batch, nheads, headdim, dstate) in memory order: DRAM then streams as in a copy.
@@ -226,18 +220,15 @@ def _state_update_kernel(
     # store that might alias it, and each load left behind a store costs the program
     # another memory latency (and none crosses the barrier of a layout conversion). The
     # state tiles go first, so that their DRAM latency overlaps everything else.
-    t0 = _load_state(0, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    t1 = _load_state(1, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    t2 = _load_state(2, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    t3 = _load_state(3, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, BLOCK_P, BLOCK_N)
-    x0, d0, z0 = _load_channels(0, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                z_p, HAS_D, HAS_Z, BLOCK_P)
-    x1, d1, z1 = _load_channels(1, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                z_p, HAS_D, HAS_Z, BLOCK_P)
-    x2, d2, z2 = _load_channels(2, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                z_p, HAS_D, HAS_Z, BLOCK_P)
-    x3, d3, z3 = _load_channels(3, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                z_p, HAS_D, HAS_Z, BLOCK_P)
+    t0 = _load_state(0, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+    t1 = _load_state(1, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+    t2 = _load_state(2, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+    t3 = _load_state(3, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+    if GROUPS == 8:
+        t4 = _load_state(4, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+        t5 = _load_state(5, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+        t6 = _load_state(6, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+        t7 = _load_state(7, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
     g = h // heads_per_group
     n = tl.arange(0, BLOCK_N)
     b_row = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
@@ -250,41 +241,72 @@ def _state_update_kernel(
         if A_PER_HEAD:
             dA_head = _exp(dt_head * tl.load(A_ptr + h * a_h).to(tl.float32), INTERPRET)
 
-    # The program's BLOCK_P channels in four row groups, so that SR can give each
-    # group its own word of one shared Philox call; every row is contiguous in dstate.
-    s0, y0 = _advance_group(0, t0, x0, d0, z0, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
-                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
-                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
-    s1, y1 = _advance_group(1, t1, x1, d1, z1, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
-                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
-                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
-    s2, y2 = _advance_group(2, t2, x2, d2, z2, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
-                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
-                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
-    s3, y3 = _advance_group(3, t3, x3, d3, z3, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
-                            dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS,
-                            HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, BLOCK_P, BLOCK_N)
+    # The program's BLOCK_P channels in GROUPS row groups, so that SR can give each
+    # group its own share of one Philox call; every row is contiguous in dstate.
+    s0, y0 = _group(0, t0, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+                    dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row,
+                    c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
+                    BLOCK_P, BLOCK_N)
+    s1, y1 = _group(1, t1, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+                    dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row,
+                    c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
+                    BLOCK_P, BLOCK_N)
+    s2, y2 = _group(2, t2, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+                    dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row,
+                    c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
+                    BLOCK_P, BLOCK_N)
+    s3, y3 = _group(3, t3, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+                    dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row,
+                    c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
+                    BLOCK_P, BLOCK_N)
+    if GROUPS == 8:
+        s4, y4 = _group(4, t4, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                        z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head,
+                        dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                        INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s5, y5 = _group(5, t5, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                        z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head,
+                        dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                        INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s6, y6 = _group(6, t6, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                        z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head,
+                        dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                        INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s7, y7 = _group(7, t7, pid_p, b, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                        z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head,
+                        dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD,
+                        INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     if STOCHASTIC:
         # Counter: the flat index of (slot, head, channel, n) in group 0's rows: the bits follow the state.
-        R: tl.constexpr = BLOCK_P // 4
+        R: tl.constexpr = BLOCK_P // GROUPS
         row = pid_p * BLOCK_P + tl.arange(0, R)
         counters = ((slot * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
             seed = tl.load(seed)
-        s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
+        s0, s1, s2, s3, s4, s5, s6, s7 = stochastic_round_x8(s0, s1, s2, s3, s4, s5, s6, s7, seed, counters,
+                                                             STATE_DTYPE, N_ROUNDS, HARDWARE)
     else:
         s0 = round_nearest(s0, STATE_DTYPE, INTERPRET)
         s1 = round_nearest(s1, STATE_DTYPE, INTERPRET)
         s2 = round_nearest(s2, STATE_DTYPE, INTERPRET)
         s3 = round_nearest(s3, STATE_DTYPE, INTERPRET)
     _store_group(0, pid_p, b, slot, h, headdim, dstate, s0, y0, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     _store_group(1, pid_p, b, slot, h, headdim, dstate, s1, y1, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     _store_group(2, pid_p, b, slot, h, headdim, dstate, s2, y2, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     _store_group(3, pid_p, b, slot, h, headdim, dstate, s3, y3, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, BLOCK_P, BLOCK_N)
+                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+    if GROUPS == 8:
+        _store_group(4, pid_p, b, slot, h, headdim, dstate, s4, y4, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
+                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(5, pid_p, b, slot, h, headdim, dstate, s5, y5, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
+                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(6, pid_p, b, slot, h, headdim, dstate, s6, y6, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
+                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(7, pid_p, b, slot, h, headdim, dstate, s7, y7, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
+                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
 
 
 def _check(cond: bool, message: Callable[[], str]) -> None:
@@ -368,7 +390,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0 or state.numel() == 0:
         return out
-    config = launch_config(headdim, dstate, state.dtype, interpret)
+    stochastic = rounding == "stochastic"
+    config = launch_config(headdim, dstate, state.dtype, stochastic, interpret)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
     dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
@@ -385,9 +408,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
         HAS_SLOTS=state_batch_indices is not None,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
-        STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
+        STOCHASTIC=stochastic, HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, BLOCK_P=config.block_p, BLOCK_N=1 << (dstate - 1).bit_length(),
+        INTERPRET=interpret, GROUPS=row_groups(stochastic), BLOCK_P=config.block_p, BLOCK_N=1 << (dstate - 1).bit_length(),
         num_warps=config.num_warps,
     )
     return out
