@@ -2,8 +2,8 @@
 
 Two software SR paths are checked alike: the elementwise `stochastic_round`
 (through `round_to_storage`, as the chunk scan uses it) and the shared-Philox
-`stochastic_round_x8` (through the `stochastic_round_tensor` launcher, as the
-state update uses it). Many draws of one value are many elements holding it:
+`stochastic_round_x4` and, into bf16, `stochastic_round_bf16_x8` (through the
+`stochastic_round_tensor` launcher, as the state update uses them). Many draws of one value are many elements holding it:
 each element has its own Philox counter. Philox is deterministic, so every
 statistical test here has a fixed outcome for its recorded seed.
 """
@@ -250,30 +250,15 @@ def test_mean_is_unbiased(path, dtype):
         assert abs(_z(up, n, expected)) < Z_LIMIT, (value, up / n, expected)
 
 
-def test_fp16_program_holding_a_subnormal_stays_unbiased():
-    """The shared path gives 16 random bits to an element unless its program holds an fp16 subnormal; then
-    every element of that program, normal ones included, takes a whole word of a second Philox call.
-    Normal and subnormal values interleaved, so that every program takes that path: both stay unbiased."""
-    normal, subnormal = 1 + 2**-23, (1 + 2**-10) * 2**-20  # 1/8192 of an ulp; 1/64 of the 2**-24 grid
-    n = 2**20 if interpreting() else 2**23
-    x = torch.tensor([normal, subnormal], device=DEVICE).repeat(n // 2)
-    y = stochastic_round_tensor(x, torch.float16, 31)
-    for value, xs, ys in ((normal, x[0::2], y[0::2]), (subnormal, x[1::2], y[1::2])):
-        expected = _up_fraction(torch.tensor([value]), torch.float16).item()
-        up = int((ys.double().abs() > xs.double().abs()).sum())
-        assert up > 0 and abs(_z(up, n // 2, expected)) < Z_LIMIT, (value, up / (n // 2), expected)
-
-
-@pytest.mark.parametrize("dtype", LOW)
-def test_elements_sharing_a_philox_word_round_independently(dtype):
-    """Parts k and k + 4 of a block of eight take the two halves of one Philox word: a value half an ulp
-    above a representable one must round up in both with probability 1/4, as independent draws do (the
-    same half twice would make it 1/2, complementary bits 0)."""
-    part = 512  # stochastic_round_tensor's parts: blocks of 8 x 512 elements
-    half_ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+def test_bf16_elements_sharing_a_philox_word_round_independently():
+    """Into bf16, parts k and k + 4 of a block of eight take the two halves of one Philox word: a value
+    half an ulp above a representable one must round up in both with probability 1/4, as independent
+    draws do (the same half twice would make it 1/2, complementary bits 0)."""
+    part = 512  # stochastic_round_tensor's parts into bf16: blocks of 8 x 512 elements
+    half_ulp = 2.0**-8
     blocks = 64 if interpreting() else 1024
     x = torch.full((blocks * 8 * part,), 1 + half_ulp, device=DEVICE)
-    up = (stochastic_round_tensor(x, dtype, 12).double() > 1 + half_ulp).view(blocks, 8, part)
+    up = (stochastic_round_tensor(x, torch.bfloat16, 12).double() > 1 + half_ulp).view(blocks, 8, part)
     for k in range(4):
         both = int((up[:, k] & up[:, k + 4]).sum())
         assert abs(_z(both, blocks * part, 0.25)) < Z_LIMIT, (k, both / (blocks * part))

@@ -24,11 +24,11 @@ truncates, and garbles fp32 subnormals).
 
 Random bits come from Philox (`tl.randint4x`) keyed by the seed, with the
 element index as the counter. Philox costs far more than a memory-bound
-kernel's other arithmetic per element, so `stochastic_round_x8` shares one
-call (four 32-bit words) among eight elements, 16 bits each, where 16 bits
-are all a conversion drops; only programs holding fp16 subnormals draw a
-second call, and only those holding the tiniest fp16 values run the exact
-comparison.
+kernel's other arithmetic per element, so `stochastic_round_x4` shares one
+call (four 32-bit words) among four elements, and runs the exact comparison
+the tiniest fp16 values need only in programs that hold such values; into
+bf16, which drops 16 bits everywhere, `stochastic_round_bf16_x8` shares one
+call among eight elements, half a word each.
 
 Hardware SR (`cvt.rs.{f16,bf16}x2.f32`) exists only on sm_100 and later;
 `check_rounding` refuses it anywhere else with an explanation.
@@ -236,133 +236,100 @@ def _stochastic_round_hardware(x, words, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _second_words(seed, counters, N_ROUNDS: tl.constexpr):
-    """Four more words per position: Philox(seed, counters) on the counter's third word set to 1, a stream apart
-    from `tl.randint4x(seed, counters)` (which leaves it 0)."""
-    low = counters.to(tl.uint32)
-    return tl.philox(seed, low, (counters >> 32).to(tl.uint32), low * 0 + 1, low * 0, n_rounds=N_ROUNDS)
+def stochastic_round_x4(x0, x1, x2, x3, seed, counters, DTYPE: tl.constexpr, N_ROUNDS: tl.constexpr,
+                        HARDWARE: tl.constexpr):
+    """SR of four same-shaped fp32 tiles into DTYPE with one Philox call per position.
 
-
-@triton.jit
-def _add_and_truncate_16(magnitude, r, DTYPE: tl.constexpr):
-    """_add_and_truncate for the conversions that drop at most 16 bits (bf16; fp16 from 2**-14 up, 13 bits),
-    from the 16 random bits in the low half of `r`."""
-    if DTYPE == tl.bfloat16:
-        mask = 0xFFFF
-    else:
-        mask = 0x1FFF
-    return (magnitude + (r & mask)) & ~mask
-
-
-@triton.jit
-def _round_halves(m0, m1, m2, m3, m4, m5, m6, m7, r0, r1, r2, r3, DTYPE: tl.constexpr):
-    """Tiles 0-3 take the low halves of words 0-3, tiles 4-7 their high halves."""
-    return (_add_and_truncate_16(m0, r0, DTYPE), _add_and_truncate_16(m1, r1, DTYPE),
-            _add_and_truncate_16(m2, r2, DTYPE), _add_and_truncate_16(m3, r3, DTYPE),
-            _add_and_truncate_16(m4, r0 >> 16, DTYPE), _add_and_truncate_16(m5, r1 >> 16, DTYPE),
-            _add_and_truncate_16(m6, r2 >> 16, DTYPE), _add_and_truncate_16(m7, r3 >> 16, DTYPE))
-
-
-@triton.jit
-def _round_words_fp16(x0, x1, x2, x3, x4, x5, x6, x7, m0, m1, m2, m3, m4, m5, m6, m7, r0, r1, r2, r3, seed,
-                      counters, N_ROUNDS: tl.constexpr):
-    """fp16 SR for a program holding subnormal values: a whole word per element (a second Philox call), and
-    for magnitudes below 2**-24 the exact comparison, the element's own word leading and the next three words
-    (read only when the leading words tie: p = 2**-32) supplying the lower 96 bits."""
-    r4, r5, r6, r7 = _second_words(seed, counters, N_ROUNDS)
-    y0 = _add_and_truncate(m0, r0, tl.float16)
-    y1 = _add_and_truncate(m1, r1, tl.float16)
-    y2 = _add_and_truncate(m2, r2, tl.float16)
-    y3 = _add_and_truncate(m3, r3, tl.float16)
-    y4 = _add_and_truncate(m4, r4, tl.float16)
-    y5 = _add_and_truncate(m5, r5, tl.float16)
-    y6 = _add_and_truncate(m6, r6, tl.float16)
-    y7 = _add_and_truncate(m7, r7, tl.float16)
-    # Any nonzero magnitude below 2**-24? (m - 1 wraps zero to the largest uint32.)
-    lows = tl.minimum(tl.minimum(tl.minimum(m0 - 1, m1 - 1), tl.minimum(m2 - 1, m3 - 1)),
-                      tl.minimum(tl.minimum(m4 - 1, m5 - 1), tl.minimum(m6 - 1, m7 - 1)))
-    if tl.min(lows) < 0x337FFFFF:
-        y0 = _round_tiny_fp16(x0, m0, y0, r0, r1, r2, r3)
-        y1 = _round_tiny_fp16(x1, m1, y1, r1, r2, r3, r4)
-        y2 = _round_tiny_fp16(x2, m2, y2, r2, r3, r4, r5)
-        y3 = _round_tiny_fp16(x3, m3, y3, r3, r4, r5, r6)
-        y4 = _round_tiny_fp16(x4, m4, y4, r4, r5, r6, r7)
-        y5 = _round_tiny_fp16(x5, m5, y5, r5, r6, r7, r0)
-        y6 = _round_tiny_fp16(x6, m6, y6, r6, r7, r0, r1)
-        y7 = _round_tiny_fp16(x7, m7, y7, r7, r0, r1, r2)
-    return y0, y1, y2, y3, y4, y5, y6, y7
-
-
-@triton.jit
-def stochastic_round_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, DTYPE: tl.constexpr,
-                        N_ROUNDS: tl.constexpr, HARDWARE: tl.constexpr):
-    """SR of eight same-shaped fp32 tiles into DTYPE with one Philox call per position.
-
-    A conversion that drops at most 16 bits needs only 16 random bits: tile k
-    takes half a word of Philox(seed, counters) (the low halves of words 0-3
-    for tiles 0-3, the high halves for tiles 4-7). That is every bf16 value,
-    and every fp16 value from 2**-14 (the smallest normal) up. A program
-    holding a nonzero fp16 magnitude below 2**-14, which drops 14 to 23 bits
-    (and below 2**-24 needs an exact comparison over 128), draws a second
-    Philox call instead and gives every element a whole word
-    (`_round_words_fp16`). So the common program pays one Philox call per
-    eight elements and a few integer operations per element. HARDWARE uses
-    cvt.rs (sm_100+ only), a word per element from the two calls.
+    Tile k takes word k of Philox(seed, counters). That word decides every
+    value except fp16 values below 2**-24, whose exact comparison reads all
+    four words (its own first); only a program holding such a value runs
+    that comparison, so the common program pays one Philox call per four
+    elements and a few integer operations per element. HARDWARE uses cvt.rs
+    (sm_100+ only).
     """
     # (A no-op that makes the compiler lay the Philox arithmetic out like x0,
     # instead of computing it in another layout and shuffling it through shared memory.)
     counters = tl.where(x0 == x0, counters, 0)
     r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
     if HARDWARE:
-        r4, r5, r6, r7 = _second_words(seed, counters, N_ROUNDS)
         y0 = _stochastic_round_hardware(x0, r0, DTYPE)
         y1 = _stochastic_round_hardware(x1, r1, DTYPE)
         y2 = _stochastic_round_hardware(x2, r2, DTYPE)
         y3 = _stochastic_round_hardware(x3, r3, DTYPE)
-        y4 = _stochastic_round_hardware(x4, r4, DTYPE)
-        y5 = _stochastic_round_hardware(x5, r5, DTYPE)
-        y6 = _stochastic_round_hardware(x6, r6, DTYPE)
-        y7 = _stochastic_round_hardware(x7, r7, DTYPE)
     else:
         b0 = x0.to(tl.uint32, bitcast=True)
         b1 = x1.to(tl.uint32, bitcast=True)
         b2 = x2.to(tl.uint32, bitcast=True)
         b3 = x3.to(tl.uint32, bitcast=True)
-        b4 = x4.to(tl.uint32, bitcast=True)
-        b5 = x5.to(tl.uint32, bitcast=True)
-        b6 = x6.to(tl.uint32, bitcast=True)
-        b7 = x7.to(tl.uint32, bitcast=True)
         m0 = b0 & 0x7FFFFFFF
         m1 = b1 & 0x7FFFFFFF
         m2 = b2 & 0x7FFFFFFF
         m3 = b3 & 0x7FFFFFFF
-        m4 = b4 & 0x7FFFFFFF
-        m5 = b5 & 0x7FFFFFFF
-        m6 = b6 & 0x7FFFFFFF
-        m7 = b7 & 0x7FFFFFFF
-        if DTYPE == tl.bfloat16:
-            y0, y1, y2, y3, y4, y5, y6, y7 = _round_halves(m0, m1, m2, m3, m4, m5, m6, m7, r0, r1, r2, r3, DTYPE)
-        else:
-            # The smallest nonzero magnitude (m - 1 wraps zero to the largest uint32; zero rounds to
-            # zero on either path).
-            lows = tl.minimum(tl.minimum(tl.minimum(m0 - 1, m1 - 1), tl.minimum(m2 - 1, m3 - 1)),
-                              tl.minimum(tl.minimum(m4 - 1, m5 - 1), tl.minimum(m6 - 1, m7 - 1)))
-            if tl.min(lows) >= 0x387FFFFF:
-                y0, y1, y2, y3, y4, y5, y6, y7 = _round_halves(m0, m1, m2, m3, m4, m5, m6, m7, r0, r1, r2, r3,
-                                                               DTYPE)
-            else:
-                y0, y1, y2, y3, y4, y5, y6, y7 = _round_words_fp16(x0, x1, x2, x3, x4, x5, x6, x7, m0, m1, m2, m3,
-                                                                   m4, m5, m6, m7, r0, r1, r2, r3, seed, counters,
-                                                                   N_ROUNDS)
+        y0 = _add_and_truncate(m0, r0, DTYPE)
+        y1 = _add_and_truncate(m1, r1, DTYPE)
+        y2 = _add_and_truncate(m2, r2, DTYPE)
+        y3 = _add_and_truncate(m3, r3, DTYPE)
+        if DTYPE == tl.float16:
+            # Any nonzero magnitude below 2**-24? (m - 1 wraps zero to the largest uint32.)
+            smallest = tl.min(tl.minimum(tl.minimum(m0 - 1, m1 - 1), tl.minimum(m2 - 1, m3 - 1)))
+            if smallest < 0x337FFFFF:
+                # A tiny value's own word leads; the position's other three words supply
+                # the lower 96 bits (read only when the leading words tie: p = 2**-32).
+                y0 = _round_tiny_fp16(x0, m0, y0, r0, r1, r2, r3)
+                y1 = _round_tiny_fp16(x1, m1, y1, r1, r2, r3, r0)
+                y2 = _round_tiny_fp16(x2, m2, y2, r2, r3, r0, r1)
+                y3 = _round_tiny_fp16(x3, m3, y3, r3, r0, r1, r2)
         y0 = _finish(b0, y0, DTYPE)
         y1 = _finish(b1, y1, DTYPE)
         y2 = _finish(b2, y2, DTYPE)
         y3 = _finish(b3, y3, DTYPE)
-        y4 = _finish(b4, y4, DTYPE)
-        y5 = _finish(b5, y5, DTYPE)
-        y6 = _finish(b6, y6, DTYPE)
-        y7 = _finish(b7, y7, DTYPE)
+    return y0, y1, y2, y3
+
+
+@triton.jit
+def _add_and_truncate_bf16(magnitude, r):
+    """_add_and_truncate into bf16 (16 dropped bits everywhere) from the 16 random bits in the low half of `r`."""
+    return (magnitude + (r & 0xFFFF)) & 0xFFFF0000
+
+
+@triton.jit
+def stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, N_ROUNDS: tl.constexpr):
+    """Software SR of eight same-shaped fp32 tiles into bf16 with one Philox call per position.
+
+    bf16 drops 16 bits everywhere, so an element needs only 16 random bits: tiles 0-3 take the
+    low halves of words 0-3 of Philox(seed, counters), tiles 4-7 their high halves. One Philox
+    call per eight elements: 1.65x round to nearest at batch 256 on the H200, against 1.93x with
+    a call per four (benchmarks/RESULTS.md). fp16 does not share a word this way: its subnormals
+    drop up to 23 bits and its tiniest values need 128, and the branch that gives those programs
+    whole words made the common fp16 program slower, not faster (3.58x against 2.56x on the H200):
+    fp16 keeps `stochastic_round_x4`.
+    """
+    # (A no-op that makes the compiler lay the Philox arithmetic out like x0; see stochastic_round_x4.)
+    counters = tl.where(x0 == x0, counters, 0)
+    r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
+    b0 = x0.to(tl.uint32, bitcast=True)
+    b1 = x1.to(tl.uint32, bitcast=True)
+    b2 = x2.to(tl.uint32, bitcast=True)
+    b3 = x3.to(tl.uint32, bitcast=True)
+    b4 = x4.to(tl.uint32, bitcast=True)
+    b5 = x5.to(tl.uint32, bitcast=True)
+    b6 = x6.to(tl.uint32, bitcast=True)
+    b7 = x7.to(tl.uint32, bitcast=True)
+    y0 = _finish(b0, _add_and_truncate_bf16(b0 & 0x7FFFFFFF, r0), tl.bfloat16)
+    y1 = _finish(b1, _add_and_truncate_bf16(b1 & 0x7FFFFFFF, r1), tl.bfloat16)
+    y2 = _finish(b2, _add_and_truncate_bf16(b2 & 0x7FFFFFFF, r2), tl.bfloat16)
+    y3 = _finish(b3, _add_and_truncate_bf16(b3 & 0x7FFFFFFF, r3), tl.bfloat16)
+    y4 = _finish(b4, _add_and_truncate_bf16(b4 & 0x7FFFFFFF, r0 >> 16), tl.bfloat16)
+    y5 = _finish(b5, _add_and_truncate_bf16(b5 & 0x7FFFFFFF, r1 >> 16), tl.bfloat16)
+    y6 = _finish(b6, _add_and_truncate_bf16(b6 & 0x7FFFFFFF, r2 >> 16), tl.bfloat16)
+    y7 = _finish(b7, _add_and_truncate_bf16(b7 & 0x7FFFFFFF, r3 >> 16), tl.bfloat16)
     return y0, y1, y2, y3, y4, y5, y6, y7
+
+
+def shared_parts(dtype: torch.dtype, rounding_impl: str) -> int:
+    """How many elements share one Philox call (one per part, or row group): 8 for software SR into bf16
+    (`stochastic_round_bf16_x8`), else 4 (`stochastic_round_x4`)."""
+    return 8 if dtype == torch.bfloat16 and rounding_impl == "software" else 4
 
 
 @triton.jit
@@ -380,38 +347,41 @@ def round_to_storage(x, seed, offsets, DTYPE: tl.constexpr, STOCHASTIC: tl.const
 # A new seed every step must not mean a new compilation.
 @triton.jit(do_not_specialize=["seed"])
 def _stochastic_round_kernel(x_ptr, out_ptr, n, seed, DTYPE: tl.constexpr, N_ROUNDS: tl.constexpr,
-                             HARDWARE: tl.constexpr, Q: tl.constexpr):
-    # A block of 8 * Q consecutive elements in eight parts sharing Philox calls, as the state
-    # update's eight row groups share them.
+                             HARDWARE: tl.constexpr, PARTS: tl.constexpr, Q: tl.constexpr):
+    # A block of PARTS * Q consecutive elements in PARTS parts of Q sharing Philox calls, as the state
+    # update's row groups share them.
     block = tl.program_id(0).to(tl.int64)
     q = tl.arange(0, Q)
-    base = block * 8 * Q + q
+    base = block * PARTS * Q + q
     x0 = tl.load(x_ptr + base, mask=base < n, other=0.0)
     x1 = tl.load(x_ptr + base + Q, mask=base + Q < n, other=0.0)
     x2 = tl.load(x_ptr + base + 2 * Q, mask=base + 2 * Q < n, other=0.0)
     x3 = tl.load(x_ptr + base + 3 * Q, mask=base + 3 * Q < n, other=0.0)
-    x4 = tl.load(x_ptr + base + 4 * Q, mask=base + 4 * Q < n, other=0.0)
-    x5 = tl.load(x_ptr + base + 5 * Q, mask=base + 5 * Q < n, other=0.0)
-    x6 = tl.load(x_ptr + base + 6 * Q, mask=base + 6 * Q < n, other=0.0)
-    x7 = tl.load(x_ptr + base + 7 * Q, mask=base + 7 * Q < n, other=0.0)
-    y0, y1, y2, y3, y4, y5, y6, y7 = stochastic_round_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, block * Q + q, DTYPE,
-                                                         N_ROUNDS, HARDWARE)
+    if PARTS == 8:
+        x4 = tl.load(x_ptr + base + 4 * Q, mask=base + 4 * Q < n, other=0.0)
+        x5 = tl.load(x_ptr + base + 5 * Q, mask=base + 5 * Q < n, other=0.0)
+        x6 = tl.load(x_ptr + base + 6 * Q, mask=base + 6 * Q < n, other=0.0)
+        x7 = tl.load(x_ptr + base + 7 * Q, mask=base + 7 * Q < n, other=0.0)
+        y0, y1, y2, y3, y4, y5, y6, y7 = stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed,
+                                                                  block * Q + q, N_ROUNDS)
+        tl.store(out_ptr + base + 4 * Q, y4, mask=base + 4 * Q < n)
+        tl.store(out_ptr + base + 5 * Q, y5, mask=base + 5 * Q < n)
+        tl.store(out_ptr + base + 6 * Q, y6, mask=base + 6 * Q < n)
+        tl.store(out_ptr + base + 7 * Q, y7, mask=base + 7 * Q < n)
+    else:
+        y0, y1, y2, y3 = stochastic_round_x4(x0, x1, x2, x3, seed, block * Q + q, DTYPE, N_ROUNDS, HARDWARE)
     tl.store(out_ptr + base, y0, mask=base < n)
     tl.store(out_ptr + base + Q, y1, mask=base + Q < n)
     tl.store(out_ptr + base + 2 * Q, y2, mask=base + 2 * Q < n)
     tl.store(out_ptr + base + 3 * Q, y3, mask=base + 3 * Q < n)
-    tl.store(out_ptr + base + 4 * Q, y4, mask=base + 4 * Q < n)
-    tl.store(out_ptr + base + 5 * Q, y5, mask=base + 5 * Q < n)
-    tl.store(out_ptr + base + 6 * Q, y6, mask=base + 6 * Q < n)
-    tl.store(out_ptr + base + 7 * Q, y7, mask=base + 7 * Q < n)
 
 
 def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, philox_rounds: int = DEFAULT_PHILOX_ROUNDS,
                             rounding_impl: str = "software", *, interpret: bool | None = None) -> torch.Tensor:
     """Stochastically round every element of an fp32 tensor into `dtype` (float16 or bfloat16).
 
-    Blocks of 8 * 512 elements (row-major) are split in eight parts that
-    share Philox calls (`stochastic_round_x8`), as the state update's row groups do.
+    Blocks of 4096 elements (row-major) are split in parts that share Philox calls (`shared_parts`:
+    eight for software SR into bf16, else four), as the state update's row groups do.
     `interpret`: whether Triton runs the kernel through its interpreter (None: as TRITON_INTERPRET says).
     """
     if x.dtype != torch.float32:
@@ -422,8 +392,9 @@ def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, phil
     n = x.numel()
     if n == 0:
         return out
-    part = 512
-    grid = (triton.cdiv(n, 8 * part),)
+    parts = shared_parts(dtype, rounding_impl)
+    grid = (triton.cdiv(n, 4096),)
     _stochastic_round_kernel[grid](x, out, n, seed, DTYPE=triton_dtype(dtype), N_ROUNDS=philox_rounds,
-                                   HARDWARE=rounding_impl == "hardware", Q=part)
+                                   HARDWARE=rounding_impl == "hardware", PARTS=parts,
+                                   Q=4096 // parts)
     return out

@@ -21,11 +21,11 @@ headdim, dstate), dt and dt_bias expanded over headdim, as Mamba2 passes
 them) are detected from their zero strides and read once per program, so
 exp(dt * A) is one scalar per head.
 
-Stochastic rounding draws one Philox call (four 32-bit words) per eight state
-elements: the program's channels form eight row groups, and element (r, n) of
-group k takes half of word k mod 4 of Philox(seed, counter), counter = the flat
-state index of group 0's element (r, n) (a program holding fp16 subnormals
-draws a second call). See ssmcheck/ops/rounding/stochastic.py.
+Stochastic rounding draws one Philox call (four 32-bit words) per four state
+elements: the program's channels form four row groups, and element (r, n) of
+group k takes word k of Philox(seed, counter), counter = the flat state index
+of group 0's element (r, n). Into bf16 (16 dropped bits) eight row groups share
+a call, group k taking half of word k mod 4. See ssmcheck/ops/rounding/stochastic.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ from ssmcheck.ops.rounding.stochastic import (
     check_rounding,
     round_nearest,
     round_saturating,
-    stochastic_round_x8,
+    shared_parts,
+    stochastic_round_bf16_x8,
+    stochastic_round_x4,
     triton_dtype,
 )
 
@@ -53,10 +55,10 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The slot index of a pad row (state_batch_indices): serving engines' PAD_SLOT_ID.
 PAD_SLOT_ID = -1
 
-def row_groups(stochastic: bool) -> int:
-    """Row groups per program: 8 under stochastic rounding (one Philox call serves an element of each),
-    else 4."""
-    return 8 if stochastic else 4
+def row_groups(state_dtype: torch.dtype, rounding: str, rounding_impl: str) -> int:
+    """Row groups per program: under stochastic rounding one Philox call serves an element of each
+    (8 for software SR into bf16, 4 otherwise: ops.rounding.stochastic.shared_parts); 4 to nearest."""
+    return shared_parts(state_dtype, rounding_impl) if rounding == "stochastic" else 4
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,18 @@ class LaunchConfig:
 
 
 @functools.cache  # asked at every decode step
-def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, stochastic: bool,
+def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: int,
                   interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
-    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128 (16 under
-    stochastic rounding, with twice the row groups): to nearest, the fastest or within 2% of the
-    fastest of the configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
-    configurations at batch 256). Small one-warp programs keep the most state loads in flight
+    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
+    every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
+    configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
+    configurations at batch 256). Software SR into bf16 has eight row groups, so 16 channels:
+    the fastest of its configurations measured (2026-12-01). Small one-warp programs keep the most state loads in flight
     per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
-    groups = row_groups(stochastic)
     if interpreter:
         channels = 64
     else:
@@ -283,8 +285,11 @@ def _state_update_kernel(
         counters = ((slot * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
             seed = tl.load(seed)
-        s0, s1, s2, s3, s4, s5, s6, s7 = stochastic_round_x8(s0, s1, s2, s3, s4, s5, s6, s7, seed, counters,
-                                                             STATE_DTYPE, N_ROUNDS, HARDWARE)
+        if GROUPS == 8:
+            s0, s1, s2, s3, s4, s5, s6, s7 = stochastic_round_bf16_x8(s0, s1, s2, s3, s4, s5, s6, s7, seed,
+                                                                      counters, N_ROUNDS)
+        else:
+            s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
     else:
         s0 = round_nearest(s0, STATE_DTYPE, INTERPRET)
         s1 = round_nearest(s1, STATE_DTYPE, INTERPRET)
@@ -390,8 +395,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0 or state.numel() == 0:
         return out
-    stochastic = rounding == "stochastic"
-    config = launch_config(headdim, dstate, state.dtype, stochastic, interpret)
+    groups = row_groups(state.dtype, rounding, rounding_impl)
+    config = launch_config(headdim, dstate, state.dtype, groups, interpret)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
     dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
@@ -408,9 +413,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
         HAS_SLOTS=state_batch_indices is not None,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
-        STOCHASTIC=stochastic, HARDWARE=rounding_impl == "hardware",
+        STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, GROUPS=row_groups(stochastic), BLOCK_P=config.block_p, BLOCK_N=1 << (dstate - 1).bit_length(),
+        INTERPRET=interpret, GROUPS=groups, BLOCK_P=config.block_p, BLOCK_N=1 << (dstate - 1).bit_length(),
         num_warps=config.num_warps,
     )
     return out
