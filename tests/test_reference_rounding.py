@@ -73,6 +73,37 @@ def test_nearest_from_float32_is_the_native_conversion(dtype, device):
     assert bool(same.all()), x[~same][:8].tolist()
 
 
+def _float64_edges(dtype) -> torch.Tensor:
+    """float64 values where rounding through float32 goes wrong: ties of `dtype` and their float64
+    neighbours (a float32 in between would land on the tie), and magnitudes beyond float32's range."""
+    ties = torch.tensor([1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 2**-25, 3 * 2**-25, 2**-134,
+                         3 * 2**-134, 2**-150, 3 * 2**-151], dtype=torch.float64)
+    ties = torch.cat([ties * 2.0**k for k in (0, 7, 14)])
+    up, down = (torch.nextafter(ties, torch.full_like(ties, d)) for d in (math.inf, -math.inf))
+    wide = torch.tensor([1e300, 3.5e38, 3.4028234663852886e38, 1e-300, 1e-46, 2**-1074], dtype=torch.float64)
+    values = torch.cat([ties, up, down, up + (up - ties) * 2**20, wide, _float32_edges(dtype).double()])
+    return torch.cat([values, -values])
+
+
+@pytest.mark.parametrize("dtype", TARGETS + [torch.float32])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_nearest_from_float64_equals_the_exponent_arithmetic(dtype, device):
+    """round_to's nearest from float64 (float32 rounded to odd, then the native conversion; into float32 the
+    native conversion alone) rounds as the exponent arithmetic does, bit for bit, ties and overflow included."""
+    x = torch.cat([spread_values(4, 200000, dtype, torch.float64), _float64_edges(dtype)]).to(device)
+    fast, exact = round_to(x, dtype, "nearest"), rounded_by_exponents(x, dtype, "nearest")
+    assert torch.equal(fast.isnan(), exact.isnan())
+    same = fast.isnan() | (bits(fast) == bits(exact))
+    assert bool(same.all()), x[~same][:8].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(allow_nan=False, width=64), dtype=st.sampled_from(TARGETS))
+def test_nearest_from_float64_equals_the_exponent_arithmetic_anywhere(x, dtype):
+    t = torch.tensor([x], dtype=torch.float64)
+    assert bits(round_to(t, dtype, "nearest")).item() == bits(rounded_by_exponents(t, dtype, "nearest")).item()
+
+
 def test_nearest_from_float64_does_not_round_twice():
     x = torch.tensor([1 + 2**-11 + 2**-40, 1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11 + 2**-40)], dtype=torch.float64)
     assert round_to(x, torch.float16, "nearest").tolist() == [1 + 2**-10, 1.0, 1 + 2**-9, -(1 + 2**-10)]

@@ -1,9 +1,11 @@
 """Reference rounding into fp16/bf16/fp32: exact round-to-nearest-even and ideal stochastic rounding.
 
-Everything is computed in float64 with exponent arithmetic, never through torch's
-own conversion of an inexact value: torch converts float64 to fp16/bf16 through
-float32, which rounds twice (1 + 2**-11 + 2**-40 comes out as 1.0, not 1 + 2**-10).
-Only values already representable in the target are handed to `.to(dtype)`.
+Stochastic rounding is computed in float64 with exponent arithmetic. Never through
+torch's own conversion of an inexact float64 value: torch converts float64 to
+fp16/bf16 through float32, which rounds twice (1 + 2**-11 + 2**-40 comes out as
+1.0, not 1 + 2**-10). Round to nearest from float64 goes through float32 rounded
+to odd instead, which is exact; from float32, or into float32, one native
+conversion rounds once.
 
 Overflow convention (shared with the Triton kernels): above the largest finite
 value the upper neighbour is 2**(emax+1), which maps to inf; magnitudes at or
@@ -35,12 +37,30 @@ def round_to(
         raise ValueError(f"round_to rounds into float16, bfloat16 or float32, got {dtype}")
     if x.dtype == dtype:
         return x.clone()
-    if mode == "nearest" and x.dtype == torch.float32:
-        # From float32 the native conversion rounds once, to nearest even, with the overflow convention
-        # above: what rounded_by_exponents computes (tests/test_reference_rounding.py compares the two),
-        # in one operation instead of some thirty (the baseline stores a state per chunk).
-        return x.to(dtype)
+    if mode == "nearest":
+        # What rounded_by_exponents computes, in one to eleven operations instead of some thirty (drift
+        # rounds its baseline every decode step; the scan's baseline stores a state per chunk):
+        # tests/test_reference_rounding.py compares them everywhere, ties, overflow and subnormals included.
+        if x.dtype == torch.float32 or dtype == torch.float32:
+            return x.to(dtype)  # one native conversion: rounds once, to nearest even
+        return _nearest_through_float32_to_odd(x, dtype)
     return rounded_by_exponents(x, dtype, mode, generator)
+
+
+def _nearest_through_float32_to_odd(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 -> float16/bfloat16 rounded to nearest even, exactly: first to float32 rounded to odd
+    (truncated toward zero, its last bit set when anything was dropped), then natively to `dtype`.
+    With at least two more bits than the target, rounding to odd keeps which side of every tie the
+    value lies on, so the second rounding is the correct one (Boldo & Melquiond, "Emulation of FMA and
+    correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008); float32 has 13
+    more than float16 and 16 more than bfloat16, subnormal ranges included."""
+    y = x.to(torch.float32)  # to nearest: at most one float32 ulp beyond x
+    back = y.to(torch.float64)
+    # Where y lies beyond x, step its magnitude down one ulp (the integer view orders magnitudes
+    # alike for both signs): truncated. Past float32's range y is inf, and steps down to its largest value.
+    truncated = y.view(torch.int32) - (back.abs() > x.abs()).to(torch.int32)
+    odd = truncated | (back != x).to(torch.int32)  # NaN != NaN: a NaN's payload gains a bit, stays NaN
+    return odd.view(torch.float32).to(dtype)
 
 
 def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
