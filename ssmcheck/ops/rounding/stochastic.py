@@ -287,19 +287,14 @@ def stochastic_round_x4(x0, x1, x2, x3, seed, counters, DTYPE: tl.constexpr, N_R
 
 
 @triton.jit
-def _add_and_truncate_bf16(magnitude, r):
-    """_add_and_truncate into bf16 (16 dropped bits everywhere) from the 16 random bits in the low half of `r`."""
-    return (magnitude + (r & 0xFFFF)) & 0xFFFF0000
-
-
-@triton.jit
 def stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, N_ROUNDS: tl.constexpr):
     """Software SR of eight same-shaped fp32 tiles into bf16 with one Philox call per position.
 
     bf16 drops 16 bits everywhere, so an element needs only 16 random bits: tiles 0-3 take the
-    low halves of words 0-3 of Philox(seed, counters), tiles 4-7 their high halves. One Philox
-    call per eight elements: 1.65x round to nearest at batch 256 on the H200, against 1.93x with
-    a call per four (benchmarks/RESULTS.md). fp16 does not share a word this way: its subnormals
+    low halves of words 0-3 of Philox(seed, counters), tiles 4-7 their high halves
+    (`_add_and_truncate` reads only the low 16 bits). One Philox call per eight elements:
+    1.58-1.65x round to nearest at batch 256 on the H200, against 1.93x with a call per four
+    (benchmarks/RESULTS.md). fp16 does not share a word this way: its subnormals
     drop up to 23 bits and its tiniest values need 128, and the branch that gives those programs
     whole words made the common fp16 program slower, not faster (3.58x against 2.56x on the H200):
     fp16 keeps `stochastic_round_x4`.
@@ -315,14 +310,14 @@ def stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, N_R
     b5 = x5.to(tl.uint32, bitcast=True)
     b6 = x6.to(tl.uint32, bitcast=True)
     b7 = x7.to(tl.uint32, bitcast=True)
-    y0 = _finish(b0, _add_and_truncate_bf16(b0 & 0x7FFFFFFF, r0), tl.bfloat16)
-    y1 = _finish(b1, _add_and_truncate_bf16(b1 & 0x7FFFFFFF, r1), tl.bfloat16)
-    y2 = _finish(b2, _add_and_truncate_bf16(b2 & 0x7FFFFFFF, r2), tl.bfloat16)
-    y3 = _finish(b3, _add_and_truncate_bf16(b3 & 0x7FFFFFFF, r3), tl.bfloat16)
-    y4 = _finish(b4, _add_and_truncate_bf16(b4 & 0x7FFFFFFF, r0 >> 16), tl.bfloat16)
-    y5 = _finish(b5, _add_and_truncate_bf16(b5 & 0x7FFFFFFF, r1 >> 16), tl.bfloat16)
-    y6 = _finish(b6, _add_and_truncate_bf16(b6 & 0x7FFFFFFF, r2 >> 16), tl.bfloat16)
-    y7 = _finish(b7, _add_and_truncate_bf16(b7 & 0x7FFFFFFF, r3 >> 16), tl.bfloat16)
+    y0 = _finish(b0, _add_and_truncate(b0 & 0x7FFFFFFF, r0, tl.bfloat16), tl.bfloat16)
+    y1 = _finish(b1, _add_and_truncate(b1 & 0x7FFFFFFF, r1, tl.bfloat16), tl.bfloat16)
+    y2 = _finish(b2, _add_and_truncate(b2 & 0x7FFFFFFF, r2, tl.bfloat16), tl.bfloat16)
+    y3 = _finish(b3, _add_and_truncate(b3 & 0x7FFFFFFF, r3, tl.bfloat16), tl.bfloat16)
+    y4 = _finish(b4, _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, tl.bfloat16), tl.bfloat16)
+    y5 = _finish(b5, _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, tl.bfloat16), tl.bfloat16)
+    y6 = _finish(b6, _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, tl.bfloat16), tl.bfloat16)
+    y7 = _finish(b7, _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, tl.bfloat16), tl.bfloat16)
     return y0, y1, y2, y3, y4, y5, y6, y7
 
 
