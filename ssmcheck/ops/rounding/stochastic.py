@@ -387,9 +387,8 @@ def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, phil
     n = x.numel()
     if n == 0:
         return out
-    parts = shared_parts(dtype, rounding_impl)
-    grid = (triton.cdiv(n, 4096),)
-    _stochastic_round_kernel[grid](x, out, n, seed, DTYPE=triton_dtype(dtype), N_ROUNDS=philox_rounds,
-                                   HARDWARE=rounding_impl == "hardware", PARTS=parts,
-                                   Q=4096 // parts)
+    block, parts = 4096, shared_parts(dtype, rounding_impl)
+    _stochastic_round_kernel[(triton.cdiv(n, block),)](x, out, n, seed, DTYPE=triton_dtype(dtype),
+                                                       N_ROUNDS=philox_rounds, HARDWARE=rounding_impl == "hardware",
+                                                       PARTS=parts, Q=block // parts)
     return out

@@ -55,6 +55,7 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The slot index of a pad row (state_batch_indices): serving engines' PAD_SLOT_ID.
 PAD_SLOT_ID = -1
 
+
 def row_groups(state_dtype: torch.dtype, rounding: str, rounding_impl: str) -> int:
     """Row groups per program: under stochastic rounding one Philox call serves an element of each
     (8 for software SR into bf16, 4 otherwise: ops.rounding.stochastic.shared_parts); 4 to nearest."""
