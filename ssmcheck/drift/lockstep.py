@@ -27,14 +27,12 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import ulp
-from ssmcheck.core.tensors import bits, nonfinite_mask
+from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
+from ssmcheck.drift.follow import follower
 from ssmcheck.drift.measure import first_difference
 from ssmcheck.drift.stats import SignedErrorMoments
-from ssmcheck.ops.rounding.naive import round_to
-from ssmcheck.ops.state_update.naive import state_update_step
 
 # At most this many bytes of step inputs lie on the device at once (a window of steps).
 WINDOW_BYTES = 64 << 20
@@ -120,9 +118,8 @@ class Lockstep:
         self.differs: dict | None = None  # with repeat > 1: where a run first differed from the first
         self.max_abs = 0.0  # and the largest |difference| seen
         self.tripped = torch.zeros((), dtype=torch.bool, device=device)
-        self.fixed = {"D": problem.D.double(), "dt_bias": problem.dt_bias.double(),
-                      "dt_softplus": problem.dt_softplus}
-        self.A64 = problem.A.double()
+        self.A64, self.D64, self.dt_bias64 = problem.A.double(), problem.D.double(), problem.dt_bias.double()
+        self.follow = follower(device)  # the float64 side of every step (drift.follow)
         self.seeds = torch.empty(window.size, dtype=torch.int64, device=device)  # this trial's, per window step
         self.step = 0  # steps run
         self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # out, ref_out, baseline_out
@@ -164,22 +161,21 @@ class Lockstep:
             seed = self.seeds.index_select(0, self.window.counter)
         else:
             seed = self.seed(n) if self.kernel.takes_seed else 0
-        before = self.state.double()
-        new, outs = state_update_step(torch.stack([self.ref, self.baseline, before]), step.x.double(),
-                                      step.dt.double(), self.A64, step.B.double(), step.C.double(), **self.fixed)
-        saved = self.state.clone() if self.repeat > 1 else None
+        before = self.state.clone()
         out = self.kernel.call(self.state, self.problem, step, self.case.rounding, seed,
                                f"trial {self.trial}, step {n}", check_inputs=check_inputs,
                                transcript=self.transcript)
         for run in range(2, self.repeat + 1):  # the same call again, from the same state, inputs and seed
-            self._compare_run(run, n, saved, step, seed, out)
-        self.ref.copy_(new[0])
-        self.baseline.copy_(round_to(new[1], self.case.dtype, self.case.rounding, self.bits))
-        after, exact = self.state.double(), new[2]
-        self.store_errors.add(torch.sign(exact) * (after - exact) / ulp(exact, self.case.dtype))
-        self.tripped |= nonfinite_mask(after, self.ref).any() | nonfinite_mask(out, outs[0]).any()
+            self._compare_run(run, n, before, step, seed, out)
+        uniform = None
+        if self.case.rounding == "stochastic":  # the baseline's draws, from a generator a CUDA graph advances
+            uniform = torch.rand(self.state.shape, generator=self.bits, dtype=torch.float64, device=self.state.device)
+        ref_out, baseline_out = self.follow(
+            self.ref, self.baseline, before, self.state, out, step.x, step.dt, self.A64, step.B, step.C,
+            self.D64, self.dt_bias64, self.store_errors.running(self.state.device), self.tripped, uniform,
+            dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
         self.window.counter.add_(1)
-        return out, outs[0], outs[1]
+        return out, ref_out, baseline_out
 
     def _compare_run(self, run: int, n: int, saved: torch.Tensor, step: StepInputs, seed, out: torch.Tensor) -> None:
         again = saved.clone()

@@ -32,6 +32,14 @@ def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
     return sorted(steps)
 
 
+def error_sums(errors: torch.Tensor) -> torch.Tensor:
+    """(count, total, total of squares) of the finite values of `errors`, as one float64 tensor."""
+    errors = errors.double()
+    counted = finite(errors)
+    kept = torch.where(counted, errors, 0.0)
+    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
+
+
 class SignedErrorMoments:
     """Running count, sum and sum of squares of signed errors, for the bias z-test.
 
@@ -43,13 +51,14 @@ class SignedErrorMoments:
         self._sums: torch.Tensor | None = None  # float64 (count, total, total of squares)
 
     def add(self, errors: torch.Tensor) -> None:
-        errors = errors.double()
-        counted = finite(errors)
-        kept = torch.where(counted, errors, 0.0)
-        sums = torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
+        self.running(errors.device).add_(error_sums(errors))
+
+    def running(self, device: torch.device) -> torch.Tensor:
+        """The running sums themselves (error_sums' layout), zeros until something is added: add to them
+        in place (a CUDA graph that captured the addition keeps adding to the same tensor)."""
         if self._sums is None:
-            self._sums = torch.zeros_like(sums)
-        self._sums.add_(sums)  # in place: a CUDA graph that captured this call keeps adding to the same sums
+            self._sums = torch.zeros(3, dtype=torch.float64, device=device)
+        return self._sums
 
     def saved(self) -> torch.Tensor | None:
         """The running sums as they are now, for `restore`."""

@@ -21,13 +21,15 @@ from ssmcheck.core.tensors import finite
 
 
 def round_to(
-    x: torch.Tensor, dtype: torch.dtype, mode: str, generator: torch.Generator | None = None
+    x: torch.Tensor, dtype: torch.dtype, mode: str, generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round float32/float64 `x` into `dtype` ("nearest": RNE; "stochastic": ideal SR).
 
     Stochastic: with neighbours a < x < b in `dtype`, returns b with probability
     (x - a) / (b - a), the fraction computed exactly in float64 and compared with
-    a float64 uniform draw from `generator` (on x's device).
+    a float64 uniform draw from `generator` (on x's device), or with `uniform` when given
+    (float64 in [0, 1), x's shape: drawn by the caller, as torch.compile needs).
     """
     if mode not in ROUNDINGS:
         raise ValueError(f"unknown rounding mode {mode!r}: choose one of {', '.join(ROUNDINGS)}")
@@ -44,7 +46,7 @@ def round_to(
         if x.dtype == torch.float32 or dtype == torch.float32:
             return x.to(dtype)  # one native conversion: rounds once, to nearest even
         return _nearest_through_float32_to_odd(x, dtype)
-    return rounded_by_exponents(x, dtype, mode, generator)
+    return rounded_by_exponents(x, dtype, mode, generator, uniform)
 
 
 def _nearest_through_float32_to_odd(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -64,7 +66,7 @@ def _nearest_through_float32_to_odd(x: torch.Tensor, dtype: torch.dtype) -> torc
 
 
 def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
-                         generator: torch.Generator | None = None) -> torch.Tensor:
+                         generator: torch.Generator | None = None, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """round_to's rounding computed exactly in float64 with exponent arithmetic (any float32/float64 `x`)."""
     fmt = FORMATS[dtype]
     xd = x.to(torch.float64)
@@ -82,8 +84,9 @@ def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
         odd = torch.remainder(lower, 2) == 1
         up = (frac > 0.5) | ((frac == 0.5) & odd)
     else:
-        u = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
-        up = u < frac
+        if uniform is None:
+            uniform = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+        up = uniform < frac
     rounded = (lower + up.to(torch.float64)) * ulp
     overflow = 2.0 ** (fmt.emax + 1)
     rounded = torch.where(rounded >= overflow, float("inf"), rounded)
