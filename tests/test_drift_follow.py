@@ -1,4 +1,5 @@
-"""drift.follow compiled on CUDA computes what the plain-PyTorch references compute eagerly."""
+"""drift.follow: compiled on CUDA, it computes what the plain-PyTorch references compute eagerly; a compiled
+step that does not (or does not compile) is found on the first step and replaced by the eager one."""
 
 import pytest
 import torch
@@ -6,53 +7,118 @@ import torch
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
-from ssmcheck.drift.follow import follow, follower
+from ssmcheck.drift.follow import Follower, follow
 from ssmcheck.drift.spec import build_cases, resolve
 
 gpu = pytest.mark.gpu
 
 
-def _step_tensors(seed: int, dtype: torch.dtype) -> dict:
-    """One step's arguments of `follow` at a Mamba2-like shape, drawn on CUDA; the kernel's stored state
-    is the exact update rounded, with a few elements set to NaN and inf (what the flag looks for)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    b, h, p, n = 2, 4, 64, 128
+def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4, p=64, n=128) -> dict:
+    """One step's arguments of `follow` (Mamba2-like widths by default), drawn on `device`; the kernel's
+    stored state is near the exact update, with a few elements set to NaN and inf (what the flag looks for)."""
+    g = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape, dt=torch.float64):
-        return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float64).to(dt)
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float64).to(dt)
 
     ref = randn(b, h, p, n)
     before = (ref + 1e-3 * randn(b, h, p, n)).to(dtype)
     after = (before.double() * 0.97 + 0.01 * randn(b, h, p, n)).to(dtype)
-    after.view(-1)[[5, 777]] = torch.tensor([float("nan"), float("inf")], dtype=dtype, device="cuda")
+    after.view(-1)[[5, 77]] = torch.tensor([float("nan"), float("inf")], dtype=dtype, device=device)
     return dict(ref=ref, baseline=ref.to(dtype).double(), before=before, after=after, out=randn(b, h, p, dt=dtype),
                 x=randn(b, h, p, dt=dtype), dt=randn(b, h, 1, dt=dtype).expand(b, h, p),
-                A=-torch.rand(h, 1, 1, generator=g, device="cuda", dtype=torch.float64).expand(h, p, n),
+                A=-torch.rand(h, 1, 1, generator=g, device=device, dtype=torch.float64).expand(h, p, n),
                 B=randn(b, 1, n, dt=dtype), C=randn(b, 1, n, dt=dtype),
                 D=randn(h, 1).expand(h, p), dt_bias=randn(h, 1).expand(h, p),
-                sums=torch.zeros(3, dtype=torch.float64, device="cuda"),
-                tripped=torch.zeros((), dtype=torch.bool, device="cuda"),
-                uniform=torch.rand(b, h, p, n, generator=g, device="cuda", dtype=torch.float64))
+                sums=torch.zeros(3, dtype=torch.float64, device=device),
+                tripped=torch.zeros((), dtype=torch.bool, device=device),
+                uniform=torch.rand(b, h, p, n, generator=g, device=device, dtype=torch.float64))
+
+
+OPTIONS = dict(dt_softplus=True, dtype=torch.float16, rounding="nearest")
+
+
+def _follower_with(monkeypatch, compiled) -> Follower:
+    """A CUDA Follower whose compiled step is `compiled` (the check itself runs wherever its tensors are)."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled)
+    return Follower("cuda")
+
+
+def _after_steps(follower, steps: int = 3) -> list[tuple[dict, dict]]:
+    """Each step's arguments after `follower` ran them, beside copies that eager `follow` ran."""
+    ran = []
+    for seed in range(steps):
+        arguments = _step_tensors(seed, torch.float16, "cpu", 1, 2, 8, 16)
+        expected = {k: v.clone() for k, v in arguments.items()}
+        follower(**arguments, **OPTIONS)
+        follow(**expected, **OPTIONS)
+        ran.append((arguments, expected))
+    return ran
+
+
+def _same_as_eager(ran: list) -> bool:
+    return all(torch.equal(arguments[name], expected[name])
+               for arguments, expected in ran for name in ("ref", "baseline", "sums", "tripped"))
+
+
+def test_a_compiled_step_that_skips_the_baselines_rounding_is_replaced_by_the_eager_one(monkeypatch):
+    calls = []
+
+    def unrounded(**arguments):  # what inductor does to float32 -> fp16 -> float64 without emulated casts
+        calls.append(1)
+        outs = follow(**arguments)
+        arguments["baseline"].copy_(arguments["ref"])
+        return outs
+
+    follower = _follower_with(monkeypatch, unrounded)
+    assert _same_as_eager(_after_steps(follower))
+    assert follower.eager_because == "compiled, its baseline differs from the eager step's"
+    assert calls == [1]  # the check only
+
+
+def test_a_step_that_does_not_compile_runs_eagerly_and_says_why(monkeypatch):
+    def fails(**arguments):
+        raise RuntimeError("no working C compiler\nmore lines")
+
+    follower = _follower_with(monkeypatch, fails)
+    assert _same_as_eager(_after_steps(follower))
+    assert follower.eager_because == "not compiled: RuntimeError: no working C compiler"
+
+
+@pytest.mark.parametrize("relative, kept", [(2e-16, True), (1e-9, False)])
+def test_float64_values_may_differ_in_their_last_bits_only(monkeypatch, relative, kept):
+    calls = []
+
+    def perturbed(**arguments):
+        calls.append(1)
+        outs = follow(**arguments)
+        arguments["ref"].mul_(1 + relative)
+        return outs
+
+    follower = _follower_with(monkeypatch, perturbed)
+    assert _same_as_eager(_after_steps(follower)) is not kept
+    assert follower.eager_because == (None if kept else "compiled, its reference differs from the eager step's")
+    assert len(calls) == (4 if kept else 1)  # the check, then every step; or the check only
 
 
 @gpu
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_the_compiled_step_computes_the_eager_references(dtype, rounding):
-    compiled = follower("cuda")
-    assert compiled is not follow
+    compiled = Follower("cuda")
     for seed in range(3):
         eager_args = _step_tensors(seed, dtype)
         compiled_args = {k: v.clone() for k, v in eager_args.items()}
         options = dict(dt_softplus=True, dtype=dtype, rounding=rounding)
         eager_outs = follow(**eager_args, **options)
         compiled_outs = compiled(**compiled_args, **options)
+        assert compiled.eager_because is None
         # Fused float64 arithmetic (contractions into FMAs, its own exp) may differ in the last bits; the
         # baseline, rounded into fp16/bf16 from values that close, and the flag may not.
         torch.testing.assert_close(compiled_args["ref"], eager_args["ref"], rtol=1e-13, atol=1e-300)
         assert torch.equal(compiled_args["baseline"], eager_args["baseline"])
         torch.testing.assert_close(compiled_args["sums"], eager_args["sums"], rtol=1e-12, atol=0)
-        assert compiled_args["sums"][0] == eager_args["sums"][0] == eager_args["after"].numel() - 2
+        assert compiled_args["sums"][0] == eager_args["sums"][0] == eager_args["after"].numel() - 2  # NaN, inf
         assert bool(compiled_args["tripped"]) and bool(eager_args["tripped"])
         for mine, theirs in zip(compiled_outs, eager_outs):
             torch.testing.assert_close(mine, theirs, rtol=1e-13, atol=1e-300)
@@ -66,7 +132,7 @@ def test_a_graph_run_with_the_compiled_step_judges_as_the_eager_references_do(mo
     [case] = build_cases(settings_, "builtin")
     kernel = resolve_kernel("builtin", 10, "software", False)
     compiled = drift_run.run_case(case, kernel, settings_.tolerance, "cuda")
-    monkeypatch.setattr(lockstep, "follower", lambda device: follow)
+    monkeypatch.setattr(lockstep, "Follower", lambda device: Follower("cpu"))  # eager on any device
     eager = drift_run.run_case(case, kernel, settings_.tolerance, "cuda")
     assert compiled.run.decode_loop == eager.run.decode_loop == "graph"
     assert compiled.verdict.status == eager.verdict.status

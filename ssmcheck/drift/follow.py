@@ -6,13 +6,12 @@ one stacked step, rounds the baseline, adds the kernel's store errors to the run
 non-finite flag; all in place, so a CUDA graph that captured it keeps doing the same.
 
 Eagerly that is some eighty device operations, and in a CUDA graph each costs a launch: they, not the
-kernel, set the time of a drift step on a GPU. On CUDA `follower` compiles it (torch.compile), which
-fuses them into a few kernels; the source stays the plain-PyTorch references (ops.*.naive) in float64.
+kernel, set the time of a drift step on a GPU. On CUDA `Follower` compiles it (torch.compile), which
+fuses them into some twenty kernels; the source stays the plain-PyTorch references (ops.*.naive) in
+float64.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -23,9 +22,12 @@ from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
 RECOMPILE_LIMIT = 1024
+# How far the compiled step's float64 values may be from the eager ones (relative): last bits only. One
+# step's float64 rounding is ~1e-16; the drift judged is measured in fp16/bf16 ulps (1e-3, 1e-2).
+AGREEMENT_RTOL = 1e-12
 
 
-def follow(ref, baseline, before, after, out, x, dt, A, B, C, D, dt_bias, sums, tripped, uniform, *,
+def follow(*, ref, baseline, before, after, out, x, dt, A, B, C, D, dt_bias, sums, tripped, uniform,
            dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out).
 
@@ -48,16 +50,54 @@ def follow(ref, baseline, before, after, out, x, dt, A, B, C, D, dt_bias, sums, 
     return outs[0], outs[1]
 
 
-def follower(device: str) -> Callable:
-    """`follow` as a step on `device` runs it: compiled on CUDA, else as it is."""
-    if torch.device(device).type != "cuda":
-        return follow
-    compiled = torch.compile(follow, fullgraph=True, dynamic=False)
+class Follower:
+    """Runs `follow` compiled on CUDA, where the compiled step computes what the eager references compute:
+    checked on the first step it is given (as drift.lockstep keeps a CUDA graph only if it replays the
+    eager step), and eagerly from then on where it does not, or does not compile."""
 
-    def run(*args, **kwargs):
+    def __init__(self, device: str):
+        self._compiled = None
+        if torch.device(device).type == "cuda":
+            # emulate_precision_casts: without it a fused kernel skips the rounding of a float32 value
+            # converted to fp16/bf16 and straight back (the baseline's round to nearest, lost).
+            self._compiled = torch.compile(follow, fullgraph=True, dynamic=False,
+                                           options={"emulate_precision_casts": True})
+        self._checked = False
+        self.eager_because: str | None = None  # why a CUDA run's float64 side runs eagerly
+
+    def __call__(self, **arguments) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._compiled is not None and not self._checked:
+            self._checked = True
+            self.eager_because = self._disagreement(arguments)
+            if self.eager_because is not None:
+                self._compiled = None
+        if self._compiled is None:
+            return follow(**arguments)
         # One compilation per shape, state dtype and rounding mode: a sweep has more than torch's default
         # limit of eight, past which it would quietly run the rest eagerly.
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            return compiled(*args, **kwargs)
+            return self._compiled(**arguments)
 
-    return run
+    def _disagreement(self, arguments: dict) -> str | None:
+        """None where the compiled step, run on copies of `arguments`, does what the eager one does: the
+        same baseline and flag bit for bit, float64 values equal to within a few last bits (fused
+        arithmetic contracts into FMAs and has its own exp); else what differs."""
+        def copies():
+            return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in arguments.items()}
+
+        compiled, eager = copies(), copies()
+        try:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                compiled_outs = self._compiled(**compiled)
+        except Exception as exc:  # noqa: BLE001 (no compiler, or one that fails: the eager step stands)
+            return f"not compiled: {type(exc).__name__}: {exc}".splitlines()[0]
+        eager_outs = follow(**eager)
+        for name in ("baseline", "tripped"):
+            if not torch.equal(compiled[name], eager[name]):
+                return f"compiled, its {name} differs from the eager step's"
+        pairs = [("reference", compiled["ref"], eager["ref"]), ("store-error sums", compiled["sums"], eager["sums"]),
+                 *(zip(("reference output", "baseline output"), compiled_outs, eager_outs))]
+        for name, mine, theirs in pairs:
+            if not torch.allclose(mine, theirs, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
+                return f"compiled, its {name} differs from the eager step's"
+        return None

@@ -13,7 +13,9 @@ JSON case keys (always present; figures a case did not produce are null):
     first_nonfinite {output, step, trial, batch, head, channel, state_index},
     repeat {runs, identical, max_abs, run, output, trial, step, batch, head, channel}   with --repeat K > 1,
     decode_loop                                      "graph" (the steps ran as CUDA graph replays), "eager",
-                                                     or "eager: " and why no graph (null: no steps ran),
+                                                     or "eager: " and why no graph (null: no steps ran);
+                                                     on CUDA, "; float64 step eager: " and why, where the
+                                                     compiled float64 side (drift.follow) was not used,
     slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
     stdout                                           what the kernel printed over the steps ("" when nothing).

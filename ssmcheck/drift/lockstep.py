@@ -30,7 +30,7 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
-from ssmcheck.drift.follow import follower
+from ssmcheck.drift.follow import Follower
 from ssmcheck.drift.measure import first_difference
 from ssmcheck.drift.stats import SignedErrorMoments
 
@@ -119,7 +119,7 @@ class Lockstep:
         self.max_abs = 0.0  # and the largest |difference| seen
         self.tripped = torch.zeros((), dtype=torch.bool, device=device)
         self.A64, self.D64, self.dt_bias64 = problem.A.double(), problem.D.double(), problem.dt_bias.double()
-        self.follow = follower(device)  # the float64 side of every step (drift.follow)
+        self.follow = Follower(device)  # the float64 side of every step (drift.follow)
         self.seeds = torch.empty(window.size, dtype=torch.int64, device=device)  # this trial's, per window step
         self.step = 0  # steps run
         self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # out, ref_out, baseline_out
@@ -128,6 +128,13 @@ class Lockstep:
         window.load(1)  # the counter back at the first step (the window may hold it from an earlier trial)
         self._graph_outputs = None
         self._seeds_start = None
+
+    @property
+    def decode_loop(self) -> str:
+        """How the steps ran (DriftRun.decode_loop): graph_note, and why the float64 side ran eagerly on CUDA."""
+        if self.follow.eager_because is None:
+            return self.graph_note
+        return f"{self.graph_note}; float64 step eager: {self.follow.eager_because}"
 
     def seed(self, step: int) -> int:
         """The kernel's seed at `step`: new every step, reproducible from the trial's seed."""
@@ -171,8 +178,9 @@ class Lockstep:
         if self.case.rounding == "stochastic":  # the baseline's draws, from a generator a CUDA graph advances
             uniform = torch.rand(self.state.shape, generator=self.bits, dtype=torch.float64, device=self.state.device)
         ref_out, baseline_out = self.follow(
-            self.ref, self.baseline, before, self.state, out, step.x, step.dt, self.A64, step.B, step.C,
-            self.D64, self.dt_bias64, self.store_errors.running(self.state.device), self.tripped, uniform,
+            ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x, dt=step.dt,
+            A=self.A64, B=step.B, C=step.C, D=self.D64, dt_bias=self.dt_bias64,
+            sums=self.store_errors.running(self.state.device), tripped=self.tripped, uniform=uniform,
             dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
         self.window.counter.add_(1)
         return out, ref_out, baseline_out

@@ -118,7 +118,7 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
         lock.graph_note = eager_note
         found = _trial(lock, checkpoints, kernel_sums, baseline_sums, on_step, graph)
         differs = differs or lock.differs
-        loop = loop or lock.graph_note
+        loop = loop or lock.decode_loop
         max_abs = max(max_abs, lock.max_abs)
         if found is not None:
             break
