@@ -4,6 +4,7 @@ step that does not (or does not compile) is found on the first step and replaced
 import pytest
 import torch
 
+from ssmcheck.drift import follow as follow_module
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
@@ -40,7 +41,7 @@ OPTIONS = dict(dt_softplus=True, dtype=torch.float16, rounding="nearest")
 
 def _follower_with(monkeypatch, compiled) -> Follower:
     """A CUDA Follower whose compiled step is `compiled` (the check itself runs wherever its tensors are)."""
-    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled)
+    monkeypatch.setattr(follow_module, "_compiled", lambda: compiled)
     return Follower("cuda")
 
 
@@ -128,7 +129,7 @@ def test_the_compiled_step_computes_the_eager_references(dtype, rounding):
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_a_graph_run_with_the_compiled_step_judges_as_the_eager_references_do(monkeypatch, rounding):
     settings_ = resolve({"nheads": "2", "headdim": "64", "dstate": "128", "batch": "2", "regime": "normal",
-                         "state_dtype": "fp16", "rounding": rounding, "steps": "300", "trials": "2"}, {}, "test")
+                         "state_dtype": "fp16", "rounding": rounding, "steps": 300, "trials": 2}, {}, "test")
     [case] = build_cases(settings_, "builtin")
     kernel = resolve_kernel("builtin", 10, "software", False)
     compiled = drift_run.run_case(case, kernel, settings_.tolerance, "cuda")

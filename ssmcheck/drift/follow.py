@@ -13,6 +13,8 @@ float64.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ssmcheck.core.formats import ulp
@@ -50,18 +52,22 @@ def follow(*, ref, baseline, before, after, out, x, dt, A, B, C, D, dt_bias, sum
     return outs[0], outs[1]
 
 
+@functools.cache
+def _compiled():
+    """`follow` compiled, once per process: every Follower shares it, and so its compilations (one per
+    shape, state dtype and rounding mode; a new torch.compile would compile them all again)."""
+    # emulate_precision_casts: without it a fused kernel skips the rounding of a float32 value converted
+    # to fp16/bf16 and straight back (the baseline's round to nearest, lost).
+    return torch.compile(follow, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+
+
 class Follower:
     """Runs `follow` compiled on CUDA, where the compiled step computes what the eager references compute:
     checked on the first step it is given (as drift.lockstep keeps a CUDA graph only if it replays the
     eager step), and eagerly from then on where it does not, or does not compile."""
 
     def __init__(self, device: str):
-        self._compiled = None
-        if torch.device(device).type == "cuda":
-            # emulate_precision_casts: without it a fused kernel skips the rounding of a float32 value
-            # converted to fp16/bf16 and straight back (the baseline's round to nearest, lost).
-            self._compiled = torch.compile(follow, fullgraph=True, dynamic=False,
-                                           options={"emulate_precision_casts": True})
+        self._compiled = _compiled() if torch.device(device).type == "cuda" else None
         self._checked = False
         self.eager_because: str | None = None  # why a CUDA run's float64 side runs eagerly
 

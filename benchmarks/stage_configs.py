@@ -1,0 +1,126 @@
+"""Sweep the block configurations of the chunk scan's two heaviest stages on a GPU, and record the result.
+
+The chunk-state and chunk-output kernels of ssmcheck.ops.chunk_scan, each run alone over a grid of
+block sizes, warps and pipeline stages at benchmarks/chunk_scan.py's shape (Mamba2-2.7B widths, bf16,
+chunk 256); medians of triton.testing.do_bench. Every configuration's result is compared with the
+default configuration's (a configuration that computes something else is reported, not timed).
+Not a test: run it by hand on the GPU machine from the checkout, e.g.
+
+    PYTHONPATH=. python benchmarks/stage_configs.py --lengths 16384,65536
+
+It prints the fastest configurations per stage and length and appends them to benchmarks/RESULTS.md
+(or --results PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+from chunk_scan import SHAPE, _length, inputs
+from record import append_section, commit, markdown_table
+
+from ssmcheck.core import runtime
+
+STATE_GRID = dict(BLOCK_T=(32, 64, 128), BLOCK_P=(32, 64), BLOCK_N=(64, 128), num_warps=(4, 8), num_stages=(2, 3))
+OUTPUT_GRID = dict(BLOCK_ROWS=(64, 128, 256), BLOCK_M=(64, 128), BLOCK_K=(32, 64), BLOCK_P=(32, 64),
+                   num_warps=(4, 8), num_stages=(2, 3))
+SHOWN = 6  # fastest configurations listed per stage and length
+
+
+def grid(axes: dict) -> list[dict]:
+    configs = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    return [c for c in configs if c.get("BLOCK_M", 0) <= c.get("BLOCK_ROWS", 1 << 30)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="16384,65536", help="comma-separated sequence lengths")
+    parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
+    parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds of sweeping; the rest is not run")
+    opts = parser.parse_args()
+    deadline = time.monotonic() + opts.budget
+
+    env = runtime.configure("cuda")
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    from ssmcheck.ops.chunk_scan.chunk_cb import chunk_cb  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.chunk_output import chunk_output  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.layout import batch_table  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.state_passing import state_passing  # noqa: PLC0415
+    from ssmcheck.ops.rounding.stochastic import triton_dtype  # noqa: PLC0415
+
+    def bench(fn) -> float:
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    sections = []
+    for seqlen in (int(v) for v in opts.lengths.split(",")):
+        args = inputs(seqlen)
+        x, B, C = args["x"][0], args["B"][0], args["C"][0]
+        table = batch_table(1, x.shape[0], SHAPE["chunk_size"], x.device)
+        mm = triton_dtype(x.dtype)
+        dt_proc, dA_cs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")), table)
+        local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
+        states, _ = state_passing(local, dA_cs, None, torch.float32, False, 0, table, False)
+        cb = chunk_cb(C, B, mm, table, False)
+
+        y = torch.empty_like(x)
+
+        def nan_filled(size, **options):  # an unwritten element shows
+            return torch.full(size, float("nan"), **options)
+
+        def state_stage(config, poisoned=False):
+            return chunk_state(x, B, dt_proc, dA_cs, mm, table, False, config,
+                               alloc=nan_filled if poisoned else torch.empty)
+
+        def output_stage(config, poisoned=False):
+            if poisoned:  # an unwritten element shows
+                y.fill_(float("nan"))
+            chunk_output(x, None, C, args["D"], cb, dt_proc, dA_cs, states, y, mm, table, False, config)
+            return y
+
+        for name, stage, axes in (("chunk states", state_stage, STATE_GRID), ("output", output_stage, OUTPUT_GRID)):
+            expected = stage(None, poisoned=True).float()
+            scale = expected.abs().max().item()
+            default = bench(lambda: stage(None))
+            timed, rejected = [], []
+            for config in grid(axes):
+                label = " ".join(f"{k}={v}" for k, v in config.items())
+                if time.monotonic() > deadline:
+                    rejected.append(f"{label}: not run (--budget spent)")
+                    continue
+                try:
+                    got = stage(config, poisoned=True).float()
+                    error = (got - expected).abs().max().item() / scale
+                    if not error <= 1e-2:  # NaN: unwritten elements
+                        rejected.append(f"{label}: max error {error:.2e} of the largest value")
+                        continue
+                    timed.append((bench(lambda: stage(config)), label))
+                except Exception as exc:  # noqa: BLE001 (out of shared memory, or registers: not a candidate)
+                    rejected.append(f"{label}: {type(exc).__name__}: {exc}".splitlines()[0][:160])
+            timed.sort()
+            print(f"L={seqlen} {name}: default {default:.3f} ms; best {timed[:SHOWN]}; {len(rejected)} rejected",
+                  flush=True)
+            rows = [[f"{ms:.3f}", f"{ms / default:.2f}", label] for ms, label in timed[:SHOWN]]
+            sections.append(f"{name}, L = {_length(seqlen)}: default configuration {default:.3f} ms; "
+                            f"{len(timed)} timed, {len(rejected)} rejected\n\n"
+                            + markdown_table(["ms", "/ default", "configuration"], rows))
+            for line in rejected[:5]:
+                print("  rejected:", line, flush=True)
+
+    text = "\n\n".join(sections)
+    print(text)
+    shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
+    details = [f"shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; states fp32; median of "
+               "triton.testing.do_bench; each stage alone, its inputs made once by the stages before it",
+               f"grids: chunk states {STATE_GRID}; output {OUTPUT_GRID} (BLOCK_M <= BLOCK_ROWS)"]
+    append_section(opts.results, "chunk scan stage configurations", env, commit(opts.commit), details, text)
+
+
+if __name__ == "__main__":
+    main()
