@@ -86,6 +86,16 @@ def test_a_step_that_does_not_compile_runs_eagerly_and_says_why(monkeypatch):
     assert follower.eager_because == "not compiled: RuntimeError: no working C compiler"
 
 
+def test_a_torch_that_cannot_compile_the_step_runs_it_eagerly(monkeypatch):
+    def refuses():  # torch.compile itself raising (an inductor option an older torch does not know)
+        raise KeyError("emulate_precision_casts")
+
+    monkeypatch.setattr(follow_module, "_compiled", refuses)
+    follower = Follower("cuda")
+    assert _same_as_eager(_after_steps(follower))
+    assert follower.eager_because == "not compiled: KeyError: 'emulate_precision_casts'"
+
+
 @pytest.mark.parametrize("relative, kept", [(2e-16, True), (1e-9, False)])
 def test_float64_values_may_differ_in_their_last_bits_only(monkeypatch, relative, kept):
     calls = []

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from ssmcheck.drift.regimes import (
     DRIFT_REGIMES,
     LONG_STEPS_FACTOR,
+    STEP_BLOCK,
     DecodeShape,
     make_problem,
     regime_steps,
@@ -98,3 +99,20 @@ def test_overflow_grows_toward_the_maximum_and_stays_below_half_of_it(dtype, sha
     assert peak <= 0.5 * top
     if nsteps >= 8:
         assert peak >= 0.1 * top
+
+
+@pytest.mark.parametrize("regime", list(DRIFT_REGIMES))
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), start=st.integers(0, 2 * STEP_BLOCK), count=st.integers(1, 2 * STEP_BLOCK))
+def test_any_run_of_steps_is_drawn_as_the_stream_has_it(regime, seed, start, count):
+    # Blocks of steps come from generators of their own: a window drawn on its own, across block
+    # boundaries, holds what the step-by-step stream holds there.
+    nsteps = start + count + 3
+    problem = make_problem(regime, DecodeShape(1, 2, 3, 4, 1), torch.float16, nsteps, seed, "cpu")
+    stream = list(problem.host_steps())
+    assert len(stream) == nsteps
+    run = problem.host_inputs(start, count)
+    for name in ("x", "dt", "B", "C"):
+        assert torch.equal(getattr(run, name), torch.stack([getattr(step, name) for step in stream[start:start + count]]))
+    if nsteps > STEP_BLOCK:  # the blocks' generators differ
+        assert not torch.equal(stream[0].x, stream[STEP_BLOCK].x)

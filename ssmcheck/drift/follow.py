@@ -14,6 +14,7 @@ float64.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -24,6 +25,7 @@ from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
 RECOMPILE_LIMIT = 1024
+MUTATED = ("ref", "baseline", "sums", "tripped")  # the arguments `follow` updates in place
 # How far the compiled step's float64 values may be from the eager ones (relative): last bits only. One
 # step's float64 rounding is ~1e-16; the drift judged is measured in fp16/bf16 ulps (1e-3, 1e-2).
 AGREEMENT_RTOL = 1e-12
@@ -53,12 +55,22 @@ def follow(*, ref, baseline, before, after, out, x, dt, A, B, C, D, dt_bias, sum
 
 
 @functools.cache
-def _compiled():
+def _compiled() -> Callable:
     """`follow` compiled, once per process: every Follower shares it, and so its compilations (one per
     shape, state dtype and rounding mode; a new torch.compile would compile them all again)."""
     # emulate_precision_casts: without it a fused kernel skips the rounding of a float32 value converted
     # to fp16/bf16 and straight back (the baseline's round to nearest, lost).
-    return torch.compile(follow, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+    compiled = torch.compile(follow, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+    config = torch._dynamo.config
+    # A sweep has more variants than torch's default limit of eight, past which it would quietly run the
+    # rest eagerly (the setting's name before torch 2.7: cache_size_limit).
+    limit = {"recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit": RECOMPILE_LIMIT}
+
+    def run(**arguments):
+        with config.patch(**limit):
+            return compiled(**arguments)
+
+    return run
 
 
 class Follower:
@@ -67,43 +79,39 @@ class Follower:
     eager step), and eagerly from then on where it does not, or does not compile."""
 
     def __init__(self, device: str):
-        self._compiled = _compiled() if torch.device(device).type == "cuda" else None
-        self._checked = False
+        self._compiled: Callable | None = None
+        self._pending = torch.device(device).type == "cuda"  # compile and check at the first step
         self.eager_because: str | None = None  # why a CUDA run's float64 side runs eagerly
 
     def __call__(self, **arguments) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._compiled is not None and not self._checked:
-            self._checked = True
-            self.eager_because = self._disagreement(arguments)
-            if self.eager_because is not None:
-                self._compiled = None
+        if self._pending:
+            self._pending = False
+            self._compiled, self.eager_because = self._checked_compile(arguments)
         if self._compiled is None:
             return follow(**arguments)
-        # One compilation per shape, state dtype and rounding mode: a sweep has more than torch's default
-        # limit of eight, past which it would quietly run the rest eagerly.
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            return self._compiled(**arguments)
+        return self._compiled(**arguments)
 
-    def _disagreement(self, arguments: dict) -> str | None:
-        """None where the compiled step, run on copies of `arguments`, does what the eager one does: the
-        same baseline and flag bit for bit, float64 values equal to within a few last bits (fused
-        arithmetic contracts into FMAs and has its own exp); else what differs."""
-        def copies():
-            return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in arguments.items()}
+    @staticmethod
+    def _checked_compile(arguments: dict) -> tuple[Callable | None, str | None]:
+        """(the compiled step, None) where it, run on copies of `arguments`, does what the eager one does:
+        the same baseline and flag bit for bit, float64 values equal to within a few last bits (fused
+        arithmetic contracts into FMAs and has its own exp); else (None, what differs)."""
+        def copies():  # of what `follow` writes; the rest as it is (a copy's strides would compile anew)
+            return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
 
-        compiled, eager = copies(), copies()
+        mine, eager = copies(), copies()
         try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                compiled_outs = self._compiled(**compiled)
+            compiled = _compiled()
+            compiled_outs = compiled(**mine)
         except Exception as exc:  # noqa: BLE001 (no compiler, or one that fails: the eager step stands)
-            return f"not compiled: {type(exc).__name__}: {exc}".splitlines()[0]
+            return None, f"not compiled: {type(exc).__name__}: {exc}".splitlines()[0]
         eager_outs = follow(**eager)
         for name in ("baseline", "tripped"):
-            if not torch.equal(compiled[name], eager[name]):
-                return f"compiled, its {name} differs from the eager step's"
-        pairs = [("reference", compiled["ref"], eager["ref"]), ("store-error sums", compiled["sums"], eager["sums"]),
+            if not torch.equal(mine[name], eager[name]):
+                return None, f"compiled, its {name} differs from the eager step's"
+        pairs = [("reference", mine["ref"], eager["ref"]), ("store-error sums", mine["sums"], eager["sums"]),
                  *(zip(("reference output", "baseline output"), compiled_outs, eager_outs))]
-        for name, mine, theirs in pairs:
-            if not torch.allclose(mine, theirs, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
-                return f"compiled, its {name} differs from the eager step's"
-        return None
+        for name, value, expected in pairs:
+            if not torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
+                return None, f"compiled, its {name} differs from the eager step's"
+        return compiled, None

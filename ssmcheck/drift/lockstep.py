@@ -20,7 +20,6 @@ sequence of operations dispatched from Python.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -55,8 +54,6 @@ class StepWindow:
         self.counter = torch.zeros(1, dtype=torch.int64, device=problem.device)
         self.start = -1  # the window holds steps start + 1 .. start + count (numbered from 1)
         self.count = 0
-        self._stream: Iterator[StepInputs] | None = None
-        self._drawn = 0  # steps the stream has yielded
 
     def holds(self, step: int) -> bool:
         return self.start < step <= self.start + self.count
@@ -66,18 +63,11 @@ class StepWindow:
         there does not hold it."""
         if not self.holds(step):
             start = step - 1
-            if self._stream is None or self._drawn > start:
-                self._stream, self._drawn = self.problem.host_steps(), 0
-            for _ in range(start - self._drawn):  # skipped steps still have to be drawn: one stream
-                next(self._stream)
             count = min(self.size, self.problem.nsteps - start)
-            steps = [next(self._stream) for _ in range(count)]
-            self._drawn = start + count
-            for buffer, name in ((self.x, "x"), (self.dt, "dt"), (self.B, "B"), (self.C, "C")):
-                values = [getattr(s, name) for s in steps]
-                if name == "dt" and self.dt_per_head:
-                    values = [v[..., 0] for v in values]
-                buffer[:count].copy_(torch.stack(values))
+            drawn = self.problem.host_inputs(start, count)
+            dt = drawn.dt[..., 0] if self.dt_per_head else drawn.dt
+            for buffer, values in ((self.x, drawn.x), (self.dt, dt), (self.B, drawn.B), (self.C, drawn.C)):
+                buffer[:count].copy_(values)
             self.start, self.count = start, count
         self.counter.fill_(step - 1 - self.start)
 

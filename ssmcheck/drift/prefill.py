@@ -47,10 +47,10 @@ def _prefill_inputs(problem: DecodeProblem, case: DriftCase) -> ScanInputs:
     """N tokens of the regime's stream as a chunk-scan batch (one row per decode batch row), per-head
     parameters taken back from the decode's expanded views."""
     generator = torch.Generator().manual_seed(sweep.case_seed(case.seed, {"prefill": case.from_prefill}))
-    steps = [problem.draw_step(generator) for _ in range(case.from_prefill)]
+    steps = problem.draw_steps(generator, case.from_prefill)
 
-    def tokens(name: str) -> torch.Tensor:
-        return torch.stack([getattr(step, name) for step in steps], 1).contiguous().to(problem.device)
+    def tokens(name: str) -> torch.Tensor:  # (batch, tokens, ...), the tokens drawn as steps
+        return getattr(steps, name).transpose(0, 1).contiguous().to(problem.device)
 
     return ScanInputs(
         x=tokens("x"), dt=tokens("dt")[..., 0].contiguous(), A=problem.A[:, 0, 0].contiguous(), B=tokens("B"),

@@ -7,6 +7,11 @@ generators seeded with the case's seed (a case is the same on every device)
 and moved to the device. `DecodeProblem.steps()` replays the identical stream
 each time it is called, so every trial of a case sees the same inputs.
 
+The stream is drawn in blocks of STEP_BLOCK steps, a tensor op per input for the whole block (one per
+step cost some 50 us of host time a step, more than a CUDA graph replay of the step itself), each block
+from its own generator seeded by the stream seed and the block's index: any run of steps can be drawn
+without drawing the steps before it.
+
 Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
 (nheads, headdim, dstate), D and dt_bias (nheads,) expanded over headdim, dt
 (batch, nheads) expanded over headdim, all stride-0 views.
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core import formats
+from ssmcheck.core import formats, sweep
 
 DRIFT_REGIMES: dict[str, str] = {
     "normal": "trained-model ranges: A = -exp(U(log 1, log 16)), dt after softplus in [1e-3, 0.1], "
@@ -36,6 +41,7 @@ DRIFT_REGIMES: dict[str, str] = {
 }
 
 LONG_STEPS_FACTOR = 4
+STEP_BLOCK = 256  # steps drawn at once, from one generator
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ class DecodeProblem:
     D: torch.Tensor  # (nheads, headdim) float32, stride-0 view
     dt_bias: torch.Tensor  # (nheads, headdim) float32, stride-0 view
     dt_softplus: bool
-    draw_step: Callable[[torch.Generator], StepInputs]  # draws one step on the CPU
+    # Draws N steps on the CPU: StepInputs with a leading axis of N.
+    draw_steps: Callable[[torch.Generator, int], StepInputs]
     stream_seed: int
     device: str
 
@@ -79,9 +86,22 @@ class DecodeProblem:
 
     def host_steps(self) -> Iterator[StepInputs]:
         """The same stream as `steps`, on the CPU where it is drawn."""
-        generator = torch.Generator().manual_seed(self.stream_seed)
-        for _ in range(self.nsteps):
-            yield self.draw_step(generator)
+        for start in range(0, self.nsteps, STEP_BLOCK):
+            block = self._block(start // STEP_BLOCK)
+            for i in range(block.x.shape[0]):
+                yield StepInputs(block.x[i], block.dt[i], block.B[i], block.C[i])
+
+    def host_inputs(self, start: int, count: int) -> StepInputs:
+        """Steps start + 1 .. start + count of the stream (numbered from 1), stacked on a leading axis."""
+        first, last = start // STEP_BLOCK, (start + count - 1) // STEP_BLOCK
+        blocks = [self._block(k) for k in range(first, last + 1)]
+        offset = start - first * STEP_BLOCK
+        return StepInputs(*(torch.cat([getattr(b, name) for b in blocks])[offset:offset + count]
+                            for name in ("x", "dt", "B", "C")))
+
+    def _block(self, k: int) -> StepInputs:
+        generator = torch.Generator().manual_seed(sweep.case_seed(self.stream_seed, {"block": k}))
+        return self.draw_steps(generator, min(STEP_BLOCK, self.nsteps - k * STEP_BLOCK))
 
 
 def regime_steps(regime: str, steps: int) -> int:
@@ -106,7 +126,7 @@ def make_problem(
         D=params.D_head.to(device)[:, None].expand(s.nheads, s.headdim),
         dt_bias=params.dt_bias_head.to(device)[:, None].expand(s.nheads, s.headdim),
         dt_softplus=True,
-        draw_step=params.draw_step,
+        draw_steps=params.draw_steps,
         stream_seed=seed + 1,
         device=device,
     )
@@ -118,7 +138,7 @@ class _RegimeParams:
     A_head: torch.Tensor  # (nheads,) float32
     D_head: torch.Tensor  # (nheads,) float32
     dt_bias_head: torch.Tensor  # (nheads,) float32
-    draw_step: Callable[[torch.Generator], StepInputs]
+    draw_steps: Callable[[torch.Generator, int], StepInputs]
 
 
 def _uniform(generator, shape, lo, hi) -> torch.Tensor:
@@ -143,13 +163,13 @@ def _representable(state: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _dt_stream(shape: DecodeShape, dt_bias_head: torch.Tensor, sample_dt) -> Callable:
-    """A step's raw dt (batch, nheads) expanded over headdim, such that softplus(dt + dt_bias) is
-    `sample_dt(generator)` (the regime's distribution of the processed dt)."""
+    """N steps' raw dt, (N, batch, nheads) expanded over headdim, such that softplus(dt + dt_bias) is
+    `sample_dt(generator, N)` (the regime's distribution of the processed dt, (N, batch, nheads))."""
 
-    def draw(generator):
-        target = sample_dt(generator)  # (batch, nheads) float64
+    def draw(generator, count):
+        target = sample_dt(generator, count)  # float64
         raw = (_inverse_softplus(target) - dt_bias_head.double()).float()
-        return raw[:, :, None].expand(shape.batch, shape.nheads, shape.headdim)
+        return raw[..., None].expand(count, shape.batch, shape.nheads, shape.headdim)
 
     return draw
 
@@ -169,17 +189,17 @@ def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: flo
     dt_bias_head = _inverse_softplus(torch.sqrt(dt_lo * dt_hi)).float()
     D_head = _uniform(generator, (s.nheads,), 0.5, 1.5).float()
     initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
-    dt_draw = _dt_stream(s, dt_bias_head, lambda g: _log_uniform(g, (s.batch, s.nheads), dt_lo, dt_hi))
+    dt_draw = _dt_stream(s, dt_bias_head, lambda g, n: _log_uniform(g, (n, s.batch, s.nheads), dt_lo, dt_hi))
 
-    def draw_step(g):
+    def draw_steps(g, n):
         return StepInputs(
-            x=torch.randn((s.batch, s.nheads, s.headdim), generator=g),
-            dt=dt_draw(g),
-            B=torch.randn((s.batch, s.ngroups, s.dstate), generator=g),
-            C=torch.randn((s.batch, s.ngroups, s.dstate), generator=g),
+            x=torch.randn((n, s.batch, s.nheads, s.headdim), generator=g),
+            dt=dt_draw(g, n),
+            B=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
+            C=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
         )
 
-    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, draw_step)
+    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, draw_steps)
 
 
 def _long(shape, state_dtype, nsteps, generator):
@@ -207,18 +227,18 @@ def _stagnation(shape, state_dtype, nsteps, generator):
     scale = math.sqrt(update / _STAGNATION_DT)  # of x and of B
     initial = 1.0 + _uniform(generator, (s.batch, s.nheads, s.headdim, s.dstate), 0.0, 0.125)
     dt_draw = _dt_stream(
-        s, dt_bias_head, lambda g: _uniform(g, (s.batch, s.nheads), 0.8 * _STAGNATION_DT, 1.2 * _STAGNATION_DT)
+        s, dt_bias_head, lambda g, n: _uniform(g, (n, s.batch, s.nheads), 0.8 * _STAGNATION_DT, 1.2 * _STAGNATION_DT)
     )
 
-    def draw_step(g):
+    def draw_steps(g, n):
         return StepInputs(
-            x=(scale * _uniform(g, (s.batch, s.nheads, s.headdim), 0.75, 1.25)).float(),
-            dt=dt_draw(g),
-            B=(scale * _uniform(g, (s.batch, s.ngroups, s.dstate), 0.75, 1.25)).float(),
-            C=torch.randn((s.batch, s.ngroups, s.dstate), generator=g),
+            x=(scale * _uniform(g, (n, s.batch, s.nheads, s.headdim), 0.75, 1.25)).float(),
+            dt=dt_draw(g, n),
+            B=(scale * _uniform(g, (n, s.batch, s.ngroups, s.dstate), 0.75, 1.25)).float(),
+            C=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
         )
 
-    return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_step)
+    return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_steps)
 
 
 # Overflow: constant-sign updates with per-step decay rate ~3 / nsteps from a zero
@@ -247,21 +267,21 @@ def _overflow(shape, state_dtype, nsteps, generator):
     b_mag = _uniform(generator, (s.batch, s.ngroups, s.dstate), 0.5, 1.0)
     b_mag[..., 0] = 1.0
     initial = torch.zeros((s.batch, s.nheads, s.headdim, s.dstate), dtype=torch.float64)
-    dt_draw = _dt_stream(s, dt_bias_head, lambda g: _uniform(g, (s.batch, s.nheads), dt_lo, dt_hi))
+    dt_draw = _dt_stream(s, dt_bias_head, lambda g, n: _uniform(g, (n, s.batch, s.nheads), dt_lo, dt_hi))
 
-    def jitter(g, magnitude):
-        return scale * magnitude * _uniform(g, magnitude.shape, 1 - _OVERFLOW_JITTER, 1 + _OVERFLOW_JITTER)
+    def jitter(g, n, magnitude):
+        return scale * magnitude * _uniform(g, (n, *magnitude.shape), 1 - _OVERFLOW_JITTER, 1 + _OVERFLOW_JITTER)
 
-    def draw_step(g):
+    def draw_steps(g, n):
         return StepInputs(
-            x=jitter(g, x_mag).float(),
-            dt=dt_draw(g),
-            B=jitter(g, b_mag).float(),
+            x=jitter(g, n, x_mag).float(),
+            dt=dt_draw(g, n),
+            B=jitter(g, n, b_mag).float(),
             # |C| sums to at most 1 over dstate, so |C . h| stays below the peak too
-            C=(_uniform(g, (s.batch, s.ngroups, s.dstate), -1.0, 1.0) / s.dstate).float(),
+            C=(_uniform(g, (n, s.batch, s.ngroups, s.dstate), -1.0, 1.0) / s.dstate).float(),
         )
 
-    return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_step)
+    return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_steps)
 
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long}

@@ -1,0 +1,82 @@
+"""Time one drift decode step on a GPU, its float64 side eager and compiled, and record the result.
+
+One trial of the `normal` regime at the default GPU drift shape (batch 2, 8 heads x 64, dstate 128, one
+group), the kernel under test `--kernel` (builtin by default): step 1 eager, step 2 captured in a CUDA
+graph (drift.lockstep), then `--replays` replays timed with time.perf_counter around the Python loop,
+host included; the float64 side of the step (drift.follow) run as plain PyTorch or compiled.
+Not a test: run it by hand on the GPU machine from the checkout, e.g.
+
+    PYTHONPATH=. python benchmarks/drift_step.py
+
+It prints a table and appends it, with date, device, versions, commit and this command, to
+benchmarks/RESULTS.md (or --results PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from record import append_section, commit, markdown_table
+
+from ssmcheck.core import runtime
+
+SHAPE = dict(batch=2, nheads=8, headdim=64, dstate=128, ngroups=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", default="builtin", help="the state-update kernel (drift's --kernel)")
+    parser.add_argument("--replays", type=int, default=1000, help="graph replays timed per configuration")
+    parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
+    parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
+    opts = parser.parse_args()
+
+    env = runtime.configure("cuda")
+    import torch  # noqa: PLC0415
+
+    from ssmcheck.core.capture import Transcript  # noqa: PLC0415
+    from ssmcheck.drift import lockstep  # noqa: PLC0415
+    from ssmcheck.drift.adapter import resolve  # noqa: PLC0415
+    from ssmcheck.drift.follow import Follower  # noqa: PLC0415
+    from ssmcheck.drift.regimes import make_problem  # noqa: PLC0415
+    from ssmcheck.drift.spec import DriftCase  # noqa: PLC0415
+    from ssmcheck.drift.stats import SignedErrorMoments  # noqa: PLC0415
+
+    followers = {"eager": lambda device: Follower("cpu"), "compiled": Follower}  # Follower("cpu"): plain PyTorch
+    rows = []
+    for state_dtype in ("fp16", "bf16"):
+        for rounding in ("nearest", "stochastic"):
+            row = [state_dtype, rounding]
+            for name, follower in followers.items():
+                lockstep.Follower = follower
+                case = DriftCase(kernel=opts.kernel, state_dtype=state_dtype, rounding=rounding, regime="normal",
+                                 steps=opts.replays + 2, model=None, seed=1, trials=1, **SHAPE)
+                problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cuda")
+                lock = lockstep.Lockstep(case, problem, lockstep.StepWindow(problem),
+                                         resolve(opts.kernel, 10, "software", False), 0, 7, Transcript(),
+                                         SignedErrorMoments())
+                lock.advance(check_inputs=True)
+                lock.try_graph()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(opts.replays):
+                    lock.advance()
+                torch.cuda.synchronize()
+                row.append(f"{(time.perf_counter() - start) / opts.replays * 1e3:.4f}")
+                row.append(lock.decode_loop)
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+
+    header = ["state", "rounding", "eager float64 side (ms/step)", "decode_loop", "compiled (ms/step)",
+              "decode_loop"]
+    text = markdown_table(header, rows)
+    print(text)
+    shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
+    details = [f"one trial of `normal`, {shape}, kernel {opts.kernel}; {opts.replays} CUDA graph replays after an "
+               "eager step and the captured one, timed around the Python loop (host included)"]
+    append_section(opts.results, "drift step", env, commit(opts.commit), details, text)
+
+
+if __name__ == "__main__":
+    main()
