@@ -5,7 +5,8 @@ A decode step here is a fixed sequence of device operations that reads its input
 counter into a window of steps already on the device. So the same step can be captured once in a CUDA
 graph and replayed, one launch per step instead of a hundred operations dispatched from Python:
 - the three float64 recurrences (the reference, the baseline before rounding, and the exact update of
-  the kernel's previous state, which the kernel's store is measured against) are one stacked step;
+  the kernel's previous state, which the kernel's store is measured against) are one stacked step, with
+  the rest of the float64 side in one function (drift.follow, compiled on CUDA);
 - the per-store rounding errors accumulate in place on the device (stats.SignedErrorMoments);
 - a device flag records whether the kernel's state or output went non-finite where the reference is
   finite; the runner reads it at checkpoints and, when it is set, replays from the last checkpoint one
