@@ -121,6 +121,8 @@ def main() -> None:
                         help="also time other launch configurations at the largest batch")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", default=None, help="commit to record (default: asks git)")
+    parser.add_argument("--philox-rounds", type=int, default=None,
+                        help="Philox rounds of the software stochastic rounding (default: the kernel's)")
     opts = parser.parse_args()
 
     env = runtime.configure("cuda")
@@ -130,13 +132,15 @@ def main() -> None:
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rounds = fused_recurrent.DEFAULT_PHILOX_ROUNDS if opts.philox_rounds is None else opts.philox_rounds
 
     def kernels(args: dict, rounding: str) -> tuple[dict, dict]:
         """{name: step(state) -> out}: ours, and the peers for round to nearest; out NaN until written."""
         out = torch.full_like(args["x"], float("nan"))
 
         def ours(state):
-            return fused_recurrent.selective_state_update(state, **args, rounding=rounding, seed=12345, out=out)
+            return fused_recurrent.selective_state_update(state, **args, rounding=rounding, seed=12345, out=out,
+                                                          philox_rounds=rounds)
 
         peers, missing = state_updates(args) if rounding == "nearest" else ({}, {})
         return {OURS: ours, **peers}, missing
@@ -244,7 +248,7 @@ def main() -> None:
         f"one decode step: bf16 activations, {shape}, dt_softplus, dt_bias, D{', z' if opts.z else ''} "
         f"(A, dt, dt_bias, D tied per head); graph = median of triton.testing.do_bench_cudagraph, loop = "
         f"{LOOP_STEPS} eager steps / their wall time; floor = fewest bytes / measured copy bandwidth {peak:.0f} GB/s "
-        "(read + written); stochastic = software SR, Philox 10 rounds",
+        f"(read + written); stochastic = software SR, Philox {rounds} rounds",
         *(f"{name}: {origin}" for name, origin in origins.items()),
         *(f"{name} left out: {why}" for name, why in left_out.items()),
     ]
