@@ -150,7 +150,8 @@ def test_a_graph_run_with_the_compiled_step_judges_as_the_eager_references_do(mo
     assert compiled.run.store_errors.count == eager.run.store_errors.count > 0
     # The kernel's state is the same bits either way; the references it is measured against differ in
     # float64's last bits at most.
-    for mine, theirs in ((compiled.run.checkpoints, eager.run.checkpoints), (compiled.run.baseline, eager.run.baseline)):
+    pairs = ((compiled.run.checkpoints, eager.run.checkpoints), (compiled.run.baseline, eager.run.baseline))
+    for mine, theirs in pairs:
         assert [c.step for c in mine] == [c.step for c in theirs]
         for a, b in zip(mine, theirs):
             assert (a.state_rel, a.out_rel) == pytest.approx((b.state_rel, b.out_rel), rel=1e-6)

@@ -113,6 +113,7 @@ def test_any_run_of_steps_is_drawn_as_the_stream_has_it(regime, seed, start, cou
     assert len(stream) == nsteps
     run = problem.host_inputs(start, count)
     for name in ("x", "dt", "B", "C"):
-        assert torch.equal(getattr(run, name), torch.stack([getattr(step, name) for step in stream[start:start + count]]))
+        expected = torch.stack([getattr(step, name) for step in stream[start:start + count]])
+        assert torch.equal(getattr(run, name), expected)
     if nsteps > STEP_BLOCK:  # the blocks' generators differ
         assert not torch.equal(stream[0].x, stream[STEP_BLOCK].x)
