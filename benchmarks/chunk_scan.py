@@ -46,8 +46,29 @@ def inputs(seqlen: int, seed: int = 0) -> dict:
     )
 
 
-def _length(seqlen: int) -> str:
+def length_label(seqlen: int) -> str:
     return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+
+
+def stage_inputs(args: dict, state_dtype) -> dict:
+    """What each pipeline stage reads, made by the stages before it as chunk_scan_combined makes it (batch 1):
+    x, B, C, D, the chunk table, the matmul dtype, dt_proc, dA_cs, the chunks' own states, the passed
+    states, C·Bᵀ."""
+    from ssmcheck.ops.chunk_scan.chunk_cb import chunk_cb  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.layout import batch_table  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.state_passing import state_passing  # noqa: PLC0415
+    from ssmcheck.ops.rounding.stochastic import triton_dtype  # noqa: PLC0415
+
+    x, B, C = args["x"][0], args["B"][0], args["C"][0]
+    table = batch_table(1, x.shape[0], SHAPE["chunk_size"], x.device)
+    mm = triton_dtype(x.dtype)
+    dt_proc, dA_cs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")), table)
+    local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
+    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table, False)
+    return dict(x=x, B=B, C=C, D=args["D"], table=table, mm=mm, dt_proc=dt_proc, dA_cs=dA_cs, local=local,
+                states=states, cb=chunk_cb(C, B, mm, table, False))
 
 
 def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
@@ -56,26 +77,18 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
     from ssmcheck.ops.chunk_scan.chunk_output import chunk_output  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
-    from ssmcheck.ops.chunk_scan.layout import batch_table  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.state_passing import state_passing  # noqa: PLC0415
-    from ssmcheck.ops.rounding.stochastic import triton_dtype  # noqa: PLC0415
 
-    x = args["x"][0]
-    B, C = args["B"][0], args["C"][0]
-    table = batch_table(1, x.shape[0], SHAPE["chunk_size"], x.device)
-    mm = triton_dtype(x.dtype)
+    s = stage_inputs(args, state_dtype)
+    x, B, C, table, mm, dt_proc, dA_cs = s["x"], s["B"], s["C"], s["table"], s["mm"], s["dt_proc"], s["dA_cs"]
     y = x.new_empty(x.shape)
-    dt_proc, dA_cs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")), table)
-    local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
-    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table, False)
-    cb = chunk_cb(C, B, mm, table, False)
     return {
         "dt+cumsum": bench(lambda: dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")),
                                              table)),
         "chunk states": bench(lambda: chunk_state(x, B, dt_proc, dA_cs, mm, table, False)),
-        "passing": bench(lambda: state_passing(local, dA_cs, None, state_dtype, False, 0, table, False)),
+        "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table, False)),
         "C·Bᵀ": bench(lambda: chunk_cb(C, B, mm, table, False)),
-        "output": bench(lambda: chunk_output(x, None, C, args["D"], cb, dt_proc, dA_cs, states, y, mm, table,
+        "output": bench(lambda: chunk_output(x, None, C, s["D"], s["cb"], dt_proc, dA_cs, s["states"], y, mm, table,
                                              False)),
     }
 
@@ -126,12 +139,12 @@ def main() -> None:
             times[name] = ms if finite else None
             cells[name] = f"{ms:.3f}" if finite else "non-finite"
         ours = times.get("ours")
-        rows.append([_length(seqlen), *(cells.get(n, "-") for n in ("ours", *PEERS)),
+        rows.append([length_label(seqlen), *(cells.get(n, "-") for n in ("ours", *PEERS)),
                      *(f"{ours / times[n]:.2f}" if ours and times.get(n) else "-" for n in PEERS)])
         print(" | ".join(rows[-1]), flush=True)
         if opts.stages:
             stages = stage_times(args, state_dtype, bench)
-            stage_rows.append([_length(seqlen), *(f"{t:.3f}" for t in stages.values())])
+            stage_rows.append([length_label(seqlen), *(f"{t:.3f}" for t in stages.values())])
             stage_header = ["L", *(f"{name} (ms)" for name in stages)]
 
     text = markdown_table(header, rows)

@@ -18,7 +18,7 @@ import argparse
 import itertools
 import time
 
-from chunk_scan import SHAPE, _length, inputs
+from chunk_scan import SHAPE, inputs, length_label, stage_inputs
 from record import append_section, commit, markdown_table
 
 from ssmcheck.core import runtime
@@ -47,28 +47,16 @@ def main() -> None:
     import torch  # noqa: PLC0415
     import triton  # noqa: PLC0415
 
-    from ssmcheck.ops.chunk_scan.chunk_cb import chunk_cb  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.chunk_output import chunk_output  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
-    from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
-    from ssmcheck.ops.chunk_scan.layout import batch_table  # noqa: PLC0415
-    from ssmcheck.ops.chunk_scan.state_passing import state_passing  # noqa: PLC0415
-    from ssmcheck.ops.rounding.stochastic import triton_dtype  # noqa: PLC0415
 
     def bench(fn) -> float:
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
     sections = []
     for seqlen in (int(v) for v in opts.lengths.split(",")):
-        args = inputs(seqlen)
-        x, B, C = args["x"][0], args["B"][0], args["C"][0]
-        table = batch_table(1, x.shape[0], SHAPE["chunk_size"], x.device)
-        mm = triton_dtype(x.dtype)
-        dt_proc, dA_cs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")), table)
-        local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
-        states, _ = state_passing(local, dA_cs, None, torch.float32, False, 0, table, False)
-        cb = chunk_cb(C, B, mm, table, False)
-
+        s = stage_inputs(inputs(seqlen), torch.float32)
+        x, B, C, table, mm, dt_proc, dA_cs = s["x"], s["B"], s["C"], s["table"], s["mm"], s["dt_proc"], s["dA_cs"]
         y = torch.empty_like(x)
 
         def nan_filled(size, **options):  # an unwritten element shows
@@ -81,7 +69,7 @@ def main() -> None:
         def output_stage(config, poisoned=False):
             if poisoned:  # an unwritten element shows
                 y.fill_(float("nan"))
-            chunk_output(x, None, C, args["D"], cb, dt_proc, dA_cs, states, y, mm, table, False, config)
+            chunk_output(x, None, C, s["D"], s["cb"], dt_proc, dA_cs, s["states"], y, mm, table, False, config)
             return y
 
         for name, stage, axes in (("chunk states", state_stage, STATE_GRID), ("output", output_stage, OUTPUT_GRID)):
@@ -107,7 +95,7 @@ def main() -> None:
             print(f"L={seqlen} {name}: default {default:.3f} ms; best {timed[:SHOWN]}; {len(rejected)} rejected",
                   flush=True)
             rows = [[f"{ms:.3f}", f"{ms / default:.2f}", label] for ms, label in timed[:SHOWN]]
-            sections.append(f"{name}, L = {_length(seqlen)}: default configuration {default:.3f} ms; "
+            sections.append(f"{name}, L = {length_label(seqlen)}: default configuration {default:.3f} ms; "
                             f"{len(timed)} timed, {len(rejected)} rejected\n\n"
                             + markdown_table(["ms", "/ default", "configuration"], rows))
             for line in rejected[:5]:
