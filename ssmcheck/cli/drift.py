@@ -56,7 +56,7 @@ def drift(
     state_dtype: str = typer.Option(None, "--state-dtype", metavar="LIST", help=f"{AXIS} fp16, bf16, fp32."),
     rounding: str = typer.Option(None, metavar="LIST", help=f"{AXIS} nearest, stochastic: how the state is stored. A kernel without a rounding keyword is run only in the modes given here (what it is declared to do), else as nearest: a preset's list declares nothing."),
     regime: str = typer.Option(None, metavar="LIST", help=f"{AXIS} " + ", ".join(DRIFT_REGIMES) + " (see below)."),
-    steps: int = typer.Option(None, metavar="N", help=f"Decode steps per case (the long regime runs {LONG_STEPS_FACTOR}x). Default from the preset: 32 on the CPU, 2048 on a GPU."),
+    steps: int = typer.Option(None, metavar="N", help=f"Decode steps per case (the long regime runs {LONG_STEPS_FACTOR}x). Default from the preset: 32 on the CPU, 8192 on a GPU."),
     trials: int = typer.Option(None, metavar="K", help="Seeds per stochastic-rounding case (the bias test pools them; nearest runs once). Default from the preset: 2."),
     batch: str = typer.Option(None, metavar="LIST", help=AXIS),
     nheads: str = typer.Option(None, metavar="LIST", help=f"{AXIS} SSM heads."),
