@@ -183,7 +183,7 @@ def test_every_dtype_and_tying(state_dtype, tie_a, tie_dt):
 @pytest.mark.parametrize("state_dtype", DTYPES)
 def test_gpu_launch_configuration_in_the_interpreter(state_dtype, monkeypatch):
     """The GPU's small channel blocks (4 channels for fp32, 8 for fp16/bf16 at dstate 128, 16 for
-    software SR into bf16), run here: headdim 12 spreads a head over several programs, the last one
+    software SR), run here: headdim 12 spreads a head over several programs, the last one
     partly masked (with 16 channels, headdim 12 is one program of which a quarter is masked)."""
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
