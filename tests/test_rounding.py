@@ -67,8 +67,8 @@ def _fp16_16_bits_kernel(x_ptr, r16_ptr, w_ptr, out_ptr, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + i)
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
-    rounded, tied = _fp16_from_16_bits(x, magnitude, tl.load(r16_ptr + i).to(tl.uint32))
-    rounded = _fp16_break_ties(x, magnitude, rounded, tied, tl.load(w_ptr + 4 * i).to(tl.uint32, bitcast=True),
+    rounded = _fp16_from_16_bits(magnitude, tl.load(r16_ptr + i).to(tl.uint32))
+    rounded = _fp16_break_ties(x, magnitude, rounded, tl.load(w_ptr + 4 * i).to(tl.uint32, bitcast=True),
                                tl.load(w_ptr + 4 * i + 1).to(tl.uint32, bitcast=True),
                                tl.load(w_ptr + 4 * i + 2).to(tl.uint32, bitcast=True),
                                tl.load(w_ptr + 4 * i + 3).to(tl.uint32, bitcast=True))
@@ -223,17 +223,17 @@ def test_tiny_fp16_values_compare_all_128_bits():
 
 def test_fp16_ties_of_16_bits_are_broken_by_more_bits():
     """16 random bits decide fp16 SR unless they equal the top 16 bits of a longer fraction: then the
-    next words decide, exactly. Up iff r16 < top, or r16 == top and the words are below the rest."""
+    next words decide, exactly. Up iff r16 < top, or r16 == top and the words are below the rest.
+    Below 2**-24 the words alone decide: up iff below |x| / 2**-24."""
     sub = 2.0**-20 + (0x1234 * 8 + 5) * 2.0**-43  # 19 dropped bits: top 16 = 0x1234, then 5/8
-    tiny = 2.0**-30 * (1 + 2.0**-23)  # 2**-6 (1 + 2**-23) of 2**-24: top 16 = 1024, then 2**-13
+    tiny = 2.0**-30 * (1 + 2.0**-23)  # 2**-6 (1 + 2**-23) of 2**-24: the words' threshold 2**26 + 8
     normal = 1 + 2.0**-23  # 13 dropped bits (= 1): top 16 = 8, nothing below, never a tie
     cases = [  # (x, r16, first word, rounds up)
         (sub, 0x1233, 0xFFFFFFFF, True), (sub, 0x1235, 0, False),
         (sub, 0x1234, 0x9FFFFFFF, True), (sub, 0x1234, 0xA0000000, False),  # 5/8 = 0xA0000000 / 2**32
-        (tiny, 1023, 0xFFFFFFFF, True), (tiny, 1025, 0, False),
-        (tiny, 1024, 2**19 - 1, True), (tiny, 1024, 2**19, False),  # 2**-13 = 2**19 / 2**32
+        (tiny, 0xFFFF, 2**26 + 7, True), (tiny, 0, 2**26 + 8, False),  # r16 does not matter
         (normal, 7, 0, True), (normal, 8, 0, False),
-        (-sub, 0x1234, 0x9FFFFFFF, True), (-tiny, 1024, 2**19, False),
+        (-sub, 0x1234, 0x9FFFFFFF, True), (-tiny, 0, 2**26 + 8, False),
     ]
     block = 16
     x = torch.zeros(block, dtype=torch.float32)
@@ -250,9 +250,8 @@ def test_fp16_ties_of_16_bits_are_broken_by_more_bits():
 
 
 def test_fp16_ties_draw_from_the_second_philox_stream():
-    # 2**-41 is 2**-17 of the way from 0 to 2**-24: its top 16 bits are 0, so it rounds up only
-    # through a tie (r16 == 0, probability 2**-16) broken upward (probability 1/2), in either half
-    # of a shared Philox word. A tie never broken, or broken from the wrong bits, shows here.
+    # 2**-41 is 2**-17 of the way from 0 to 2**-24: below 2**-24 the tile's own Philox stream
+    # decides, in every part of a block (stochastic_round_x8's tiles 0-3 and 4-7 alike).
     n = 2**21 if interpreting() else 2**24
     x = torch.full((n,), 2.0**-41, device=DEVICE)
     up = (stochastic_round_tensor(x, torch.float16, 7).double() > 0).view(-1, 8, 512).cpu()

@@ -27,8 +27,9 @@ element index as the counter. Philox costs far more than a memory-bound
 kernel's other arithmetic per element, so `stochastic_round_x8` shares one
 call (four 32-bit words) among eight elements, 16 bits each: all that bf16
 and fp16 normals drop. Where an fp16 fraction has more bits (below 2**-17)
-and the 16 bits tie with its top 16, a second Philox stream supplies 128
-more bits, computed only in programs that hold such a tie.
+and the 16 bits tie with its top 16, or the value is below 2**-24, another
+Philox stream supplies 128 more bits, computed only for tiles that hold such
+an element.
 `stochastic_round_x4` (one word per element) serves hardware SR.
 
 Hardware SR (`cvt.rs.{f16,bf16}x2.f32`) exists only on sm_100 and later;
@@ -296,50 +297,46 @@ def stochastic_round_x4(x0, x1, x2, x3, seed, counters, DTYPE: tl.constexpr, N_R
 
 
 @triton.jit
-def _fp16_from_16_bits(x, magnitude, r16):
-    """fp16 SR of |x| (fp32 bits `magnitude`) decided by 16 random bits where they suffice.
+def _fp16_from_16_bits(magnitude, r16):
+    """fp16 SR of the fp32 magnitude bits `magnitude`, decided by 16 random bits where they suffice.
 
-    Up iff r16 < the top 16 bits of the fraction to round (the dropped bits: 13 for normals, up to 23 in
-    the subnormal range; for |x| < 2**-24, |x| / 2**-24). Returns (rounded magnitude bits, tied):
-    `tied` where r16 equals those 16 bits and the fraction has more bits below them. There the
-    draw's lower bits decide (`_fp16_break_ties`); with r16 uniform that happens with probability
-    2**-16, only for values below 2**-17 (more than 16 dropped bits).
+    Up iff r16 < the top 16 bits of the dropped fraction (13 bits for normals, up to 23 in the
+    subnormal range). Where r16 equals those 16 bits and the fraction has more bits below them
+    (values below 2**-17, probability 2**-16), and for every magnitude below 2**-24 (the fraction
+    |x| / 2**-24 is no bit field of x), the draw's lower bits must decide: those elements come back
+    marked, bit 0 set (a rounded magnitude always has it clear), for `_fp16_break_ties`.
     """
     exponent = (magnitude >> 23).to(tl.int32) - 127
     dropped = tl.minimum(tl.maximum(-1 - exponent, 13), 23).to(tl.uint32)
     mask = (tl.full(magnitude.shape, 1, tl.uint32) << dropped) - 1
     fraction = magnitude << (32 - dropped)  # the dropped bits, at the top of the word
     top = fraction >> 16
-    rest = (fraction & 0xFFFF) != 0
-    tiny = magnitude < 0x33800000
-    scaled = tl.where(tiny, tl.abs(x) * 1099511627776.0, 0.0)  # |x| / 2**-24, times 2**16: exact
-    top = tl.where(tiny, tl.floor(scaled).to(tl.uint32), top)
-    rest = tl.where(tiny, scaled != tl.floor(scaled), rest)
-    up = r16 < top
-    rounded = tl.where(tiny, tl.where(up, 0x33800000, 0), (magnitude & ~mask) + tl.where(up, mask + 1, 0))
-    return rounded, (r16 == top) & rest
+    tied = ((r16 == top) & ((fraction & 0xFFFF) != 0)) | (magnitude < 0x33800000)
+    rounded = (magnitude & ~mask) + tl.where(r16 < top, mask + 1, 0)
+    return rounded | tied.to(tl.uint32)
 
 
 @triton.jit
-def _fp16_break_ties(x, magnitude, rounded, tied, w0, w1, w2, w3):
-    """`rounded` where `tied` (see _fp16_from_16_bits) decided by 128 more random bits, w0 leading:
-    up iff they are below the fraction's bits under the top 16 (at most 7 of them, or for |x| < 2**-24
-    up to 109)."""
+def _fp16_break_ties(x, magnitude, marked, w0, w1, w2, w3):
+    """`marked` (from _fp16_from_16_bits) with its marked elements decided by 128 more random bits, w0
+    leading: a tie rounds up iff they are below the fraction's bits under the top 16 (at most 7); a
+    magnitude below 2**-24 rounds to 2**-24 iff they are below |x| / 2**-24 (up to 125 bits)."""
     exponent = (magnitude >> 23).to(tl.int32) - 127
     dropped = tl.minimum(tl.maximum(-1 - exponent, 13), 23).to(tl.uint32)
     mask = (tl.full(magnitude.shape, 1, tl.uint32) << dropped) - 1
     tiny = magnitude < 0x33800000
-    scaled = tl.where(tiny, tl.abs(x) * 1099511627776.0, 0.0)
-    lower = tl.where(tiny, scaled - tl.floor(scaled),
+    lower = tl.where(tiny, tl.abs(x) * 16777216.0,
                      ((magnitude << (32 - dropped)) & 0xFFFF).to(tl.float32) * (1.0 / 65536.0))
-    up = tied & _uniform_below(lower, w0, w1, w2, w3)
-    return tl.where(up, tl.where(tiny, 0x33800000, (magnitude & ~mask) + mask + 1), rounded)
+    up = _uniform_below(lower, w0, w1, w2, w3)
+    decided = tl.where(up, tl.where(tiny, 0x33800000, (magnitude & ~mask) + mask + 1),
+                       tl.where(tiny, 0, marked & 0xFFFFFFFE))
+    return tl.where((marked & 1) != 0, decided, marked)
 
 
 @triton.jit
 def _tie_words(seed, counters, stream, N_ROUNDS: tl.constexpr):
     """Four more Philox words per counter, from a stream no `tl.randint4x` call reads: its third
-    counter word is `stream` (1, 2), where randint4x's is 0."""
+    counter word is `stream` (1..8), where randint4x's is 0."""
     lo = counters.to(tl.uint32)
     zero = lo * 0
     if tl.constexpr(counters.dtype.primitive_bitwidth) > 32:
@@ -350,70 +347,64 @@ def _tie_words(seed, counters, stream, N_ROUNDS: tl.constexpr):
 
 
 @triton.jit
+def _fp16_sr_tile(x, r16, seed, counters, stream, N_ROUNDS: tl.constexpr):
+    """Exact software SR of one fp32 tile into fp16 from 16 random bits per element, and where those do
+    not decide (see _fp16_from_16_bits) from Philox stream `stream`, computed only for a tile holding
+    such an element: a branch per tile, so that little else is live in it."""
+    bits = x.to(tl.uint32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    rounded = _fp16_from_16_bits(magnitude, r16)
+    if tl.max(rounded & 1) > 0:
+        w0, w1, w2, w3 = _tie_words(seed, counters, stream, N_ROUNDS)
+        rounded = _fp16_break_ties(x, magnitude, rounded, w0, w1, w2, w3)
+    return _finish(bits, rounded, tl.float16)
+
+
+@triton.jit
 def stochastic_round_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, DTYPE: tl.constexpr,
                         N_ROUNDS: tl.constexpr):
     """Software SR of eight same-shaped fp32 tiles into fp16 or bf16 with one Philox call per position.
 
     Each element draws 16 bits: tiles 0-3 the low halves of words 0-3 of Philox(seed, counters),
     tiles 4-7 their high halves. Into bf16, which drops 16 bits everywhere, that is the whole draw
-    (`_add_and_truncate` reads only the low 16 bits). Into fp16, 16 bits decide every normal value
-    (13 dropped bits); below 2**-17 the fraction has more bits than that, and where the 16 bits tie
-    with its top 16 (probability 2**-16 per such element) 128 more bits decide, from a second Philox
-    stream that only programs holding a tie compute. So the draw stays exact everywhere while the
-    common program pays one Philox call per eight elements.
+    (`_add_and_truncate` reads only the low 16 bits). Into fp16 16 bits decide every normal value
+    (13 dropped bits); below 2**-17 the fraction has more bits, and where the 16 bits tie with its top
+    16 (probability 2**-16), or the value is below 2**-24, 128 more bits decide, from a Philox stream
+    of the tile's own that only a tile holding such an element computes (`_fp16_sr_tile`). The draw
+    is exact everywhere while the common program pays one Philox call per eight elements.
     bf16: 1.58-1.65x round to nearest at batch 256 on the H200, against 1.93x with a call per four
     (benchmarks/RESULTS.md).
     """
     # (A no-op that makes the compiler lay the Philox arithmetic out like x0; see stochastic_round_x4.)
     counters = tl.where(x0 == x0, counters, 0)
     r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
-    b0 = x0.to(tl.uint32, bitcast=True)
-    b1 = x1.to(tl.uint32, bitcast=True)
-    b2 = x2.to(tl.uint32, bitcast=True)
-    b3 = x3.to(tl.uint32, bitcast=True)
-    b4 = x4.to(tl.uint32, bitcast=True)
-    b5 = x5.to(tl.uint32, bitcast=True)
-    b6 = x6.to(tl.uint32, bitcast=True)
-    b7 = x7.to(tl.uint32, bitcast=True)
     if DTYPE == tl.bfloat16:
-        y0 = _add_and_truncate(b0 & 0x7FFFFFFF, r0, DTYPE)
-        y1 = _add_and_truncate(b1 & 0x7FFFFFFF, r1, DTYPE)
-        y2 = _add_and_truncate(b2 & 0x7FFFFFFF, r2, DTYPE)
-        y3 = _add_and_truncate(b3 & 0x7FFFFFFF, r3, DTYPE)
-        y4 = _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, DTYPE)
-        y5 = _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, DTYPE)
-        y6 = _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, DTYPE)
-        y7 = _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, DTYPE)
+        b0 = x0.to(tl.uint32, bitcast=True)
+        b1 = x1.to(tl.uint32, bitcast=True)
+        b2 = x2.to(tl.uint32, bitcast=True)
+        b3 = x3.to(tl.uint32, bitcast=True)
+        b4 = x4.to(tl.uint32, bitcast=True)
+        b5 = x5.to(tl.uint32, bitcast=True)
+        b6 = x6.to(tl.uint32, bitcast=True)
+        b7 = x7.to(tl.uint32, bitcast=True)
+        y0 = _finish(b0, _add_and_truncate(b0 & 0x7FFFFFFF, r0, DTYPE), DTYPE)
+        y1 = _finish(b1, _add_and_truncate(b1 & 0x7FFFFFFF, r1, DTYPE), DTYPE)
+        y2 = _finish(b2, _add_and_truncate(b2 & 0x7FFFFFFF, r2, DTYPE), DTYPE)
+        y3 = _finish(b3, _add_and_truncate(b3 & 0x7FFFFFFF, r3, DTYPE), DTYPE)
+        y4 = _finish(b4, _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, DTYPE), DTYPE)
+        y5 = _finish(b5, _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, DTYPE), DTYPE)
+        y6 = _finish(b6, _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, DTYPE), DTYPE)
+        y7 = _finish(b7, _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, DTYPE), DTYPE)
     else:
-        y0, t0 = _fp16_from_16_bits(x0, b0 & 0x7FFFFFFF, r0 & 0xFFFF)
-        y1, t1 = _fp16_from_16_bits(x1, b1 & 0x7FFFFFFF, r1 & 0xFFFF)
-        y2, t2 = _fp16_from_16_bits(x2, b2 & 0x7FFFFFFF, r2 & 0xFFFF)
-        y3, t3 = _fp16_from_16_bits(x3, b3 & 0x7FFFFFFF, r3 & 0xFFFF)
-        y4, t4 = _fp16_from_16_bits(x4, b4 & 0x7FFFFFFF, r0 >> 16)
-        y5, t5 = _fp16_from_16_bits(x5, b5 & 0x7FFFFFFF, r1 >> 16)
-        y6, t6 = _fp16_from_16_bits(x6, b6 & 0x7FFFFFFF, r2 >> 16)
-        y7, t7 = _fp16_from_16_bits(x7, b7 & 0x7FFFFFFF, r3 >> 16)
-        if tl.max(((t0 | t1) | (t2 | t3) | (t4 | t5) | (t6 | t7)).to(tl.int32)) > 0:
-            # Tiles 0-3 read stream 1, tiles 4-7 stream 2; each its own word first (the others
-            # matter only where a tie persists past 32 bits: probability 2**-48).
-            w0, w1, w2, w3 = _tie_words(seed, counters, 1, N_ROUNDS)
-            y0 = _fp16_break_ties(x0, b0 & 0x7FFFFFFF, y0, t0, w0, w1, w2, w3)
-            y1 = _fp16_break_ties(x1, b1 & 0x7FFFFFFF, y1, t1, w1, w2, w3, w0)
-            y2 = _fp16_break_ties(x2, b2 & 0x7FFFFFFF, y2, t2, w2, w3, w0, w1)
-            y3 = _fp16_break_ties(x3, b3 & 0x7FFFFFFF, y3, t3, w3, w0, w1, w2)
-            w0, w1, w2, w3 = _tie_words(seed, counters, 2, N_ROUNDS)
-            y4 = _fp16_break_ties(x4, b4 & 0x7FFFFFFF, y4, t4, w0, w1, w2, w3)
-            y5 = _fp16_break_ties(x5, b5 & 0x7FFFFFFF, y5, t5, w1, w2, w3, w0)
-            y6 = _fp16_break_ties(x6, b6 & 0x7FFFFFFF, y6, t6, w2, w3, w0, w1)
-            y7 = _fp16_break_ties(x7, b7 & 0x7FFFFFFF, y7, t7, w3, w0, w1, w2)
-    y0 = _finish(b0, y0, DTYPE)
-    y1 = _finish(b1, y1, DTYPE)
-    y2 = _finish(b2, y2, DTYPE)
-    y3 = _finish(b3, y3, DTYPE)
-    y4 = _finish(b4, y4, DTYPE)
-    y5 = _finish(b5, y5, DTYPE)
-    y6 = _finish(b6, y6, DTYPE)
-    y7 = _finish(b7, y7, DTYPE)
+        # Tiles k and k + 4 share word k: rounded in that order, each word is dead after its second tile.
+        y0 = _fp16_sr_tile(x0, r0 & 0xFFFF, seed, counters, 1, N_ROUNDS)
+        y4 = _fp16_sr_tile(x4, r0 >> 16, seed, counters, 5, N_ROUNDS)
+        y1 = _fp16_sr_tile(x1, r1 & 0xFFFF, seed, counters, 2, N_ROUNDS)
+        y5 = _fp16_sr_tile(x5, r1 >> 16, seed, counters, 6, N_ROUNDS)
+        y2 = _fp16_sr_tile(x2, r2 & 0xFFFF, seed, counters, 3, N_ROUNDS)
+        y6 = _fp16_sr_tile(x6, r2 >> 16, seed, counters, 7, N_ROUNDS)
+        y3 = _fp16_sr_tile(x3, r3 & 0xFFFF, seed, counters, 4, N_ROUNDS)
+        y7 = _fp16_sr_tile(x7, r3 >> 16, seed, counters, 8, N_ROUNDS)
     return y0, y1, y2, y3, y4, y5, y6, y7
 
 

@@ -77,7 +77,7 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: i
     every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
     configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
     configurations at batch 256). Software SR has eight row groups, so 16 channels: the fastest
-    of bf16's configurations measured (2026-12-01). Small one-warp programs keep the most state loads in flight
+    of bf16's configurations measured (2026-12-01); into fp16, one row per group (8 channels). Small one-warp programs keep the most state loads in flight
     per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
@@ -86,6 +86,11 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: i
     else:
         row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
         channels = groups * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
+        if groups == 8 and state_dtype == torch.float16:
+            # Software SR into fp16 keeps a tie-breaking branch per row group (stochastic_round_x8):
+            # at two rows per group they spill (sm_90, compiled offline: 255 registers and 1 KiB of
+            # stack per thread at 16 channels, 16 bytes at 8).
+            channels = groups
     return LaunchConfig(block_p=max(groups, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
 
 
