@@ -2,8 +2,8 @@
 
 Two software SR paths are checked alike: the elementwise `stochastic_round`
 (through `round_to_storage`, as the chunk scan uses it) and the shared-Philox
-`stochastic_round_x8` (through the `stochastic_round_tensor` launcher, as the
-state update uses it; `stochastic_round_x4` serves only hardware SR, on sm_100+). Many draws of one value are many elements holding it:
+`stochastic_round_x4` and, into bf16, `stochastic_round_bf16_x8` (through the
+`stochastic_round_tensor` launcher, as the state update uses them). Many draws of one value are many elements holding it:
 each element has its own Philox counter. Philox is deterministic, so every
 statistical test here has a fixed outcome for its recorded seed.
 """
@@ -21,9 +21,6 @@ from ssmcheck.core import runtime
 from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
-    _finish,
-    _fp16_break_ties,
-    _fp16_from_16_bits,
     _round_with_words,
     round_to_storage,
     stochastic_round_tensor,
@@ -58,21 +55,6 @@ def _words_kernel(x_ptr, w_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexp
                           tl.load(w_ptr + 4 * i + 2).to(tl.uint32, bitcast=True),
                           tl.load(w_ptr + 4 * i + 3).to(tl.uint32, bitcast=True), DTYPE)
     tl.store(out_ptr + i, y)
-
-
-@triton.jit
-def _fp16_16_bits_kernel(x_ptr, r16_ptr, w_ptr, out_ptr, BLOCK: tl.constexpr):
-    # fp16 SR from a caller-chosen 16-bit draw, ties broken by caller-chosen words (stochastic_round_x8's steps).
-    i = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + i)
-    bits = x.to(tl.uint32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    rounded = _fp16_from_16_bits(magnitude, tl.load(r16_ptr + i).to(tl.uint32))
-    rounded = _fp16_break_ties(x, magnitude, rounded, tl.load(w_ptr + 4 * i).to(tl.uint32, bitcast=True),
-                               tl.load(w_ptr + 4 * i + 1).to(tl.uint32, bitcast=True),
-                               tl.load(w_ptr + 4 * i + 2).to(tl.uint32, bitcast=True),
-                               tl.load(w_ptr + 4 * i + 3).to(tl.uint32, bitcast=True))
-    tl.store(out_ptr + i, _finish(bits, rounded, tl.float16))
 
 
 @triton.jit
@@ -219,45 +201,6 @@ def test_tiny_fp16_values_compare_all_128_bits():
     out = torch.empty(4, dtype=torch.float16, device=DEVICE)
     _words_kernel[(1,)](x, words, out, DTYPE=tl.float16, BLOCK=4)
     assert out.float().tolist() == [2.0**-24, 0.0, 0.0, 0.0]
-
-
-def test_fp16_ties_of_16_bits_are_broken_by_more_bits():
-    """16 random bits decide fp16 SR unless they equal the top 16 bits of a longer fraction: then the
-    next words decide, exactly. Up iff r16 < top, or r16 == top and the words are below the rest.
-    Below 2**-24 the words alone decide: up iff below |x| / 2**-24."""
-    sub = 2.0**-20 + (0x1234 * 8 + 5) * 2.0**-43  # 19 dropped bits: top 16 = 0x1234, then 5/8
-    tiny = 2.0**-30 * (1 + 2.0**-23)  # 2**-6 (1 + 2**-23) of 2**-24: the words' threshold 2**26 + 8
-    normal = 1 + 2.0**-23  # 13 dropped bits (= 1): top 16 = 8, nothing below, never a tie
-    cases = [  # (x, r16, first word, rounds up)
-        (sub, 0x1233, 0xFFFFFFFF, True), (sub, 0x1235, 0, False),
-        (sub, 0x1234, 0x9FFFFFFF, True), (sub, 0x1234, 0xA0000000, False),  # 5/8 = 0xA0000000 / 2**32
-        (tiny, 0xFFFF, 2**26 + 7, True), (tiny, 0, 2**26 + 8, False),  # r16 does not matter
-        (normal, 7, 0, True), (normal, 8, 0, False),
-        (-sub, 0x1234, 0x9FFFFFFF, True), (-tiny, 0, 2**26 + 8, False),
-    ]
-    block = 16
-    x = torch.zeros(block, dtype=torch.float32)
-    x[: len(cases)] = torch.tensor([c[0] for c in cases])
-    r16 = torch.zeros(block, dtype=torch.int32)
-    r16[: len(cases)] = torch.tensor([c[1] for c in cases])
-    words = torch.zeros((block, 4), dtype=torch.int64)
-    words[: len(cases), 0] = torch.tensor([c[2] for c in cases])
-    out = torch.empty(block, dtype=torch.float16, device=DEVICE)
-    _fp16_16_bits_kernel[(1,)](x.to(DEVICE), r16.to(DEVICE), words.to(torch.int32).to(DEVICE), out, BLOCK=block)
-    inner, outer = _neighbours(x[: len(cases)], torch.float16)
-    expected = torch.where(torch.tensor([c[3] for c in cases]), outer, inner)
-    assert out[: len(cases)].double().cpu().tolist() == expected.tolist()
-
-
-def test_fp16_ties_draw_from_the_second_philox_stream():
-    # 2**-41 is 2**-17 of the way from 0 to 2**-24: below 2**-24 the tile's own Philox stream
-    # decides, in every part of a block (stochastic_round_x8's tiles 0-3 and 4-7 alike).
-    n = 2**21 if interpreting() else 2**24
-    x = torch.full((n,), 2.0**-41, device=DEVICE)
-    up = (stochastic_round_tensor(x, torch.float16, 7).double() > 0).view(-1, 8, 512).cpu()
-    halves = [int(up[:, :4].sum()), int(up[:, 4:].sum())]
-    assert min(halves) > 0, halves
-    assert abs(_z(sum(halves), n, 2.0**-17)) < Z_LIMIT, halves
 
 
 # --- stochastic rounding: unbiased means (z-tests) --------------------------------------------------

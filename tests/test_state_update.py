@@ -183,7 +183,7 @@ def test_every_dtype_and_tying(state_dtype, tie_a, tie_dt):
 @pytest.mark.parametrize("state_dtype", DTYPES)
 def test_gpu_launch_configuration_in_the_interpreter(state_dtype, monkeypatch):
     """The GPU's small channel blocks (4 channels for fp32, 8 for fp16/bf16 at dstate 128, 16 for
-    software SR into bf16, 8 into fp16), run here: headdim 12 spreads a head over several programs, the last one
+    software SR into bf16), run here: headdim 12 spreads a head over several programs, the last one
     partly masked (with 16 channels, headdim 12 is one program of which a quarter is masked)."""
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
@@ -192,7 +192,7 @@ def test_gpu_launch_configuration_in_the_interpreter(state_dtype, monkeypatch):
                         lambda h, n, dtype, groups, interpreter: rule(h, n, dtype, groups, False))
     for rounding in ("nearest", "stochastic"):
         groups = fused_recurrent.row_groups(state_dtype, rounding, "software")
-        expected = 4 if state_dtype == torch.float32 else 16 if groups == 8 and state_dtype == torch.bfloat16 else 8
+        expected = 4 if state_dtype == torch.float32 else 16 if groups == 8 else 8
         assert fused_recurrent.launch_config(64, 128, state_dtype, groups, True).block_p == expected
     for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
         _check_step(Inputs(11, 2, 2, 1, 12, 128, state_dtype=state_dtype, tie_a=True, tie_dt=True), rounding=rounding,

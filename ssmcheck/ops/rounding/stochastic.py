@@ -24,13 +24,11 @@ truncates, and garbles fp32 subnormals).
 
 Random bits come from Philox (`tl.randint4x`) keyed by the seed, with the
 element index as the counter. Philox costs far more than a memory-bound
-kernel's other arithmetic per element, so `stochastic_round_x8` shares one
-call (four 32-bit words) among eight elements, 16 bits each: all that bf16
-and fp16 normals drop. Where an fp16 fraction has more bits (below 2**-17)
-and the 16 bits tie with its top 16, or the value is below 2**-24, another
-Philox stream supplies 128 more bits, computed only for tiles that hold such
-an element.
-`stochastic_round_x4` (one word per element) serves hardware SR.
+kernel's other arithmetic per element, so `stochastic_round_x4` shares one
+call (four 32-bit words) among four elements, and runs the exact comparison
+the tiniest fp16 values need only in programs that hold such values; into
+bf16, which drops 16 bits everywhere, `stochastic_round_bf16_x8` shares one
+call among eight elements, half a word each.
 
 Hardware SR (`cvt.rs.{f16,bf16}x2.f32`) exists only on sm_100 and later;
 `check_rounding` refuses it anywhere else with an explanation.
@@ -163,35 +161,27 @@ def _add_and_truncate(magnitude, r0, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _uniform_below(fraction, r0, r1, r2, r3):
-    """U < fraction for U uniform on the 128 bits r0.r1.r2.r3 (r0 most significant), for fp32 fractions in
-    [0, 1): exact, as 128 bits hold every bit of any fp32 fraction at least 2**-104; below that the
-    draw ties 128 zero bits only with probability 2**-128. Word by word; `tied` while the draw equals
-    the fraction so far."""
-    t = fraction * 4294967296.0
-    word = tl.floor(t)
-    below = r0 < word.to(tl.uint32)
-    tied = r0 == word.to(tl.uint32)
-    t = (t - word) * 4294967296.0
-    word = tl.floor(t)
-    below = below | (tied & (r1 < word.to(tl.uint32)))
-    tied = tied & (r1 == word.to(tl.uint32))
-    t = (t - word) * 4294967296.0
-    word = tl.floor(t)
-    below = below | (tied & (r2 < word.to(tl.uint32)))
-    tied = tied & (r2 == word.to(tl.uint32))
-    return below | (tied & (r3 < ((t - word) * 4294967296.0).to(tl.uint32)))
-
-
-@triton.jit
 def _round_tiny_fp16(x, magnitude, rounded, r0, r1, r2, r3):
     """`rounded`, with fp16 magnitudes below 2**-24 replaced by their SR: 0 or 2**-24 (as fp32 bits).
 
-    Up iff U < |x| / 2**-24 for U uniform on 128 bits (the fraction needs at most 125 bits; r1..r3
-    matter only below 2**-33).
+    Up iff U < |x| / 2**-24 for U uniform on 128 bits, compared word by word
+    (the fraction needs at most 125 bits; r1..r3 matter only below 2**-33).
     """
     tiny = magnitude < 0x33800000
-    up = _uniform_below(tl.where(tiny, tl.abs(x) * 16777216.0, 0.0), r0, r1, r2, r3)
+    # Most significant word first; `tied` while the draw equals the fraction so far.
+    t = tl.where(tiny, tl.abs(x) * 16777216.0, 0.0) * 4294967296.0
+    word = tl.floor(t)
+    up = r0 < word.to(tl.uint32)
+    tied = r0 == word.to(tl.uint32)
+    t = (t - word) * 4294967296.0
+    word = tl.floor(t)
+    up = up | (tied & (r1 < word.to(tl.uint32)))
+    tied = tied & (r1 == word.to(tl.uint32))
+    t = (t - word) * 4294967296.0
+    word = tl.floor(t)
+    up = up | (tied & (r2 < word.to(tl.uint32)))
+    tied = tied & (r2 == word.to(tl.uint32))
+    up = up | (tied & (r3 < ((t - word) * 4294967296.0).to(tl.uint32)))
     return tl.where(tiny, tl.where(up, 0x33800000, 0), rounded)
 
 
@@ -297,122 +287,47 @@ def stochastic_round_x4(x0, x1, x2, x3, seed, counters, DTYPE: tl.constexpr, N_R
 
 
 @triton.jit
-def _fp16_from_16_bits(magnitude, r16):
-    """fp16 SR of the fp32 magnitude bits `magnitude`, decided by 16 random bits where they suffice.
+def stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, N_ROUNDS: tl.constexpr):
+    """Software SR of eight same-shaped fp32 tiles into bf16 with one Philox call per position.
 
-    Up iff r16 < the top 16 bits of the dropped fraction (13 bits for normals, up to 23 in the
-    subnormal range). Where r16 equals those 16 bits and the fraction has more bits below them
-    (values below 2**-17, probability 2**-16), and for every magnitude below 2**-24 (the fraction
-    |x| / 2**-24 is no bit field of x), the draw's lower bits must decide: those elements come back
-    marked, bit 0 set (a rounded magnitude always has it clear), for `_fp16_break_ties`.
-    """
-    exponent = (magnitude >> 23).to(tl.int32) - 127
-    dropped = tl.minimum(tl.maximum(-1 - exponent, 13), 23).to(tl.uint32)
-    mask = (tl.full(magnitude.shape, 1, tl.uint32) << dropped) - 1
-    fraction = magnitude << (32 - dropped)  # the dropped bits, at the top of the word
-    top = fraction >> 16
-    tied = ((r16 == top) & ((fraction & 0xFFFF) != 0)) | (magnitude < 0x33800000)
-    rounded = (magnitude & ~mask) + tl.where(r16 < top, mask + 1, 0)
-    return rounded | tied.to(tl.uint32)
-
-
-@triton.jit
-def _fp16_break_ties(x, magnitude, marked, w0, w1, w2, w3):
-    """`marked` (from _fp16_from_16_bits) with its marked elements decided by 128 more random bits, w0
-    leading: a tie rounds up iff they are below the fraction's bits under the top 16 (at most 7); a
-    magnitude below 2**-24 rounds to 2**-24 iff they are below |x| / 2**-24 (up to 125 bits)."""
-    exponent = (magnitude >> 23).to(tl.int32) - 127
-    dropped = tl.minimum(tl.maximum(-1 - exponent, 13), 23).to(tl.uint32)
-    mask = (tl.full(magnitude.shape, 1, tl.uint32) << dropped) - 1
-    tiny = magnitude < 0x33800000
-    lower = tl.where(tiny, tl.abs(x) * 16777216.0,
-                     ((magnitude << (32 - dropped)) & 0xFFFF).to(tl.float32) * (1.0 / 65536.0))
-    up = _uniform_below(lower, w0, w1, w2, w3)
-    decided = tl.where(up, tl.where(tiny, 0x33800000, (magnitude & ~mask) + mask + 1),
-                       tl.where(tiny, 0, marked & 0xFFFFFFFE))
-    return tl.where((marked & 1) != 0, decided, marked)
-
-
-@triton.jit
-def _tie_words(seed, counters, stream, N_ROUNDS: tl.constexpr):
-    """Four more Philox words per counter, from a stream no `tl.randint4x` call reads: its third
-    counter word is `stream` (1..8), where randint4x's is 0."""
-    lo = counters.to(tl.uint32)
-    zero = lo * 0
-    if tl.constexpr(counters.dtype.primitive_bitwidth) > 32:
-        hi = (counters >> 32).to(tl.uint32)
-    else:
-        hi = zero
-    return tl.philox(seed, lo, hi, zero + stream, zero, N_ROUNDS)
-
-
-@triton.jit
-def _fp16_sr_tile(x, r16, seed, counters, stream, N_ROUNDS: tl.constexpr):
-    """Exact software SR of one fp32 tile into fp16 from 16 random bits per element, and where those do
-    not decide (see _fp16_from_16_bits) from Philox stream `stream`, computed only for a tile holding
-    such an element: a branch per tile, so that little else is live in it."""
-    bits = x.to(tl.uint32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    rounded = _fp16_from_16_bits(magnitude, r16)
-    if tl.max(rounded & 1) > 0:
-        w0, w1, w2, w3 = _tie_words(seed, counters, stream, N_ROUNDS)
-        rounded = _fp16_break_ties(x, magnitude, rounded, w0, w1, w2, w3)
-    return _finish(bits, rounded, tl.float16)
-
-
-@triton.jit
-def stochastic_round_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, DTYPE: tl.constexpr,
-                        N_ROUNDS: tl.constexpr):
-    """Software SR of eight same-shaped fp32 tiles into fp16 or bf16 with one Philox call per position.
-
-    Each element draws 16 bits: tiles 0-3 the low halves of words 0-3 of Philox(seed, counters),
-    tiles 4-7 their high halves. Into bf16, which drops 16 bits everywhere, that is the whole draw
-    (`_add_and_truncate` reads only the low 16 bits). Into fp16 16 bits decide every normal value
-    (13 dropped bits); below 2**-17 the fraction has more bits, and where the 16 bits tie with its top
-    16 (probability 2**-16), or the value is below 2**-24, 128 more bits decide, from a Philox stream
-    of the tile's own that only a tile holding such an element computes (`_fp16_sr_tile`). The draw
-    is exact everywhere while the common program pays one Philox call per eight elements.
-    bf16: 1.58-1.65x round to nearest at batch 256 on the H200, against 1.93x with a call per four
-    (benchmarks/RESULTS.md).
+    bf16 drops 16 bits everywhere, so an element needs only 16 random bits: tiles 0-3 take the
+    low halves of words 0-3 of Philox(seed, counters), tiles 4-7 their high halves
+    (`_add_and_truncate` reads only the low 16 bits). One Philox call per eight elements:
+    1.58-1.65x round to nearest at batch 256 on the H200, against 1.93x with a call per four
+    (benchmarks/RESULTS.md). fp16 does not share a word this way: its subnormals
+    drop up to 23 bits and its tiniest values need 128, and the branch that gives those programs
+    whole words made the common fp16 program slower, not faster (3.58x against 2.56x on the H200).
+    Nor did 16-bit draws for every fp16 element with exact tie-breaking (where the 16 bits equal a
+    longer fraction's top 16, or below 2**-24, a second Philox stream decides): one branch over the
+    eight tiles spilled 1 KiB a thread (11.8x), a branch per tile at one row per group ran 4.01x
+    (commits 4f6f181, 9e77eff, reverted). fp16 keeps `stochastic_round_x4`.
     """
     # (A no-op that makes the compiler lay the Philox arithmetic out like x0; see stochastic_round_x4.)
     counters = tl.where(x0 == x0, counters, 0)
     r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
-    if DTYPE == tl.bfloat16:
-        b0 = x0.to(tl.uint32, bitcast=True)
-        b1 = x1.to(tl.uint32, bitcast=True)
-        b2 = x2.to(tl.uint32, bitcast=True)
-        b3 = x3.to(tl.uint32, bitcast=True)
-        b4 = x4.to(tl.uint32, bitcast=True)
-        b5 = x5.to(tl.uint32, bitcast=True)
-        b6 = x6.to(tl.uint32, bitcast=True)
-        b7 = x7.to(tl.uint32, bitcast=True)
-        y0 = _finish(b0, _add_and_truncate(b0 & 0x7FFFFFFF, r0, DTYPE), DTYPE)
-        y1 = _finish(b1, _add_and_truncate(b1 & 0x7FFFFFFF, r1, DTYPE), DTYPE)
-        y2 = _finish(b2, _add_and_truncate(b2 & 0x7FFFFFFF, r2, DTYPE), DTYPE)
-        y3 = _finish(b3, _add_and_truncate(b3 & 0x7FFFFFFF, r3, DTYPE), DTYPE)
-        y4 = _finish(b4, _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, DTYPE), DTYPE)
-        y5 = _finish(b5, _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, DTYPE), DTYPE)
-        y6 = _finish(b6, _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, DTYPE), DTYPE)
-        y7 = _finish(b7, _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, DTYPE), DTYPE)
-    else:
-        # Tiles k and k + 4 share word k: rounded in that order, each word is dead after its second tile.
-        y0 = _fp16_sr_tile(x0, r0 & 0xFFFF, seed, counters, 1, N_ROUNDS)
-        y4 = _fp16_sr_tile(x4, r0 >> 16, seed, counters, 5, N_ROUNDS)
-        y1 = _fp16_sr_tile(x1, r1 & 0xFFFF, seed, counters, 2, N_ROUNDS)
-        y5 = _fp16_sr_tile(x5, r1 >> 16, seed, counters, 6, N_ROUNDS)
-        y2 = _fp16_sr_tile(x2, r2 & 0xFFFF, seed, counters, 3, N_ROUNDS)
-        y6 = _fp16_sr_tile(x6, r2 >> 16, seed, counters, 7, N_ROUNDS)
-        y3 = _fp16_sr_tile(x3, r3 & 0xFFFF, seed, counters, 4, N_ROUNDS)
-        y7 = _fp16_sr_tile(x7, r3 >> 16, seed, counters, 8, N_ROUNDS)
+    b0 = x0.to(tl.uint32, bitcast=True)
+    b1 = x1.to(tl.uint32, bitcast=True)
+    b2 = x2.to(tl.uint32, bitcast=True)
+    b3 = x3.to(tl.uint32, bitcast=True)
+    b4 = x4.to(tl.uint32, bitcast=True)
+    b5 = x5.to(tl.uint32, bitcast=True)
+    b6 = x6.to(tl.uint32, bitcast=True)
+    b7 = x7.to(tl.uint32, bitcast=True)
+    y0 = _finish(b0, _add_and_truncate(b0 & 0x7FFFFFFF, r0, tl.bfloat16), tl.bfloat16)
+    y1 = _finish(b1, _add_and_truncate(b1 & 0x7FFFFFFF, r1, tl.bfloat16), tl.bfloat16)
+    y2 = _finish(b2, _add_and_truncate(b2 & 0x7FFFFFFF, r2, tl.bfloat16), tl.bfloat16)
+    y3 = _finish(b3, _add_and_truncate(b3 & 0x7FFFFFFF, r3, tl.bfloat16), tl.bfloat16)
+    y4 = _finish(b4, _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, tl.bfloat16), tl.bfloat16)
+    y5 = _finish(b5, _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, tl.bfloat16), tl.bfloat16)
+    y6 = _finish(b6, _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, tl.bfloat16), tl.bfloat16)
+    y7 = _finish(b7, _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, tl.bfloat16), tl.bfloat16)
     return y0, y1, y2, y3, y4, y5, y6, y7
 
 
 def shared_parts(dtype: torch.dtype, rounding_impl: str) -> int:
-    """How many elements share one Philox call (one per part, or row group): 8 for software SR
-    into fp16/bf16 (`stochastic_round_x8`), else 4 (`stochastic_round_x4`, which hardware SR uses: a
-    32-bit word per element)."""
-    return 8 if rounding_impl == "software" and dtype in (torch.float16, torch.bfloat16) else 4
+    """How many elements share one Philox call (one per part, or row group): 8 for software SR into bf16
+    (`stochastic_round_bf16_x8`), else 4 (`stochastic_round_x4`)."""
+    return 8 if dtype == torch.bfloat16 and rounding_impl == "software" else 4
 
 
 @triton.jit
@@ -445,8 +360,8 @@ def _stochastic_round_kernel(x_ptr, out_ptr, n, seed, DTYPE: tl.constexpr, N_ROU
         x5 = tl.load(x_ptr + base + 5 * Q, mask=base + 5 * Q < n, other=0.0)
         x6 = tl.load(x_ptr + base + 6 * Q, mask=base + 6 * Q < n, other=0.0)
         x7 = tl.load(x_ptr + base + 7 * Q, mask=base + 7 * Q < n, other=0.0)
-        y0, y1, y2, y3, y4, y5, y6, y7 = stochastic_round_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed,
-                                                             block * Q + q, DTYPE, N_ROUNDS)
+        y0, y1, y2, y3, y4, y5, y6, y7 = stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed,
+                                                                  block * Q + q, N_ROUNDS)
         tl.store(out_ptr + base + 4 * Q, y4, mask=base + 4 * Q < n)
         tl.store(out_ptr + base + 5 * Q, y5, mask=base + 5 * Q < n)
         tl.store(out_ptr + base + 6 * Q, y6, mask=base + 6 * Q < n)
@@ -464,7 +379,7 @@ def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, phil
     """Stochastically round every element of an fp32 tensor into `dtype` (float16 or bfloat16).
 
     Blocks of 4096 elements (row-major) are split in parts that share Philox calls (`shared_parts`:
-    eight for software SR, four for hardware SR), as the state update's row groups do.
+    eight for software SR into bf16, else four), as the state update's row groups do.
     `interpret`: whether Triton runs the kernel through its interpreter (None: as TRITON_INTERPRET says).
     """
     if x.dtype != torch.float32:

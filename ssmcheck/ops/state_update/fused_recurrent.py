@@ -46,8 +46,8 @@ from ssmcheck.ops.rounding.stochastic import (
     round_nearest,
     round_saturating,
     shared_parts,
+    stochastic_round_bf16_x8,
     stochastic_round_x4,
-    stochastic_round_x8,
     triton_dtype,
 )
 
@@ -58,7 +58,7 @@ PAD_SLOT_ID = -1
 
 def row_groups(state_dtype: torch.dtype, rounding: str, rounding_impl: str) -> int:
     """Row groups per program: under stochastic rounding one Philox call serves an element of each
-    (8 for software SR, 4 otherwise: ops.rounding.stochastic.shared_parts); 4 to nearest."""
+    (8 for software SR into bf16, 4 otherwise: ops.rounding.stochastic.shared_parts); 4 to nearest."""
     return shared_parts(state_dtype, rounding_impl) if rounding == "stochastic" else 4
 
 
@@ -76,8 +76,8 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: i
     That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
     every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
     configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
-    configurations at batch 256). Software SR has eight row groups, so 16 channels: the fastest
-    of bf16's configurations measured (2026-12-01); into fp16, one row per group (8 channels). Small one-warp programs keep the most state loads in flight
+    configurations at batch 256). Software SR into bf16 has eight row groups, so 16 channels:
+    the fastest of its configurations measured (2026-12-01). Small one-warp programs keep the most state loads in flight
     per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
@@ -86,11 +86,6 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: i
     else:
         row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
         channels = groups * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
-        if groups == 8 and state_dtype == torch.float16:
-            # Software SR into fp16 keeps a tie-breaking branch per row group (stochastic_round_x8):
-            # at two rows per group they spill (sm_90, compiled offline: 255 registers and 1 KiB of
-            # stack per thread at 16 channels, 16 bytes at 8).
-            channels = groups
     return LaunchConfig(block_p=max(groups, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
 
 
@@ -354,8 +349,8 @@ def _state_update_kernel(
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
             seed = tl.load(seed)
         if GROUPS == 8:
-            s0, s1, s2, s3, s4, s5, s6, s7 = stochastic_round_x8(s0, s1, s2, s3, s4, s5, s6, s7, seed,
-                                                                 counters, STATE_DTYPE, N_ROUNDS)
+            s0, s1, s2, s3, s4, s5, s6, s7 = stochastic_round_bf16_x8(s0, s1, s2, s3, s4, s5, s6, s7, seed,
+                                                                      counters, N_ROUNDS)
         else:
             s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
     else:
