@@ -367,6 +367,22 @@ def test_gpu_repeat_runs_are_identical(dtype):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("tiles", [
+    dict(BLOCK_ROWS=64, BLOCK_M=16, BLOCK_K=8),  # several mask-free column blocks left of each diagonal block
+    dict(BLOCK_ROWS=64, BLOCK_M=16, BLOCK_K=32),  # column blocks wider than row blocks: k_diag rounds down
+    dict(BLOCK_ROWS=32, BLOCK_M=16, BLOCK_K=16),  # two row-block programs per chunk
+], ids=["k8", "k32", "rows32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_output_row_and_column_blocks_in_the_interpreter(tiles, dtype, monkeypatch, device):
+    """The output stage walks each chunk's rows BLOCK_M at a time, the column blocks left of the diagonal
+    unmasked: ragged chunks (varlen cuts, a short last chunk) at several tilings, under the tolerance rule."""
+    from ssmcheck.ops.chunk_scan import chunk_output
+
+    monkeypatch.setattr(chunk_output, "default_config",
+                        lambda *a: dict(BLOCK_P=8, num_warps=4, num_stages=1, **tiles))
+    check_case(Case(batch=1, seqlen=150, chunk_size=64, headdim=12, dtype=dtype, cu_seqlens=[0, 70, 71, 150]), device)
+
+
 def test_the_gpus_tiling_passes_the_smoke_preset_in_the_interpreter(monkeypatch):
     """The interpreter runs whole-chunk tiles; the GPU's smaller tiles (loops over row and column blocks,
     partial blocks at chunk ends, headdim split into blocks) must stay correct on the CPU too."""
