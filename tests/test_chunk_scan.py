@@ -368,14 +368,15 @@ def test_gpu_repeat_runs_are_identical(dtype):
 
 
 @pytest.mark.parametrize("tiles", [
-    dict(BLOCK_ROWS=64, BLOCK_M=16, BLOCK_K=8),  # several mask-free column blocks left of each diagonal block
-    dict(BLOCK_ROWS=64, BLOCK_M=16, BLOCK_K=32),  # column blocks wider than row blocks: k_diag rounds down
+    dict(BLOCK_ROWS=64, BLOCK_M=16, BLOCK_K=8),  # several column blocks left of each row block's diagonal
+    dict(BLOCK_ROWS=64, BLOCK_M=16, BLOCK_K=32),  # column blocks wider than row blocks
     dict(BLOCK_ROWS=32, BLOCK_M=16, BLOCK_K=16),  # two row-block programs per chunk
 ], ids=["k8", "k32", "rows32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_output_row_and_column_blocks_in_the_interpreter(tiles, dtype, monkeypatch, device):
-    """The output stage walks each chunk's rows BLOCK_M at a time, the column blocks left of the diagonal
-    unmasked: ragged chunks (varlen cuts, a short last chunk) at several tilings, under the tolerance rule."""
+    """The output stage walks each chunk's rows BLOCK_M at a time and their causal columns BLOCK_K at a time
+    (the interpreter's own tiles are whole chunks): ragged chunks (varlen cuts, a short last chunk) at
+    several tilings, under the tolerance rule."""
     from ssmcheck.ops.chunk_scan import chunk_output
 
     monkeypatch.setattr(chunk_output, "default_config",

@@ -74,20 +74,7 @@ def _chunk_output_kernel(
         acc = mma(operand(cm, MM_DTYPE, INTERPRET), st, tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32))
         acc = acc * decay(hi_m, mv)[:, None]
         # Intra-chunk: causal (C·Bᵀ ∘ decay ∘ dt) · x, the scores rounded to the matmul dtype.
-        # Column blocks left of k_diag hold only k < m0 <= m and k < n: every entry is causal and inside
-        # the chunk, so they skip the masks (the same values: a select of an always-true mask). The
-        # masks' compares and selects were the output stage's largest instruction count (ncu, H200).
-        k_diag = (m0 // BLOCK_K) * BLOCK_K
-        for k0 in range(0, k_diag, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            cb = tl.load(cb_chunk + m[:, None] * CHUNK + k[None, :])
-            hi_k, lo_k = split(tl.load(dA_cs_ptr + row + k))
-            dt_k = tl.load(dt_ptr + row + k)
-            log_decay = (hi_m[:, None] - hi_k[None, :]) + (lo_m[:, None] - lo_k[None, :])
-            scores = cb * decay(log_decay, True) * dt_k[None, :]
-            xk = tl.load(x_chunk + k[:, None] * stride_x_tok + x_cols, mask=pv[None, :], other=0.0)
-            acc = mma(operand(scores, MM_DTYPE, INTERPRET), operand(xk, MM_DTYPE, INTERPRET), acc)
-        for k0 in range(k_diag, tl.minimum(m0 + BLOCK_M, n), BLOCK_K):
+        for k0 in range(0, tl.minimum(m0 + BLOCK_M, n), BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kv = k < n
             causal = (k[None, :] <= m[:, None]) & kv[None, :] & mv[:, None]
