@@ -14,7 +14,7 @@ import triton.language as tl
 from ssmcheck.ops.rounding.stochastic import round_saturating, triton_dtype
 
 from .layout import ChunkTable
-from .numerics import decay, mma, operand, program_coords, split
+from .numerics import LOG2E, decay2, mma, operand, program_coords, split
 
 
 @triton.jit
@@ -66,24 +66,27 @@ def _chunk_output_kernel(
     for m0 in range(rb * BLOCK_ROWS, tl.minimum((rb + 1) * BLOCK_ROWS, n), BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         mv = m < n
-        dA_m = tl.load(dA_cs_ptr + row + m)
-        hi_m, lo_m = split(dA_m)
+        # Base-2 logs, scaled in fp64 (decay2).
+        hi_m, lo_m = split(tl.load(dA_cs_ptr + row + m) * LOG2E)
         # Incoming state: exp(dA_m) * C_m · state_inᵀ.
         cm = tl.load(c_chunk + m[:, None] * stride_c_tok + d[None, :] * stride_c_state,
                      mask=mv[:, None] & dv[None, :], other=0.0)
         acc = mma(operand(cm, MM_DTYPE, INTERPRET), st, tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32))
-        acc = acc * decay(hi_m, mv)[:, None]
+        acc = acc * decay2(hi_m, mv)[:, None]
         # Intra-chunk: causal (C·Bᵀ ∘ decay ∘ dt) · x, the scores rounded to the matmul dtype.
         for k0 in range(0, tl.minimum(m0 + BLOCK_M, n), BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kv = k < n
-            causal = (k[None, :] <= m[:, None]) & kv[None, :] & mv[:, None]
+            # k <= m alone: a column past the chunk's end is causal only for rows past it, which are
+            # never stored (a row of the product depends on its own scores only). One compare and one
+            # select per score: the masks were most of the stage's integer instructions (ncu, H200).
+            causal = k[None, :] <= m[:, None]
             # Unmasked (so vectorised): chunk_cb writes every entry, zero past the chunk's end.
             cb = tl.load(cb_chunk + m[:, None] * CHUNK + k[None, :])
-            hi_k, lo_k = split(tl.load(dA_cs_ptr + row + k))
+            hi_k, lo_k = split(tl.load(dA_cs_ptr + row + k) * LOG2E)
             dt_k = tl.load(dt_ptr + row + k)
-            log_decay = (hi_m[:, None] - hi_k[None, :]) + (lo_m[:, None] - lo_k[None, :])
-            scores = tl.where(causal, cb * decay(log_decay, causal) * dt_k[None, :], 0.0)
+            log2_decay = (hi_m[:, None] - hi_k[None, :]) + (lo_m[:, None] - lo_k[None, :])
+            scores = tl.where(causal, cb * decay2(log2_decay, True) * dt_k[None, :], 0.0)
             xk = tl.load(x_chunk + k[:, None] * stride_x_tok + x_cols, mask=kv[:, None] & pv[None, :], other=0.0)
             acc = mma(operand(scores, MM_DTYPE, INTERPRET), operand(xk, MM_DTYPE, INTERPRET), acc)
 
