@@ -30,7 +30,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 SHAPE = dict(ntok=512, nheads=80, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
-BRANCH_TARGET = re.compile(r"BRA\s+(?:`?\(?\.?L?_?x?_?)?(0x[0-9a-f]+)")
+BRANCH_TARGET = re.compile(r"BRA\s+(0x[0-9a-f]+)")
 
 
 class Launch:
