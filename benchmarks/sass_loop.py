@@ -146,11 +146,10 @@ def main() -> None:
     env = SimpleNamespace(gpu=None, device=f"none (compiled here for sm_{opts.capability})", torch=torch.__version__,
                           triton=triton.__version__)
 
-    text, summary = "", []
+    text, summary, tool = "", [], _cuobjdump()
     for stage, launch in stage_launches().items():
         cubin = Path("/tmp") / f"ssmcheck_sass_{stage.replace(' ', '_')}.cubin"
         cubin.write_bytes(compile_launch(launch, opts.capability).asm["cubin"])
-        tool = _cuobjdump()
         usage = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
         regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
         loop = mma_loop(subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
