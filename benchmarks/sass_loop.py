@@ -116,20 +116,23 @@ def stage_launches():
     dt, dA = torch.empty(nc, h, cs), torch.empty(nc, h, cs, dtype=torch.float64)
     mm = triton_dtype(x.dtype)
     launches = {}
-    for stage, module, call in (
-        ("output", chunk_output, lambda: chunk_output.chunk_output(
+    for stage, module, name, call in (
+        ("output", chunk_output, "_chunk_output_kernel", lambda: chunk_output.chunk_output(
             x, None, C, torch.empty(h), torch.empty(nc, g, cs, cs), dt, dA, torch.empty(nc, h, p, n),
             torch.empty_like(x), mm, table, False)),
-        ("chunk states", chunk_state, lambda: chunk_state.chunk_state(x, B, dt, dA, mm, table, False)),
+        ("chunk states", chunk_state, "_chunk_state_kernel",
+         lambda: chunk_state.chunk_state(x, B, dt, dA, mm, table, False)),
     ):
-        name = next(k for k in vars(module) if k.endswith("_kernel"))
-        launch = Launch(getattr(module, name))
-        setattr(module, name, launch)
+        # Every kernel of the module is recorded, not run (a launcher may launch helpers first); `name` is the stage's.
+        recorded = {k: Launch(v) for k, v in vars(module).items() if k.endswith("_kernel")}
+        for k, launch in recorded.items():
+            setattr(module, k, launch)
         try:
             call()
         finally:
-            setattr(module, name, launch.kernel)
-        launches[stage] = launch
+            for k, launch in recorded.items():
+                setattr(module, k, launch.kernel)
+        launches[stage] = recorded[name]
     return launches
 
 

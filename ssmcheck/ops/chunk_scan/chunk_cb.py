@@ -23,7 +23,7 @@ def _chunk_cb_kernel(
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    # Tiles wholly above the diagonal are never read by the output stage.
+    # Tiles wholly above the diagonal stay zero: no matmul there.
     if kb * BLOCK_K < (mb + 1) * BLOCK_M:
         for d0 in range(0, dstate, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
@@ -34,6 +34,8 @@ def _chunk_cb_kernel(
                          + d[:, None] * stride_b_state,
                          mask=(k[None, :] < n) & (d[:, None] < dstate), other=0.0)
             acc = mma(operand(cm, MM_DTYPE, INTERPRET), operand(bk, MM_DTYPE, INTERPRET), acc)
+        # Causal: zero above the diagonal, so that the output stage needs no mask of its own (chunk_output).
+        acc = tl.where(k[None, :] <= m[:, None], acc, 0.0)
     tl.store(cb_ptr + ((tl.cast(c, tl.int64) * ngroups + g) * CHUNK + m[:, None]) * CHUNK + k[None, :], acc)
 
 
@@ -51,7 +53,7 @@ def default_config(dstate: int, chunk_size: int, interpret: bool = False) -> dic
 
 def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None, alloc=torch.empty):
     """C, B (ntok, ngroups, dstate) -> CB (nchunks, ngroups, chunk_size, chunk_size) fp32, allocated by
-    `alloc`; rows/columns past a chunk's end are zero, tiles above the diagonal are zero."""
+    `alloc`; rows/columns past a chunk's end are zero, and so is every entry above the diagonal (k > m)."""
     ngroups, dstate = C.shape[1], C.shape[2]
     cs = table.chunk_size
     cfg = {**default_config(dstate, cs, interpret), **(config or {})}

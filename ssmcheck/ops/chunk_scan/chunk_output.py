@@ -6,8 +6,19 @@ y_m = sum_{k<=m} (C_m·B_k) exp(dA_m - dA_k) dt_k x_k      (intra-chunk, causal)
 
 One program owns BLOCK_ROWS rows of one (chunk, head, headdim block) and walks
 them BLOCK_M at a time, reading and rounding the incoming state once.
+
+The inner loop is the stage's time (ncu on the H200: instruction-bound), so it does
+per score only what the score needs:
+- causality comes from C·Bᵀ, which chunk_cb zeroes above the diagonal: no compare and
+  select per score (they were 63 of the loop's 361 SASS instructions). A non-causal
+  score is then 0 · decay · dt_k = 0, the decay clamped into [0, 1]: a non-finite dt_k
+  (or x_k, as in any tensor-core product) of a later token can reach the rows of its
+  own BLOCK_K column block, which finite inputs never meet;
+- the decays' base-2 logs arrive as fp32 (hi, lo) pairs (`log2_pairs`, one small kernel
+  from the fp64 cumulative sums), not as fp64 to scale and split per column block.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -19,7 +30,7 @@ from .numerics import LOG2E, decay2, mma, operand, program_coords, split
 
 @triton.jit
 def _chunk_output_kernel(
-    x_ptr, z_ptr, C_ptr, D_ptr, cb_ptr, dt_ptr, dA_cs_ptr, states_ptr, chunk_token_ptr, chunk_len_ptr, y_ptr,
+    x_ptr, z_ptr, C_ptr, D_ptr, cb_ptr, dt_ptr, log2_ptr, states_ptr, chunk_token_ptr, chunk_len_ptr, y_ptr,
     nheads, ngroups, headdim, dstate,
     stride_x_tok, stride_x_head, stride_x_dim,
     stride_z_tok, stride_z_head, stride_z_dim,
@@ -44,6 +55,7 @@ def _chunk_output_kernel(
     pv = p < headdim
     dv = d < dstate
     row = (c * nheads + h) * CHUNK
+    hi_row = log2_ptr + 2 * row  # (hi, lo) of the chunk's cumulative log2-decays: CHUNK his, then CHUNK los
 
     # The incoming state, (dstate, headdim block), rounded to the matmul dtype once.
     state_base = states_ptr + (c * nheads + h) * headdim * dstate
@@ -66,27 +78,26 @@ def _chunk_output_kernel(
     for m0 in range(rb * BLOCK_ROWS, tl.minimum((rb + 1) * BLOCK_ROWS, n), BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         mv = m < n
-        # Base-2 logs, scaled in fp64 (decay2).
-        hi_m, lo_m = split(tl.load(dA_cs_ptr + row + m) * LOG2E)
+        hi_m = tl.load(hi_row + m)
+        lo_m = tl.load(hi_row + CHUNK + m)
         # Incoming state: exp(dA_m) * C_m · state_inᵀ.
         cm = tl.load(c_chunk + m[:, None] * stride_c_tok + d[None, :] * stride_c_state,
                      mask=mv[:, None] & dv[None, :], other=0.0)
         acc = mma(operand(cm, MM_DTYPE, INTERPRET), st, tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32))
         acc = acc * decay2(hi_m, mv)[:, None]
-        # Intra-chunk: causal (C·Bᵀ ∘ decay ∘ dt) · x, the scores rounded to the matmul dtype.
+        # Intra-chunk: (C·Bᵀ ∘ decay ∘ dt) · x, causal through C·Bᵀ (the module's docstring), the scores
+        # rounded to the matmul dtype.
         for k0 in range(0, tl.minimum(m0 + BLOCK_M, n), BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kv = k < n
-            # k <= m alone: a column past the chunk's end is causal only for rows past it, which are
-            # never stored (a row of the product depends on its own scores only). One compare and one
-            # select per score: the masks were most of the stage's integer instructions (ncu, H200).
-            causal = k[None, :] <= m[:, None]
-            # Unmasked (so vectorised): chunk_cb writes every entry, zero past the chunk's end.
+            # Unmasked (so vectorised): chunk_cb writes every entry, zero past the chunk's end and above
+            # the diagonal; log2_pairs and dt_cumsum write the whole chunk (flat past its end, dt 0 there).
             cb = tl.load(cb_chunk + m[:, None] * CHUNK + k[None, :])
-            hi_k, lo_k = split(tl.load(dA_cs_ptr + row + k) * LOG2E)
+            hi_k = tl.load(hi_row + k)
+            lo_k = tl.load(hi_row + CHUNK + k)
             dt_k = tl.load(dt_ptr + row + k)
             log2_decay = (hi_m[:, None] - hi_k[None, :]) + (lo_m[:, None] - lo_k[None, :])
-            scores = tl.where(causal, cb * decay2(log2_decay, True) * dt_k[None, :], 0.0)
+            scores = cb * decay2(log2_decay, True) * dt_k[None, :]
             xk = tl.load(x_chunk + k[:, None] * stride_x_tok + x_cols, mask=kv[:, None] & pv[None, :], other=0.0)
             acc = mma(operand(scores, MM_DTYPE, INTERPRET), operand(xk, MM_DTYPE, INTERPRET), acc)
 
@@ -102,6 +113,26 @@ def _chunk_output_kernel(
         y_chunk = y_ptr + tok0 * stride_y_tok + h * stride_y_head
         tl.store(y_chunk + m[:, None] * stride_y_tok + p[None, :] * stride_y_dim,
                  round_saturating(acc, OUT_DTYPE, INTERPRET), mask=out_mask)
+
+
+@triton.jit
+def _log2_pairs_kernel(dA_cs_ptr, pairs_ptr, CHUNK: tl.constexpr):
+    # One (chunk, head) row: CHUNK fp64 cumulative log-decays -> CHUNK his, then CHUNK los.
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.arange(0, CHUNK)
+    hi, lo = split(tl.load(dA_cs_ptr + row * CHUNK + t) * LOG2E)
+    tl.store(pairs_ptr + 2 * row * CHUNK + t, hi)
+    tl.store(pairs_ptr + (2 * row + 1) * CHUNK + t, lo)
+
+
+def log2_pairs(dA_cs):
+    """The cumulative log-decays (nchunks, nheads, chunk_size) fp64 as base-2 logs, scaled in fp64 and
+    split into fp32 (hi, lo) (numerics.split): (nchunks, nheads, 2, chunk_size) fp32, [..., 0, :] the
+    his. Differences of huge sums keep their small values in fp32 tile arithmetic, and the output
+    stage's loop pays neither fp64 loads nor the split per column block."""
+    pairs = torch.empty((*dA_cs.shape[:2], 2, dA_cs.shape[2]), device=dA_cs.device, dtype=torch.float32)
+    _log2_pairs_kernel[(dA_cs.shape[0] * dA_cs.shape[1],)](dA_cs, pairs, CHUNK=dA_cs.shape[2], num_warps=2)
+    return pairs
 
 
 def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:
@@ -126,7 +157,8 @@ def chunk_output(x, z, C, D, cb, dt_proc, dA_cs, states, y, mm_dtype, table: Chu
     grid = (table.nchunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
     zz = z if z is not None else x
     _chunk_output_kernel[grid](
-        x, zz, C, D if D is not None else x, cb, dt_proc, dA_cs, states, table.chunk_token, table.chunk_len, y,
+        x, zz, C, D if D is not None else x, cb, dt_proc, log2_pairs(dA_cs), states, table.chunk_token,
+        table.chunk_len, y,
         nheads, ngroups, headdim, dstate,
         *x.stride(), *zz.stride(), *C.stride(), *y.stride(),
         HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
