@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds of sweeping; the rest is not run")
+    parser.add_argument("--stage", choices=["both", "chunk-states", "output"], default="both",
+                        help="which stage's grid to sweep")
     opts = parser.parse_args()
     deadline = time.monotonic() + opts.budget
 
@@ -73,6 +75,8 @@ def main() -> None:
             return y
 
         for name, stage, axes in (("chunk states", state_stage, STATE_GRID), ("output", output_stage, OUTPUT_GRID)):
+            if opts.stage not in ("both", name.replace(" ", "-")):
+                continue
             expected = stage(None, poisoned=True).float()
             scale = expected.abs().max().item()
             default = bench(lambda: stage(None))
@@ -106,7 +110,8 @@ def main() -> None:
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
     details = [f"shape: bf16, batch 1, {shape}, dt_softplus, dt_bias, D; states fp32; median of "
                "triton.testing.do_bench; each stage alone, its inputs made once by the stages before it",
-               f"grids: chunk states {STATE_GRID}; output {OUTPUT_GRID} (BLOCK_M <= BLOCK_ROWS)"]
+               f"grids: chunk states {STATE_GRID}; output {OUTPUT_GRID} (BLOCK_M <= BLOCK_ROWS)",
+               f"stages swept: {opts.stage}"]
     append_section(opts.results, "chunk scan stage configurations", env, commit(opts.commit), details, text)
 
 
