@@ -124,8 +124,11 @@ def test_judge_stage_nonfinite_and_unread_entries():
 @pytest.mark.parametrize("peer", ["mamba_ssm", "vllm"])
 def test_real_peer_stages_within_tolerance(peer):
     """The installed peers' stage functions (PYTHONPATH=.:.peers/v033:.peers/mamba), composed as their combined
-    functions compose them: every stage within tolerance where they pass; mamba_ssm's varlen chunks straddle
-    sequences, so there its stages are not compared, and the note says why."""
+    functions compose them: every stage within tolerance where they pass, but for the cumulative decay of their
+    own softplus (README: log(exp(dt) + 1) on Triton 3, ~eps/dt relative per token, seen alone in a length-1
+    ragged sequence's chunk) with every later stage within tolerance; mamba_ssm's varlen chunks straddle
+    sequences, so there its stages are not compared, and the note says why; its varlen initial-state cases
+    are errors (its assert takes one initial state per batch row), judged before any stage."""
     pytest.importorskip({"mamba_ssm": "mamba_ssm.ops.triton.ssd_combined",
                          "vllm": "vllm.model_executor.layers.mamba.ops.ssd_combined"}[peer])
     report = ssmcheck.scan(kernel=peer, stages=True, regime=["normal", "ragged", "initial-state"],
@@ -135,9 +138,15 @@ def test_real_peer_stages_within_tolerance(peer):
     assert ran
     for case in ran:
         found = case.data["stages"]
+        if peer == "mamba_ssm" and case.params["regime"] == "initial-state":
+            assert case.status == "error" and "AssertionError" in case.data["message"] and found is None, case.id
+            continue
         if peer == "mamba_ssm" and case.params["regime"] == "ragged":
             assert "straddle" in found["note"], found
             continue
         assert found["note"] == "", (case.id, found["note"])
-        if case.status == "pass":
-            assert found["first_wrong"] is None, (case.id, found["first_wrong"])
+        if case.status == "pass" and found["first_wrong"] is not None:
+            assert found["first_wrong"]["stage"] == "cumsum", (case.id, found["first_wrong"])
+            cumsum = found["figures"]["cumsum"]
+            assert cumsum["rel"] <= cumsum["limit"] and cumsum["worst_group_rel"] < 1e-3, (case.id, cumsum)
+            assert all(f["status"] == "ok" for name, f in found["figures"].items() if name != "cumsum"), case.id
