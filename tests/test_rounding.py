@@ -22,7 +22,6 @@ from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
     _round_with_words,
-    philox4x32,
     round_to_storage,
     stochastic_round_tensor,
     triton_dtype,
@@ -249,34 +248,6 @@ def test_mean_is_unbiased(path, dtype):
         assert expected * n >= MIN_EXPECTED_UPS, value
         assert up > 0, (value, n, expected)  # a kernel that never rounds these up fails here outright
         assert abs(_z(up, n, expected)) < Z_LIMIT, (value, up / n, expected)
-
-
-@triton.jit(do_not_specialize=["seed", "base"])  # 0 and 1 would otherwise become constants
-def _philox_kernel(out_ptr, seed, base, N_ROUNDS: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    # Both generators' four words for counters base + 977 i (64-bit counters, or 32-bit ones).
-    i = tl.arange(0, BLOCK)
-    if WIDE:
-        counters = base + i.to(tl.int64) * 977
-    else:
-        counters = base.to(tl.int32) + i * 977
-    ours = philox4x32(seed, counters, N_ROUNDS)
-    theirs = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
-    for w in tl.static_range(4):
-        tl.store(out_ptr + w * BLOCK + i, ours[w].to(tl.int32, bitcast=True))
-        tl.store(out_ptr + (4 + w) * BLOCK + i, theirs[w].to(tl.int32, bitcast=True))
-
-
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**63 - 1), base=st.integers(0, 2**40), wide=st.booleans(), rounds=st.sampled_from([7, 10]))
-def test_philox4x32_is_randint4x_bit_for_bit(seed, base, wide, rounds):
-    """The shared-word SR paths draw from `philox4x32` (one wide multiply per product): the same four words as
-    Triton's tl.randint4x for every seed, for 32-bit counters and 64-bit ones past 2**32 (high word used)."""
-    if not wide:
-        base %= 2**31 - 977 * 256
-    out = torch.empty(8, 256, dtype=torch.int32, device=DEVICE)
-    _philox_kernel[(1,)](out, seed, base, N_ROUNDS=rounds, WIDE=wide, BLOCK=256)
-    assert torch.equal(out[:4], out[4:]), (out[:4] != out[4:]).nonzero()[:4].tolist()
-    assert len(set(out[0].tolist())) > 250  # distinct counters, distinct words
 
 
 def test_bf16_elements_sharing_a_philox_word_round_independently():

@@ -22,13 +22,13 @@ representable in the target dtype; a bf16 result is its upper half, taken by
 bitcast, because Triton's interpreter converts fp32 -> bf16 wrongly (it
 truncates, and garbles fp32 subnormals).
 
-Random bits come from Philox-4x32 (`tl.randint4x`, or `philox4x32`: the same
-words from half the multiplies) keyed by the seed, with the element index as the
-counter. Philox costs far more than a memory-bound kernel's other arithmetic per
-element, so `stochastic_round_x4` shares one call (four 32-bit words) among four
-elements, and runs the exact comparison the tiniest fp16 values need only in
-programs that hold such values; into bf16, which drops 16 bits everywhere,
-`stochastic_round_bf16_x8` shares one call among eight elements, half a word each.
+Random bits come from Philox (`tl.randint4x`) keyed by the seed, with the
+element index as the counter. Philox costs far more than a memory-bound
+kernel's other arithmetic per element, so `stochastic_round_x4` shares one
+call (four 32-bit words) among four elements, and runs the exact comparison
+the tiniest fp16 values need only in programs that hold such values; into
+bf16, which drops 16 bits everywhere, `stochastic_round_bf16_x8` shares one
+call among eight elements, half a word each.
 
 Hardware SR (`cvt.rs.{f16,bf16}x2.f32`) exists only on sm_100 and later;
 `check_rounding` refuses it anywhere else with an explanation.
@@ -250,7 +250,7 @@ def stochastic_round_x4(x0, x1, x2, x3, seed, counters, DTYPE: tl.constexpr, N_R
     # (A no-op that makes the compiler lay the Philox arithmetic out like x0,
     # instead of computing it in another layout and shuffling it through shared memory.)
     counters = tl.where(x0 == x0, counters, 0)
-    r0, r1, r2, r3 = philox4x32(seed, counters, N_ROUNDS)
+    r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
     if HARDWARE:
         y0 = _stochastic_round_hardware(x0, r0, DTYPE)
         y1 = _stochastic_round_hardware(x1, r1, DTYPE)
@@ -304,56 +304,24 @@ def stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, N_R
     """
     # (A no-op that makes the compiler lay the Philox arithmetic out like x0; see stochastic_round_x4.)
     counters = tl.where(x0 == x0, counters, 0)
-    r0, r1, r2, r3 = philox4x32(seed, counters, N_ROUNDS)
-    y0 = _add_16_bits(x0, r0 & 0xFFFF)
-    y1 = _add_16_bits(x1, r1 & 0xFFFF)
-    y2 = _add_16_bits(x2, r2 & 0xFFFF)
-    y3 = _add_16_bits(x3, r3 & 0xFFFF)
-    y4 = _add_16_bits(x4, r0 >> 16)
-    y5 = _add_16_bits(x5, r1 >> 16)
-    y6 = _add_16_bits(x6, r2 >> 16)
-    y7 = _add_16_bits(x7, r3 >> 16)
+    r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
+    b0 = x0.to(tl.uint32, bitcast=True)
+    b1 = x1.to(tl.uint32, bitcast=True)
+    b2 = x2.to(tl.uint32, bitcast=True)
+    b3 = x3.to(tl.uint32, bitcast=True)
+    b4 = x4.to(tl.uint32, bitcast=True)
+    b5 = x5.to(tl.uint32, bitcast=True)
+    b6 = x6.to(tl.uint32, bitcast=True)
+    b7 = x7.to(tl.uint32, bitcast=True)
+    y0 = _finish(b0, _add_and_truncate(b0 & 0x7FFFFFFF, r0, tl.bfloat16), tl.bfloat16)
+    y1 = _finish(b1, _add_and_truncate(b1 & 0x7FFFFFFF, r1, tl.bfloat16), tl.bfloat16)
+    y2 = _finish(b2, _add_and_truncate(b2 & 0x7FFFFFFF, r2, tl.bfloat16), tl.bfloat16)
+    y3 = _finish(b3, _add_and_truncate(b3 & 0x7FFFFFFF, r3, tl.bfloat16), tl.bfloat16)
+    y4 = _finish(b4, _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, tl.bfloat16), tl.bfloat16)
+    y5 = _finish(b5, _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, tl.bfloat16), tl.bfloat16)
+    y6 = _finish(b6, _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, tl.bfloat16), tl.bfloat16)
+    y7 = _finish(b7, _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, tl.bfloat16), tl.bfloat16)
     return y0, y1, y2, y3, y4, y5, y6, y7
-
-
-@triton.jit
-def philox4x32(seed, counters, N_ROUNDS: tl.constexpr):
-    """tl.randint4x(seed, counters, N_ROUNDS), bit for bit: Philox-4x32 with key (seed's low, high word)
-    and counter (counters' low word, high word (0 for 32-bit counters), 0, 0). Each round's two 32x32-bit
-    products are taken as 64-bit products of zero-extended words (one wide multiply, IMAD.WIDE.U32, gives
-    both halves) where randint4x computes the high and low halves apart (two multiplies each)."""
-    seed = seed.to(tl.uint64)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = (seed >> 32).to(tl.uint32)
-    c0 = counters.to(tl.uint32)
-    zero = c0 * 0
-    if counters.dtype.primitive_bitwidth > 32:
-        c1 = (counters >> 32).to(tl.uint32)
-    else:
-        c1 = zero
-    c2, c3 = zero, zero
-    for _ in tl.static_range(N_ROUNDS):
-        p0 = c0.to(tl.uint64) * 0xD2511F53
-        p2 = c2.to(tl.uint64) * 0xCD9E8D57
-        c0 = (p2 >> 32).to(tl.uint32) ^ c1 ^ k0
-        c2 = (p0 >> 32).to(tl.uint32) ^ c3 ^ k1
-        c1 = p2.to(tl.uint32)
-        c3 = p0.to(tl.uint32)
-        k0 = k0 + 0x9E3779B9
-        k1 = k1 + 0xBB67AE85
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _add_16_bits(x, r16):
-    """SR of fp32 x into bf16 given 16 random bits r16 < 2**16: what `_add_and_truncate` and `_finish` compute,
-    in fewer instructions. fp32 is sign-magnitude, so adding r16 to the whole bit pattern adds it to the
-    magnitude, and a finite magnitude's carry stops below the sign bit (0x7F7FFFFF + 0xFFFF < 2**31): past
-    the largest finite bf16 it reaches 0x7F80xxxx, inf, and inf stays inf. The upper half is then the result,
-    with no mask and no sign to put back. NaN alone needs its own case (a payload in the low half would
-    otherwise drop to inf, or carry into the sign): the quiet bit keeps it a NaN in the upper half."""
-    bits = x.to(tl.uint32, bitcast=True)
-    return _bf16_from_upper_half(tl.where(x != x, bits | 0x00400000, bits + r16))
 
 
 def shared_parts(dtype: torch.dtype, rounding_impl: str) -> int:
