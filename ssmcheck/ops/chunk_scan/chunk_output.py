@@ -16,6 +16,8 @@ per score only what the score needs:
   own BLOCK_K column block, which finite inputs never meet;
 - the decays' base-2 logs arrive as fp32 (hi, lo) pairs (`log2_pairs`, one small kernel
   from the fp64 cumulative sums), not as fp64 to scale and split per column block.
+Together: 361 -> 253 SASS instructions per loop iteration (benchmarks/sass_loop.py), the stage
+0.530 -> 0.374 ms at 16k tokens on the H200 (benchmarks/RESULTS.md, 2026-12-01).
 """
 
 import torch
@@ -136,7 +138,9 @@ def log2_pairs(dA_cs):
 
 
 def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:
-    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md); in the
+    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md; Triton 3.6 miscompiles one
+    other, BLOCK_ROWS=64 BLOCK_M=64 BLOCK_K=64 BLOCK_P=32 num_stages=1: an out-of-range shared-memory address
+    in its tl.dot, so a `config` is not safe because it compiles); in the
     interpreter, whole-chunk tiles: it runs the programs one after
     another and each tile op is one numpy call, so fewer, larger programs run faster (the default
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
