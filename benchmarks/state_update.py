@@ -231,7 +231,7 @@ def main() -> None:
         default = fused_recurrent.launch_config
         for state_name, rounding in MODES:
             for config in SWEEP:
-                if config[0] % fused_recurrent.row_groups(DTYPES[state_name], rounding, "software"):
+                if config[0] % fused_recurrent.ROW_GROUPS:
                     continue  # a program holds whole row groups
                 fused_recurrent.launch_config = lambda *_, c=config: fused_recurrent.LaunchConfig(*c)
                 args, state = inputs(batch, DTYPES[state_name], opts.z)

@@ -1,9 +1,9 @@
 """The Triton rounding conversions (ssmcheck/ops/rounding/stochastic.py), DESIGN §3.
 
 Two software SR paths are checked alike: the elementwise `stochastic_round`
-(through `round_to_storage`, as the chunk scan uses it) and the shared-Philox
-`stochastic_round_x4` and, into bf16, `stochastic_round_bf16_x8` (through the
-`stochastic_round_tensor` launcher, as the state update uses them). Many draws of one value are many elements holding it:
+(through `round_to_storage`, as the chunk scan uses it) and `stochastic_round_pairs`, 16 bits an element,
+a Philox call per eight (through the `stochastic_round_tensor` launcher, as the state update shares them).
+Many draws of one value are many elements holding it:
 each element has its own Philox counter. Philox is deterministic, so every
 statistical test here has a fixed outcome for its recorded seed.
 """
@@ -21,6 +21,8 @@ from ssmcheck.core import runtime
 from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
+    _fp16_continued,
+    _fp16_from_16_bits,
     _round_with_words,
     round_to_storage,
     stochastic_round_tensor,
@@ -203,6 +205,45 @@ def test_tiny_fp16_values_compare_all_128_bits():
     assert out.float().tolist() == [2.0**-24, 0.0, 0.0, 0.0]
 
 
+@triton.jit
+def _sixteen_bits_kernel(x_ptr, r16_ptr, w_ptr, out_ptr, redo_ptr, BLOCK: tl.constexpr):
+    # fp16 SR from 16 chosen bits (the common path's result and its redo flag), then continued by a chosen
+    # word (the redo's result).
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i)
+    r16 = tl.load(r16_ptr + i).to(tl.uint32, bitcast=True)
+    w0 = tl.load(w_ptr + i).to(tl.uint32, bitcast=True)
+    rounded, redo = _fp16_from_16_bits(x.to(tl.uint32, bitcast=True), r16)
+    tl.store(out_ptr + 2 * i, rounded.to(tl.float32, bitcast=True).to(tl.float16))
+    tl.store(out_ptr + 2 * i + 1, _fp16_continued(x, r16, w0, w0, w0, w0))
+    tl.store(redo_ptr + i, redo.to(tl.int32))
+
+
+def test_fp16_draws_of_16_bits_continue_exactly_where_they_tie():
+    # x in [2**-20, 2**-19), fp16's subnormal range (grid 2**-24): 19 dropped bits, here the fraction
+    # 0x1234 * 8 + 5 (over 2**19), whose top 16 bits are f16 = 0x1234 and low 3 bits 5. Up iff the 19-bit
+    # draw plus the fraction carries: with the draw's top 16 bits r, certainly if r + f16 >= 2**16, never if
+    # r + f16 < 2**16 - 1, and at r + f16 = 2**16 - 1 (a tie) iff the draw's low 3 bits + 5 >= 8.
+    below = 25 * 2.0**-24  # the lower fp16 neighbour
+    x = below + (0x1234 * 8 + 5) * 2.0**-43
+    f16 = 0x1234
+    cases = [  # (r16, low bits of w0, up, redo)
+        (2**16 - f16, 0, True, False), (2**16 - 2 - f16, 7, False, False),
+        (2**16 - 1 - f16, 2, False, True), (2**16 - 1 - f16, 3, True, True),
+    ]
+    xs = torch.full((4,), x, dtype=torch.float32, device=DEVICE)
+    r16 = torch.tensor([c[0] for c in cases], dtype=torch.int32, device=DEVICE)
+    w = torch.tensor([c[1] for c in cases], dtype=torch.int32, device=DEVICE)
+    out = torch.empty(8, dtype=torch.float16, device=DEVICE)
+    redo = torch.empty(4, dtype=torch.int32, device=DEVICE)
+    _sixteen_bits_kernel[(1,)](xs, r16, w, out, redo, BLOCK=4)
+    above = below + 2.0**-24
+    assert redo.tolist() == [int(c[3]) for c in cases]
+    assert out[1::2].double().tolist() == [above if c[2] else below for c in cases]
+    # Where there is no tie the 16 bits decide alone.
+    assert out[0:4:2].double().tolist() == [above, below]
+
+
 # --- stochastic rounding: unbiased means (z-tests) --------------------------------------------------
 
 
@@ -250,18 +291,16 @@ def test_mean_is_unbiased(path, dtype):
         assert abs(_z(up, n, expected)) < Z_LIMIT, (value, up / n, expected)
 
 
-def test_bf16_elements_sharing_a_philox_word_round_independently():
-    """Into bf16, parts k and k + 4 of a block of eight take the two halves of one Philox word: a value
-    half an ulp above a representable one must round up in both with probability 1/4, as independent
-    draws do (the same half twice would make it 1/2, complementary bits 0)."""
-    part = 512  # stochastic_round_tensor's parts into bf16: blocks of 8 x 512 elements
-    half_ulp = 2.0**-8
-    blocks = 64 if interpreting() else 1024
-    x = torch.full((blocks * 8 * part,), 1 + half_ulp, device=DEVICE)
-    up = (stochastic_round_tensor(x, torch.bfloat16, 12).double() > 1 + half_ulp).view(blocks, 8, part)
-    for k in range(4):
-        both = int((up[:, k] & up[:, k + 4]).sum())
-        assert abs(_z(both, blocks * part, 0.25)) < Z_LIMIT, (k, both / (blocks * part))
+@pytest.mark.parametrize("dtype", LOW)
+def test_elements_sharing_a_philox_word_round_independently(dtype):
+    """Elements 2j and 2j + 1 of a part take the two halves of one Philox word: a value half an ulp above a
+    representable one must round up in both with probability 1/4, as independent draws do (the same half
+    twice would make it 1/2, complementary bits 0)."""
+    half_ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    n = 2**15 if interpreting() else 2**21
+    x = torch.full((n,), 1 + half_ulp, device=DEVICE)
+    up = (stochastic_round_tensor(x, dtype, 12).double() > 1 + half_ulp).view(-1, 2)
+    assert abs(_z(int((up[:, 0] & up[:, 1]).sum()), n // 2, 0.25)) < Z_LIMIT
 
 
 def _truncated_bits_sr(x: torch.Tensor, dtype, bits: int, generator) -> torch.Tensor:

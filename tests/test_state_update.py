@@ -182,18 +182,15 @@ def test_every_dtype_and_tying(state_dtype, tie_a, tie_dt):
 
 @pytest.mark.parametrize("state_dtype", DTYPES)
 def test_gpu_launch_configuration_in_the_interpreter(state_dtype, monkeypatch):
-    """The GPU's small channel blocks (4 channels for fp32, 8 for fp16/bf16 at dstate 128, 16 for
-    software SR into bf16), run here: headdim 12 spreads a head over several programs, the last one
-    partly masked (with 16 channels, headdim 12 is one program of which a quarter is masked)."""
+    """The GPU's small channel blocks (4 channels for fp32, 8 for fp16/bf16 at dstate 128), run here:
+    headdim 12 spreads a head over several programs, the last one partly masked."""
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
     rule = fused_recurrent.launch_config
     monkeypatch.setattr(fused_recurrent, "launch_config",
-                        lambda h, n, dtype, groups, interpreter: rule(h, n, dtype, groups, False))
-    for rounding in ("nearest", "stochastic"):
-        groups = fused_recurrent.row_groups(state_dtype, rounding, "software")
-        expected = 4 if state_dtype == torch.float32 else 16 if groups == 8 else 8
-        assert fused_recurrent.launch_config(64, 128, state_dtype, groups, True).block_p == expected
+                        lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    expected = 4 if state_dtype == torch.float32 else 8
+    assert fused_recurrent.launch_config(64, 128, state_dtype, True).block_p == expected
     for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
         _check_step(Inputs(11, 2, 2, 1, 12, 128, state_dtype=state_dtype, tie_a=True, tie_dt=True), rounding=rounding,
                     seed=3)
@@ -306,6 +303,46 @@ def test_stochastic_decode_is_unbiased_where_nearest_stagnates(state_dtype):
     assert abs(_bias_z(sr)) < Z_LIMIT  # ... and SR follows it without bias,
     rn, _ = _stagnating_decode(state_dtype, "nearest", steps, shape)
     assert rn.mean().item() < -0.8 * drift  # while round to nearest lost (nearly) all of it.
+
+
+@pytest.mark.parametrize("gpu_blocks", [False, True])
+def test_stochastic_rounding_into_fp16_is_exact_where_16_bits_are_not_enough(gpu_blocks, monkeypatch):
+    """Values below 2**-17 drop more than the 16 random bits an element gets (below 2**-24, up to 128): a row
+    group holding one is rounded again, from the old state, with whole words. Mixed here with row groups
+    that hold none (their channels' x is 2**20 larger), in the interpreter's 64-channel programs and the
+    GPU's 8-channel ones. Every value's rounded mean must be the value (z-test), only its two neighbours
+    appear."""
+    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
+
+    if gpu_blocks:
+        rule = fused_recurrent.launch_config
+        monkeypatch.setattr(fused_recurrent, "launch_config", lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    # fp16 subnormal range (19 and 22 dropped bits) and below 2**-24 (25 and 39 bits below the grid), with
+    # fraction bits all the way down; times 2**24 (the other groups' x) they drop at most 15 bits.
+    # Zeros beside them: a tile's smallest nonzero magnitude decides (an unsigned minimum over |x| - 1).
+    values = [2.0**-20 * 4 / 3, 2.0**-23 * 6 / 5, 2.0**-26 * 7 / 5, 2.0**-40 * 9 / 7, 0.0, 0.0, 0.0, 0.0]
+    batch, nheads, headdim, dstate = 2, 4, 64, 128
+    # The new state is dt * x * B exactly: dt = 1 (no softplus, no bias), the old state 0.
+    B = torch.tensor(values, dtype=torch.float32).repeat(dstate // len(values))
+    x = torch.where((torch.arange(headdim) // 16) % 2 == 1, 2.0**24, 1.0).expand(batch, nheads, headdim)
+    state = torch.zeros(batch, nheads, headdim, dstate, dtype=torch.float16, device=DEVICE)
+    selective_state_update(state, x.contiguous().to(DEVICE), torch.ones(batch, nheads, headdim, device=DEVICE),
+                           -torch.ones(nheads, headdim, dstate, device=DEVICE),
+                           B.expand(batch, 1, dstate).contiguous().to(DEVICE), B.expand(batch, 1, dstate).to(DEVICE),
+                           rounding="stochastic", seed=2024)
+    exact = x[..., None].double() * B.double()
+    spacing = _spacing(exact, torch.float16)
+    low = torch.floor(exact / spacing) * spacing
+    got = state.cpu().double()
+    assert torch.all((got == low) | (got == low + spacing)) and torch.all(got[exact == 0] == 0)
+    for value in B.unique().double()[1:]:  # the zeros stay zeros (checked above: 0 is both neighbours)
+        for scale in (1.0, 2.0**24):
+            where = exact == value * scale
+            p = ((exact[where] - low[where]) / spacing[where])[0].item()
+            ups, n = int((got[where] > low[where]).sum()), int(where.sum())
+            assert 0 < p < 1
+            if n * min(p, 1 - p) >= 20:  # else too rare to count here (below 2**-24, p is 2**-16 * 9 / 7)
+                assert abs((ups - n * p) / math.sqrt(n * p * (1 - p))) < Z_LIMIT, (value, scale, ups / n, p)
 
 
 # --- realistic sizes on the GPU -------------------------------------------------------------------

@@ -24,11 +24,11 @@ truncates, and garbles fp32 subnormals).
 
 Random bits come from Philox (`tl.randint4x`) keyed by the seed, with the
 element index as the counter. Philox costs far more than a memory-bound
-kernel's other arithmetic per element, so `stochastic_round_x4` shares one
-call (four 32-bit words) among four elements, and runs the exact comparison
-the tiniest fp16 values need only in programs that hold such values; into
-bf16, which drops 16 bits everywhere, `stochastic_round_bf16_x8` shares one
-call among eight elements, half a word each.
+kernel's other arithmetic per element, so `stochastic_round_pairs` gives each
+element 16 bits, one call per eight elements: exact into bf16, and into fp16
+wherever the 16 bits decide; the rare tile where they do not (a tie below
+2**-17, or a value below 2**-24) is rounded again by `stochastic_round_exact`,
+each draw continued from a second stream.
 
 Hardware SR (`cvt.rs.{f16,bf16}x2.f32`) exists only on sm_100 and later;
 `check_rounding` refuses it anywhere else with an explanation.
@@ -145,29 +145,32 @@ def round_nearest(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _add_and_truncate(magnitude, r0, DTYPE: tl.constexpr):
-    """|x|'s bits rounded up with probability (dropped part) / 2**dropped, by adding `dropped` random bits.
+def _add_and_truncate(bits, r0, DTYPE: tl.constexpr):
+    """fp32 bit pattern `bits` rounded away from zero with probability (dropped part) / 2**dropped, by adding
+    `dropped` random bits (the low bits of r0) to the pattern and, into fp16, clearing them; into bf16 the
+    result's upper half is the value, its lower half is left as it is. The sign bit is never reached: the
+    largest finite pattern plus 23 bits is at most NaN's, and NaN is `_finish`'s to keep.
 
-    Exact for every magnitude except fp16's below 2**-24 (see _round_tiny_fp16).
+    Exact for every value except fp16's below 2**-24 (see _round_tiny_fp16).
     """
     if DTYPE == tl.bfloat16:
-        mask = 0xFFFF
+        return bits + (r0 & 0xFFFF)
     else:
-        exponent = (magnitude >> 23).to(tl.int32) - 127
+        exponent = ((bits >> 23) & 0xFF).to(tl.int32)  # biased
         # 13 bits for fp16 normals; one more per binade below 2**-14, where the grid stays 2**-24.
-        dropped = tl.minimum(tl.maximum(-1 - exponent, 13), 23).to(tl.uint32)
-        mask = (tl.full(magnitude.shape, 1, tl.uint32) << dropped) - 1
-    return (magnitude + (r0 & mask)) & ~mask
+        dropped = tl.minimum(tl.maximum(126 - exponent, 13), 23).to(tl.uint32)
+        mask = (tl.full(bits.shape, 1, tl.uint32) << dropped) - 1
+        return (bits + (r0 & mask)) & ~mask
 
 
 @triton.jit
-def _round_tiny_fp16(x, magnitude, rounded, r0, r1, r2, r3):
-    """`rounded`, with fp16 magnitudes below 2**-24 replaced by their SR: 0 or 2**-24 (as fp32 bits).
+def _round_tiny_fp16(x, bits, rounded, r0, r1, r2, r3):
+    """`rounded`, with fp16 magnitudes below 2**-24 replaced by their SR: +-0 or +-2**-24 (as fp32 bits).
 
     Up iff U < |x| / 2**-24 for U uniform on 128 bits, compared word by word
     (the fraction needs at most 125 bits; r1..r3 matter only below 2**-33).
     """
-    tiny = magnitude < 0x33800000
+    tiny = (bits & 0x7FFFFFFF) < 0x33800000
     # Most significant word first; `tied` while the draw equals the fraction so far.
     t = tl.where(tiny, tl.abs(x) * 16777216.0, 0.0) * 4294967296.0
     word = tl.floor(t)
@@ -182,31 +185,30 @@ def _round_tiny_fp16(x, magnitude, rounded, r0, r1, r2, r3):
     up = up | (tied & (r2 < word.to(tl.uint32)))
     tied = tied & (r2 == word.to(tl.uint32))
     up = up | (tied & (r3 < ((t - word) * 4294967296.0).to(tl.uint32)))
-    return tl.where(tiny, tl.where(up, 0x33800000, 0), rounded)
+    return tl.where(tiny, tl.where(up, 0x33800000, 0) | (bits & 0x80000000), rounded)
 
 
 @triton.jit
-def _finish(bits, rounded, DTYPE: tl.constexpr):
-    """The DTYPE value of rounded magnitude bits with the sign of fp32 bits `bits`; NaN stays NaN."""
-    if DTYPE == tl.float16:
-        # The upper neighbour of the largest finite fp16 is 65536, stored as inf.
-        rounded = tl.where(rounded >= 0x47800000, 0x7F800000, rounded)
-    result = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, bits | 0x00400000, (bits & 0x80000000) | rounded)
+def _finish(x, rounded, DTYPE: tl.constexpr):
+    """The DTYPE value of `rounded` (fp32 bits from `_add_and_truncate`) for fp32 x; NaN stays NaN."""
     if DTYPE == tl.bfloat16:
-        return _bf16_from_upper_half(result)
+        # A NaN's pattern plus random bits may be anything: keep x's, its quiet bit set so that the upper
+        # half is NaN too.
+        return _bf16_from_upper_half(tl.where(x != x, x.to(tl.uint32, bitcast=True) | 0x00400000, rounded))
     else:
-        return result.to(tl.float32, bitcast=True).to(DTYPE)
+        # Exactly representable, or at least 65536 (the upper neighbour of the largest finite fp16), which
+        # converts to inf.
+        return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True)).to(DTYPE)
 
 
 @triton.jit
 def _round_with_words(x, r0, r1, r2, r3, DTYPE: tl.constexpr):
     """Exact SR of an fp32 block into fp16/bf16 given four random 32-bit words per element."""
     bits = x.to(tl.uint32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    rounded = _add_and_truncate(magnitude, r0, DTYPE)
+    rounded = _add_and_truncate(bits, r0, DTYPE)
     if DTYPE == tl.float16:
-        rounded = _round_tiny_fp16(x, magnitude, rounded, r0, r1, r2, r3)
-    return _finish(bits, rounded, DTYPE)
+        rounded = _round_tiny_fp16(x, bits, rounded, r0, r1, r2, r3)
+    return _finish(x, rounded, DTYPE)
 
 
 @triton.jit
@@ -217,9 +219,9 @@ def stochastic_round(x, seed, offsets, DTYPE: tl.constexpr, N_ROUNDS: tl.constex
 
 
 @triton.jit
-def _stochastic_round_hardware(x, words, DTYPE: tl.constexpr):
-    # The sm_100+ instruction cvt.rs, one random word per pair of elements. Callers
-    # have passed `check_rounding`: this PTX does not assemble below sm_100.
+def stochastic_round_hardware(x, words, DTYPE: tl.constexpr):
+    """SR of an fp32 tile into DTYPE with cvt.rs (sm_100+), random words shaped like x: the instruction reads
+    one per pair of elements. Callers have passed `check_rounding`: this PTX does not assemble below sm_100."""
     if DTYPE == tl.float16:
         CVT: tl.constexpr = "cvt.rs.f16x2.f32"
     else:
@@ -236,98 +238,98 @@ def _stochastic_round_hardware(x, words, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def stochastic_round_x4(x0, x1, x2, x3, seed, counters, DTYPE: tl.constexpr, N_ROUNDS: tl.constexpr,
-                        HARDWARE: tl.constexpr):
-    """SR of four same-shaped fp32 tiles into DTYPE with one Philox call per position.
+def shared_words(seed, counters, like, N_ROUNDS: tl.constexpr):
+    """The four 32-bit words of Philox(seed, counters), to be shared by several tiles shaped like `like`.
 
-    Tile k takes word k of Philox(seed, counters). That word decides every
-    value except fp16 values below 2**-24, whose exact comparison reads all
-    four words (its own first); only a program holding such a value runs
-    that comparison, so the common program pays one Philox call per four
-    elements and a few integer operations per element. HARDWARE uses cvt.rs
-    (sm_100+ only).
+    (Where `like` is NaN the counter is 0 instead; a NaN stays NaN whatever the bits. This no-op makes the
+    compiler lay the Philox arithmetic out like `like` instead of computing it in another layout and
+    shuffling it through shared memory.)
     """
-    # (A no-op that makes the compiler lay the Philox arithmetic out like x0,
-    # instead of computing it in another layout and shuffling it through shared memory.)
-    counters = tl.where(x0 == x0, counters, 0)
-    r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
-    if HARDWARE:
-        y0 = _stochastic_round_hardware(x0, r0, DTYPE)
-        y1 = _stochastic_round_hardware(x1, r1, DTYPE)
-        y2 = _stochastic_round_hardware(x2, r2, DTYPE)
-        y3 = _stochastic_round_hardware(x3, r3, DTYPE)
-    else:
-        b0 = x0.to(tl.uint32, bitcast=True)
-        b1 = x1.to(tl.uint32, bitcast=True)
-        b2 = x2.to(tl.uint32, bitcast=True)
-        b3 = x3.to(tl.uint32, bitcast=True)
-        m0 = b0 & 0x7FFFFFFF
-        m1 = b1 & 0x7FFFFFFF
-        m2 = b2 & 0x7FFFFFFF
-        m3 = b3 & 0x7FFFFFFF
-        y0 = _add_and_truncate(m0, r0, DTYPE)
-        y1 = _add_and_truncate(m1, r1, DTYPE)
-        y2 = _add_and_truncate(m2, r2, DTYPE)
-        y3 = _add_and_truncate(m3, r3, DTYPE)
-        if DTYPE == tl.float16:
-            # Any nonzero magnitude below 2**-24? (m - 1 wraps zero to the largest uint32.)
-            smallest = tl.min(tl.minimum(tl.minimum(m0 - 1, m1 - 1), tl.minimum(m2 - 1, m3 - 1)))
-            if smallest < 0x337FFFFF:
-                # A tiny value's own word leads; the position's other three words supply
-                # the lower 96 bits (read only when the leading words tie: p = 2**-32).
-                y0 = _round_tiny_fp16(x0, m0, y0, r0, r1, r2, r3)
-                y1 = _round_tiny_fp16(x1, m1, y1, r1, r2, r3, r0)
-                y2 = _round_tiny_fp16(x2, m2, y2, r2, r3, r0, r1)
-                y3 = _round_tiny_fp16(x3, m3, y3, r3, r0, r1, r2)
-        y0 = _finish(b0, y0, DTYPE)
-        y1 = _finish(b1, y1, DTYPE)
-        y2 = _finish(b2, y2, DTYPE)
-        y3 = _finish(b3, y3, DTYPE)
-    return y0, y1, y2, y3
+    return tl.randint4x(seed, tl.where(like == like, counters, 0), n_rounds=N_ROUNDS)
 
 
 @triton.jit
-def stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed, counters, N_ROUNDS: tl.constexpr):
-    """Software SR of eight same-shaped fp32 tiles into bf16 with one Philox call per position.
+def _pairs(x):
+    """Tile (R, N) -> its even and its odd columns, (R, N // 2) each."""
+    return tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
 
-    bf16 drops 16 bits everywhere, so an element needs only 16 random bits: tiles 0-3 take the
-    low halves of words 0-3 of Philox(seed, counters), tiles 4-7 their high halves
-    (`_add_and_truncate` reads only the low 16 bits). One Philox call per eight elements:
-    1.58-1.65x round to nearest at batch 256 on the H200, against 1.93x with a call per four
-    (benchmarks/RESULTS.md). fp16 does not share a word this way: its subnormals
-    drop up to 23 bits and its tiniest values need 128, and the branch that gives those programs
-    whole words made the common fp16 program slower, not faster (3.58x against 2.56x on the H200).
-    Nor did 16-bit draws for every fp16 element with exact tie-breaking (where the 16 bits equal a
-    longer fraction's top 16, or below 2**-24, a second Philox stream decides): one branch over the
-    eight tiles spilled 1 KiB a thread (11.8x), a branch per tile at one row per group ran 4.01x
-    (commits 4f6f181, 9e77eff, reverted). fp16 keeps `stochastic_round_x4`.
+
+@triton.jit
+def stochastic_round_pairs(x, words, DTYPE: tl.constexpr):
+    """Software SR of an fp32 tile (R, N) into fp16/bf16 with 16 random bits an element: elements (r, 2j)
+    and (r, 2j + 1) take the low and the high half of words[r, j] (R, N // 2). Returns (rounded, redo).
+
+    Exact into bf16, which drops 16 bits everywhere. fp16 drops 13 for normals but up to 23 in its
+    subnormal range, and below 2**-24 the whole value: there the 16 bits are the top of the draw, and the
+    result is exact unless the rest of the draw could change it (a tie: the 16 bits plus the fraction's
+    top 16 are all ones, probability 2**-16) or the value is below 2**-24. `redo` says whether the tile
+    holds such an element: the caller must then round the whole tile again with `stochastic_round_exact`
+    and the same `words`, which continues each draw from a second stream (so every element's result is
+    the same function of its random bits, redone or not: exact SR). That needs the unrounded values, so a
+    kernel may do it after the rest of its work, from memory, holding no registers through the common
+    path (a branch here cost the fp16 state update 80 registers, ptxas sm_90).
     """
-    # (A no-op that makes the compiler lay the Philox arithmetic out like x0; see stochastic_round_x4.)
-    counters = tl.where(x0 == x0, counters, 0)
-    r0, r1, r2, r3 = tl.randint4x(seed, counters, n_rounds=N_ROUNDS)
-    b0 = x0.to(tl.uint32, bitcast=True)
-    b1 = x1.to(tl.uint32, bitcast=True)
-    b2 = x2.to(tl.uint32, bitcast=True)
-    b3 = x3.to(tl.uint32, bitcast=True)
-    b4 = x4.to(tl.uint32, bitcast=True)
-    b5 = x5.to(tl.uint32, bitcast=True)
-    b6 = x6.to(tl.uint32, bitcast=True)
-    b7 = x7.to(tl.uint32, bitcast=True)
-    y0 = _finish(b0, _add_and_truncate(b0 & 0x7FFFFFFF, r0, tl.bfloat16), tl.bfloat16)
-    y1 = _finish(b1, _add_and_truncate(b1 & 0x7FFFFFFF, r1, tl.bfloat16), tl.bfloat16)
-    y2 = _finish(b2, _add_and_truncate(b2 & 0x7FFFFFFF, r2, tl.bfloat16), tl.bfloat16)
-    y3 = _finish(b3, _add_and_truncate(b3 & 0x7FFFFFFF, r3, tl.bfloat16), tl.bfloat16)
-    y4 = _finish(b4, _add_and_truncate(b4 & 0x7FFFFFFF, r0 >> 16, tl.bfloat16), tl.bfloat16)
-    y5 = _finish(b5, _add_and_truncate(b5 & 0x7FFFFFFF, r1 >> 16, tl.bfloat16), tl.bfloat16)
-    y6 = _finish(b6, _add_and_truncate(b6 & 0x7FFFFFFF, r2 >> 16, tl.bfloat16), tl.bfloat16)
-    y7 = _finish(b7, _add_and_truncate(b7 & 0x7FFFFFFF, r3 >> 16, tl.bfloat16), tl.bfloat16)
-    return y0, y1, y2, y3, y4, y5, y6, y7
+    even, odd = _pairs(x)
+    even_bits = even.to(tl.uint32, bitcast=True)
+    odd_bits = odd.to(tl.uint32, bitcast=True)
+    if DTYPE == tl.float16:
+        even_rounded, even_redo = _fp16_from_16_bits(even_bits, words)
+        odd_rounded, odd_redo = _fp16_from_16_bits(odd_bits, words >> 16)
+        redo = tl.max((even_redo | odd_redo).to(tl.int32)) != 0
+    else:
+        even_rounded = _add_and_truncate(even_bits, words, DTYPE)
+        odd_rounded = _add_and_truncate(odd_bits, words >> 16, DTYPE)
+        redo = False
+    return tl.reshape(tl.join(_finish(even, even_rounded, DTYPE), _finish(odd, odd_rounded, DTYPE)), x.shape), redo
 
 
-def shared_parts(dtype: torch.dtype, rounding_impl: str) -> int:
-    """How many elements share one Philox call (one per part, or row group): 8 for software SR into bf16
-    (`stochastic_round_bf16_x8`), else 4 (`stochastic_round_x4`)."""
-    return 8 if dtype == torch.bfloat16 and rounding_impl == "software" else 4
+@triton.jit
+def _fp16_draw(bits, r16):
+    """(mask of the bits fp16 drops from fp32 pattern `bits`, the 16 random bits of r16 at their top)."""
+    exponent = ((bits >> 23) & 0xFF).to(tl.int32)  # biased
+    # 13 bits for fp16 normals; one more per binade below 2**-14, where the grid stays 2**-24.
+    dropped = tl.minimum(tl.maximum(126 - exponent, 13), 23)
+    mask = (tl.full(bits.shape, 1, tl.uint32) << dropped.to(tl.uint32)) - 1
+    # (Fewer than 16 dropped bits take r16's lowest.)
+    return mask, ((r16 & 0xFFFF) << tl.maximum(dropped - 16, 0).to(tl.uint32)) & mask
+
+
+@triton.jit
+def _fp16_from_16_bits(bits, r16):
+    """(fp32 bits rounded into fp16 by the draw whose top 16 bits are r16's, redo): `redo` where that is not
+    the exact result, a tie or a nonzero magnitude below 2**-24 (see stochastic_round_pairs)."""
+    mask, top = _fp16_draw(bits, r16)
+    drawn = bits + top
+    rounded = drawn & ~mask
+    # Below the 16 bits, the rest of the draw (at most mask >> 16) could still carry into the kept bits.
+    tie = ((drawn + (mask >> 16)) & ~mask) != rounded
+    return rounded, tie | ((bits & 0x7FFFFFFF) - 1 < 0x337FFFFF)
+
+
+@triton.jit
+def stochastic_round_exact(x, r16, seed, counters, word, N_ROUNDS: tl.constexpr):
+    """Software SR of an fp32 tile into fp16 that `stochastic_round_pairs` could not round: each element's
+    draw continued from a second stream, the 128-bit comparison below 2**-24 included. r16 (x's shape):
+    the 16 bits each element had (low bits). Word `word` (0..3) of Philox(key, counters) gives an element
+    the rest of its draw (its low bits; below 2**-24 the whole draw, the other three words in turn behind
+    it, so four tiles can share a call); the key is `seed` with its top bit set, which no seed has (seeds
+    are below 2**63): a stream of its own."""
+    r0, r1, r2, r3 = tl.randint4x(seed.to(tl.uint64) | 0x8000000000000000, counters, n_rounds=N_ROUNDS)
+    w0 = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
+    w1 = tl.where(word == 0, r1, tl.where(word == 1, r2, tl.where(word == 2, r3, r0)))
+    w2 = tl.where(word == 0, r2, tl.where(word == 1, r3, tl.where(word == 2, r0, r1)))
+    w3 = tl.where(word == 0, r3, tl.where(word == 1, r0, tl.where(word == 2, r1, r2)))
+    return _fp16_continued(x, r16, w0, w1, w2, w3)
+
+
+@triton.jit
+def _fp16_continued(x, r16, w0, w1, w2, w3):
+    """fp32 x into fp16 by the draw whose top 16 bits are r16's and whose lower bits are w0's low bits; below
+    2**-24 by the 128-bit draw w0.w1.w2.w3 (w0 leading)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    mask, top = _fp16_draw(bits, r16)
+    rounded = (bits + top + (w0 & (mask >> 16))) & ~mask
+    return _finish(x, _round_tiny_fp16(x, bits, rounded, w0, w1, w2, w3), tl.float16)
 
 
 @triton.jit
@@ -342,44 +344,49 @@ def round_to_storage(x, seed, offsets, DTYPE: tl.constexpr, STOCHASTIC: tl.const
         return round_nearest(x, DTYPE, INTERPRET)
 
 
+@triton.jit
+def _round_part(x_ptr, out_ptr, n, block, part, words, seed, DTYPE: tl.constexpr, N_ROUNDS: tl.constexpr,
+                HARDWARE: tl.constexpr, Q: tl.constexpr):
+    # Part `part` of block `block`: Q consecutive elements, as a (1, Q) tile like a row group's.
+    q = tl.arange(0, Q)[None, :]
+    offsets = (block * 4 + part) * Q + q
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    if HARDWARE:
+        y = stochastic_round_hardware(x, words, DTYPE)
+    else:
+        y, redo = stochastic_round_pairs(x, words, DTYPE)
+        if DTYPE == tl.float16:
+            if redo:
+                r16 = tl.reshape(tl.join(words, words >> 16), x.shape)  # each element's 16 bits
+                y = stochastic_round_exact(x, r16, seed, block * Q + q, part, N_ROUNDS)
+    tl.store(out_ptr + offsets, y, mask=offsets < n)
+
+
 # A new seed every step must not mean a new compilation.
 @triton.jit(do_not_specialize=["seed"])
 def _stochastic_round_kernel(x_ptr, out_ptr, n, seed, DTYPE: tl.constexpr, N_ROUNDS: tl.constexpr,
-                             HARDWARE: tl.constexpr, PARTS: tl.constexpr, Q: tl.constexpr):
-    # A block of PARTS * Q consecutive elements in PARTS parts of Q sharing Philox calls, as the state
-    # update's row groups share them.
+                             HARDWARE: tl.constexpr, Q: tl.constexpr):
+    # A block of four parts of Q consecutive elements sharing Philox calls, as the state update's row
+    # groups share them: part k takes word k of each call. In software, elements 2j and 2j + 1 of a part
+    # take the halves of call j's word (counter block * Q / 2 + j); with cvt.rs element j takes call j's
+    # (block * Q + j).
     block = tl.program_id(0).to(tl.int64)
-    q = tl.arange(0, Q)
-    base = block * PARTS * Q + q
-    x0 = tl.load(x_ptr + base, mask=base < n, other=0.0)
-    x1 = tl.load(x_ptr + base + Q, mask=base + Q < n, other=0.0)
-    x2 = tl.load(x_ptr + base + 2 * Q, mask=base + 2 * Q < n, other=0.0)
-    x3 = tl.load(x_ptr + base + 3 * Q, mask=base + 3 * Q < n, other=0.0)
-    if PARTS == 8:
-        x4 = tl.load(x_ptr + base + 4 * Q, mask=base + 4 * Q < n, other=0.0)
-        x5 = tl.load(x_ptr + base + 5 * Q, mask=base + 5 * Q < n, other=0.0)
-        x6 = tl.load(x_ptr + base + 6 * Q, mask=base + 6 * Q < n, other=0.0)
-        x7 = tl.load(x_ptr + base + 7 * Q, mask=base + 7 * Q < n, other=0.0)
-        y0, y1, y2, y3, y4, y5, y6, y7 = stochastic_round_bf16_x8(x0, x1, x2, x3, x4, x5, x6, x7, seed,
-                                                                  block * Q + q, N_ROUNDS)
-        tl.store(out_ptr + base + 4 * Q, y4, mask=base + 4 * Q < n)
-        tl.store(out_ptr + base + 5 * Q, y5, mask=base + 5 * Q < n)
-        tl.store(out_ptr + base + 6 * Q, y6, mask=base + 6 * Q < n)
-        tl.store(out_ptr + base + 7 * Q, y7, mask=base + 7 * Q < n)
+    if HARDWARE:
+        w0, w1, w2, w3 = tl.randint4x(seed, block * Q + tl.arange(0, Q)[None, :], n_rounds=N_ROUNDS)
     else:
-        y0, y1, y2, y3 = stochastic_round_x4(x0, x1, x2, x3, seed, block * Q + q, DTYPE, N_ROUNDS, HARDWARE)
-    tl.store(out_ptr + base, y0, mask=base < n)
-    tl.store(out_ptr + base + Q, y1, mask=base + Q < n)
-    tl.store(out_ptr + base + 2 * Q, y2, mask=base + 2 * Q < n)
-    tl.store(out_ptr + base + 3 * Q, y3, mask=base + 3 * Q < n)
+        w0, w1, w2, w3 = tl.randint4x(seed, block * (Q // 2) + tl.arange(0, Q // 2)[None, :], n_rounds=N_ROUNDS)
+    _round_part(x_ptr, out_ptr, n, block, 0, w0, seed, DTYPE, N_ROUNDS, HARDWARE, Q)
+    _round_part(x_ptr, out_ptr, n, block, 1, w1, seed, DTYPE, N_ROUNDS, HARDWARE, Q)
+    _round_part(x_ptr, out_ptr, n, block, 2, w2, seed, DTYPE, N_ROUNDS, HARDWARE, Q)
+    _round_part(x_ptr, out_ptr, n, block, 3, w3, seed, DTYPE, N_ROUNDS, HARDWARE, Q)
 
 
 def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, philox_rounds: int = DEFAULT_PHILOX_ROUNDS,
                             rounding_impl: str = "software", *, interpret: bool | None = None) -> torch.Tensor:
     """Stochastically round every element of an fp32 tensor into `dtype` (float16 or bfloat16).
 
-    Blocks of 4096 elements (row-major) are split in parts that share Philox calls (`shared_parts`:
-    eight for software SR into bf16, else four), as the state update's row groups do.
+    Blocks of 4096 elements (row-major) are split in four parts that share Philox calls, as the state
+    update's row groups do.
     `interpret`: whether Triton runs the kernel through its interpreter (None: as TRITON_INTERPRET says).
     """
     if x.dtype != torch.float32:
@@ -390,8 +397,8 @@ def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, phil
     n = x.numel()
     if n == 0:
         return out
-    block, parts = 4096, shared_parts(dtype, rounding_impl)
+    block = 4096
     _stochastic_round_kernel[(triton.cdiv(n, block),)](x, out, n, seed, DTYPE=triton_dtype(dtype),
                                                        N_ROUNDS=philox_rounds, HARDWARE=rounding_impl == "hardware",
-                                                       PARTS=parts, Q=block // parts)
+                                                       Q=block // 4)
     return out

@@ -21,11 +21,16 @@ headdim, dstate), dt and dt_bias expanded over headdim, as Mamba2 passes
 them) are detected from their zero strides and read once per program, so
 exp(dt * A) is one scalar per head.
 
-Stochastic rounding draws one Philox call (four 32-bit words) per four state
-elements: the program's channels form four row groups, and element (r, n) of
-group k takes word k of Philox(seed, counter), counter = the flat state index
-of group 0's element (r, n). Into bf16 (16 dropped bits) eight row groups share
-a call, group k taking half of word k mod 4. See ssmcheck/ops/rounding/stochastic.py.
+Stochastic rounding gives each state element 16 random bits: the program's
+channels form four row groups, and elements (r, 2j) and (r, 2j + 1) of group k
+take the low and the high half of word k of Philox(seed, counter), counter =
+the flat state index of group 0's element (r, 2j): one call per eight elements.
+That is exact into bf16; into fp16 a row group holding an element that 16 bits
+cannot round (a tie below 2**-17, or a value below 2**-24: rare) is not stored
+but redone from the old state at the end of the program, each draw continued
+from a second stream. Each group is advanced, rounded and stored before the
+next, so that one group's fp32 state is live at a time. See
+ssmcheck/ops/rounding/stochastic.py.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ from ssmcheck.ops.rounding.stochastic import (
     check_rounding,
     round_nearest,
     round_saturating,
-    shared_parts,
-    stochastic_round_bf16_x8,
-    stochastic_round_x4,
+    shared_words,
+    stochastic_round_exact,
+    stochastic_round_hardware,
+    stochastic_round_pairs,
     triton_dtype,
 )
 
@@ -56,10 +62,8 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PAD_SLOT_ID = -1
 
 
-def row_groups(state_dtype: torch.dtype, rounding: str, rounding_impl: str) -> int:
-    """Row groups per program: under stochastic rounding one Philox call serves an element of each
-    (8 for software SR into bf16, 4 otherwise: ops.rounding.stochastic.shared_parts); 4 to nearest."""
-    return shared_parts(state_dtype, rounding_impl) if rounding == "stochastic" else 4
+# A program's channels form four row groups: one Philox call serves an element of each under stochastic rounding.
+ROW_GROUPS = 4
 
 
 @dataclass(frozen=True)
@@ -69,15 +73,13 @@ class LaunchConfig:
 
 
 @functools.cache  # asked at every decode step
-def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: int,
-                  interpreter: bool) -> LaunchConfig:
+def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
     That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
     every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
     configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
-    configurations at batch 256). Software SR into bf16 has eight row groups, so 16 channels:
-    the fastest of its configurations measured (2026-12-01). Small one-warp programs keep the most state loads in flight
+    configurations at batch 256). Small one-warp programs keep the most state loads in flight
     per SM for the registers they hold.
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
@@ -85,8 +87,8 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, groups: i
         channels = 64
     else:
         row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
-        channels = groups * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
-    return LaunchConfig(block_p=max(groups, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
+        channels = ROW_GROUPS * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
+    return LaunchConfig(block_p=max(ROW_GROUPS, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
 
 
 @triton.jit
@@ -152,16 +154,11 @@ def _load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x
 
 
 @triton.jit
-def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr,
-                   dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                   HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-                   DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
-                   GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row group `group`: (new fp32 state (R, BLOCK_N), output (R,) = (C . state + D * x) * silu(z))."""
-    R: tl.constexpr = BLOCK_P // GROUPS
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
-    n = tl.arange(0, BLOCK_N)
-    rows = p < headdim
+def _step(state, x, p, n, rows, b_cols, b, h, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h,
+          a_p, a_n, dt_head, dA_head, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_PER_HEAD: tl.constexpr,
+          A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr):
+    """The new fp32 state of the tile at channels p (rows: p < headdim) and state columns n, stored `state`:
+    exp(dt * A) * state + dt * x * B, B's values at n given (b_cols)."""
     if DT_PER_HEAD:
         dt = dt_head
         dA = dA_head
@@ -175,7 +172,21 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
         A = tl.load(A_ptr + h * a_h + p[:, None] * a_p + n[None, :] * a_n,
                     mask=rows[:, None] & (n < dstate)[None, :], other=0.0).to(tl.float32)
         dA = _exp(dt * A, INTERPRET)
-    state = state.to(tl.float32) * dA + (dt * x[:, None]) * b_row[None, :]
+    return state.to(tl.float32) * dA + (dt * x[:, None]) * b_cols[None, :]
+
+
+@triton.jit
+def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr,
+                   dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
+                   HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+                   DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
+                   GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row group `group`: (new fp32 state (R, BLOCK_N), output (R,) = (C . state + D * x) * silu(z))."""
+    R: tl.constexpr = BLOCK_P // GROUPS
+    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    state = _step(state, x, p, tl.arange(0, BLOCK_N), p < headdim, b_row, b, h, dstate, dt_ptr, dt_bias_ptr, A_ptr,
+                  dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, HAS_DT_BIAS, DT_SOFTPLUS,
+                  DT_PER_HEAD, A_PER_HEAD, INTERPRET)
     y = tl.sum(state * c_row[None, :], axis=1)
     if HAS_D:
         y += x * d
@@ -187,15 +198,84 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
 @triton.jit
 def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
                  o_p, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """Store row group `group`'s rounded state (into its slot of the pool) and its output (row b, saturated: core.formats.saturate)."""
+                 BLOCK_N: tl.constexpr, skip_state=False):
+    """Store row group `group`'s rounded state (into its slot of the pool; not where skip_state) and its output
+    (row b, saturated: core.formats.saturate)."""
     R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
     n = tl.arange(0, BLOCK_N)
     rows = p < headdim
     tl.store(state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
-             mask=rows[:, None] & (n < dstate)[None, :], cache_modifier=".cs")
+             mask=rows[:, None] & (n < dstate)[None, :] & (not skip_state), cache_modifier=".cs")
     tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE, INTERPRET), mask=rows)
+
+
+@triton.jit
+def _sr_group(group, t, words, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b,
+              z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head,
+              b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS: tl.constexpr,
+              HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_PER_HEAD: tl.constexpr,
+              A_PER_HEAD: tl.constexpr, STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, HARDWARE: tl.constexpr,
+              INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row group `group` under stochastic rounding: its channels loaded, its state tile `t` advanced, rounded
+    with its random `words` and stored, with its output. Returns whether the group's state must be redone
+    (`_redo_half`): then its state is not stored, and the old one stays in memory for the redo."""
+    x, d, z = _load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+                             z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
+    state, y = _advance_group(group, t, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
+                              dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
+                              HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+    redo = False
+    if HARDWARE:
+        state = stochastic_round_hardware(state, words, STATE_DTYPE)
+    else:
+        state, redo = stochastic_round_pairs(state, words, STATE_DTYPE)
+    _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N, redo)
+    return redo
+
+
+@triton.jit
+def _redo_half(group, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, x_b, x_h, x_p, b_b, b_g,
+               b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head,
+               state_ptr, s_b, s_h, s_p, s_n, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+               DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, WIDE_COUNTERS: tl.constexpr,
+               N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """The even (parity 0) or odd (1) state columns of row group `group`, advanced again from the old state in
+    memory (the same arithmetic: the same fp32 values) and rounded into fp16 by `stochastic_round_exact`:
+    each element's 16 bits drawn again (its half of word `group` of the pair's call), the rest of its draw
+    from word `group` of the second stream's call at group 0's element (four groups share a call), stored.
+    Half a tile at a time, for fewer registers; the odd half's loads wait for the even half's stores."""
+    R: tl.constexpr = BLOCK_P // GROUPS
+    row = pid_p * BLOCK_P + tl.arange(0, R)
+    p = row + group * R
+    pairs = 2 * tl.arange(0, BLOCK_N // 2)
+    n = pairs + parity
+    rows = p < headdim
+    inside = rows[:, None] & (n < dstate)[None, :]
+    ptrs = state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
+    b_cols = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
+    state = _step(tl.load(ptrs, mask=inside, other=0.0), x, p, n, rows, b_cols, b, h, dstate, dt_ptr, dt_bias_ptr,
+                  A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, HAS_DT_BIAS, DT_SOFTPLUS,
+                  DT_PER_HEAD, A_PER_HEAD, INTERPRET)
+    r0, r1, r2, r3 = tl.randint4x(seed, _flat_index(slot, h, row[:, None], pairs[None, :], nheads, headdim, dstate,
+                                                    WIDE_COUNTERS), n_rounds=N_ROUNDS)
+    r16 = tl.where(group == 0, r0, tl.where(group == 1, r1, tl.where(group == 2, r2, r3))) >> (16 * parity)
+    counters = _flat_index(slot, h, row[:, None], n[None, :], nheads, headdim, dstate, WIDE_COUNTERS)
+    tl.store(ptrs, stochastic_round_exact(state, r16, seed, counters, group, N_ROUNDS), mask=inside)
+
+
+@triton.jit
+def _flat_index(slot, h, p, n, nheads, headdim, dstate, WIDE: tl.constexpr):
+    """The flat index of state element (slot, h, p, n) in the pool: a Philox counter."""
+    if WIDE:
+        return ((slot * nheads + h) * headdim + p) * dstate + n
+    else:
+        # A pool of at most 2**32 elements: every index fits 32 unsigned bits, and Philox's counter is the
+        # same as from the 64-bit index (its high word is 0), in cheaper arithmetic and a cheaper first round.
+        return ((slot.to(tl.uint32) * nheads + h.to(tl.uint32)) * headdim + p.to(tl.uint32)) * dstate + n.to(tl.uint32)
 
 
 # A new seed every step must not mean a new compilation.
@@ -242,16 +322,7 @@ def _state_update_kernel(
     t1 = _load_state(1, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
     t2 = _load_state(2, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
     t3 = _load_state(3, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
-    if GROUPS == 8:
-        t4 = _load_state(4, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                         BLOCK_N)
-        t5 = _load_state(5, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                         BLOCK_N)
-        t6 = _load_state(6, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                         BLOCK_N)
-        t7 = _load_state(7, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                         BLOCK_N)
-    if GROUPS == 4:
+    if not STOCHASTIC:
         x0, d0, z0 = _load_channels(0, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
                                     z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
         x1, d1, z1 = _load_channels(1, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
@@ -274,114 +345,82 @@ def _state_update_kernel(
 
     # The program's BLOCK_P channels in GROUPS row groups, so that SR can give each
     # group its own share of one Philox call; every row is contiguous in dstate.
-    if GROUPS == 4:
-        s0, y0 = _advance_group(0, t0, x0, d0, z0, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        s1, y1 = _advance_group(1, t1, x1, d1, z1, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        s2, y2 = _advance_group(2, t2, x2, d2, z2, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        s3, y3 = _advance_group(3, t3, x3, d3, z3, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-    else:
-        # Eight row groups hold twice the state in registers: each group's channels are loaded next to
-        # their use (the SR-into-bf16 kernel measured on the H200 was built this way).
-        x0, d0, z0 = _load_channels(0, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s0, y0 = _advance_group(0, t0, x0, d0, z0, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x1, d1, z1 = _load_channels(1, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s1, y1 = _advance_group(1, t1, x1, d1, z1, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x2, d2, z2 = _load_channels(2, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s2, y2 = _advance_group(2, t2, x2, d2, z2, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x3, d3, z3 = _load_channels(3, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s3, y3 = _advance_group(3, t3, x3, d3, z3, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x4, d4, z4 = _load_channels(4, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s4, y4 = _advance_group(4, t4, x4, d4, z4, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x5, d5, z5 = _load_channels(5, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s5, y5 = _advance_group(5, t5, x5, d5, z5, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x6, d6, z6 = _load_channels(6, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s6, y6 = _advance_group(6, t6, x6, d6, z6, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
-        x7, d7, z7 = _load_channels(7, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        s7, y7 = _advance_group(7, t7, x7, d7, z7, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr,
-                                A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS,
-                                BLOCK_P, BLOCK_N)
     if STOCHASTIC:
-        # Counter: the flat index of (slot, head, channel, n) in group 0's rows: the bits follow the state.
         R: tl.constexpr = BLOCK_P // GROUPS
         row = pid_p * BLOCK_P + tl.arange(0, R)
-        if WIDE_COUNTERS:
-            counters = ((slot * nheads + h) * headdim + row[:, None]) * dstate + n[None, :]
-        else:
-            # A pool of at most 2**32 elements: every index fits 32 unsigned bits, and Philox's counter is the
-            # same as from the 64-bit index (its high word is 0), in cheaper arithmetic and a cheaper first round.
-            counters = (((slot.to(tl.uint32) * nheads + h.to(tl.uint32)) * headdim + row[:, None].to(tl.uint32))
-                        * dstate + n[None, :].to(tl.uint32))
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
             seed = tl.load(seed)
-        if GROUPS == 8:
-            s0, s1, s2, s3, s4, s5, s6, s7 = stochastic_round_bf16_x8(s0, s1, s2, s3, s4, s5, s6, s7, seed,
-                                                                      counters, N_ROUNDS)
+        # Counters: flat indices of (slot, head, channel, n) in group 0's rows, so that the bits follow the
+        # state; group k takes word k of each call.
+        if HARDWARE:
+            # cvt.rs: element (r, n) of group k takes word k of Philox(seed, index of group 0's (r, n)).
+            w0, w1, w2, w3 = shared_words(seed, _flat_index(slot, h, row[:, None], n[None, :], nheads, headdim,
+                                                            dstate, WIDE_COUNTERS), t0, N_ROUNDS)
         else:
-            s0, s1, s2, s3 = stochastic_round_x4(s0, s1, s2, s3, seed, counters, STATE_DTYPE, N_ROUNDS, HARDWARE)
+            # 16 bits an element: elements (r, 2j) and (r, 2j + 1) of group k take the low and the high half
+            # of word k of Philox(seed, index of group 0's (r, 2j)): one call per eight elements.
+            pairs = 2 * tl.arange(0, BLOCK_N // 2)
+            w0, w1, w2, w3 = tl.randint4x(seed, _flat_index(slot, h, row[:, None], pairs[None, :], nheads, headdim,
+                                                            dstate, WIDE_COUNTERS), n_rounds=N_ROUNDS)
+        # Each group is advanced, rounded and stored before the next, so that one group's fp32 state is live
+        # at a time, not all four.
+        redo0 = _sr_group(0, t0, w0, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
+                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
+                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        redo1 = _sr_group(1, t1, w1, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
+                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
+                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        redo2 = _sr_group(2, t2, w2, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
+                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
+                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        redo3 = _sr_group(3, t3, w3, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
+                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
+                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        if STATE_DTYPE == tl.float16 and not HARDWARE:
+            # Rare: a group holding an element that its 16 random bits cannot round (a tie, or a value below
+            # 2**-24; ops.rounding.stochastic_round_pairs). Its state was not stored: redo it from the old one,
+            # once nothing else is live (a branch inside the group would hold its registers through the
+            # common path, and cost every program occupancy).
+            if redo0 | redo1 | redo2 | redo3:
+                # Loops, not unrolled code: the branch's code and registers stay small.
+                for group in range(GROUPS):
+                    redo = ((group == 0) & redo0) | ((group == 1) & redo1) | ((group == 2) & redo2)
+                    if redo | ((group == 3) & redo3):
+                        for parity in range(2):
+                            _redo_half(group, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
+                                       x_b, x_h, x_p, b_b, b_g, b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p,
+                                       dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, state_ptr, s_b, s_h, s_p, s_n,
+                                       HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, WIDE_COUNTERS, N_ROUNDS,
+                                       INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     else:
-        s0 = round_nearest(s0, STATE_DTYPE, INTERPRET)
-        s1 = round_nearest(s1, STATE_DTYPE, INTERPRET)
-        s2 = round_nearest(s2, STATE_DTYPE, INTERPRET)
-        s3 = round_nearest(s3, STATE_DTYPE, INTERPRET)
-    _store_group(0, pid_p, b, slot, h, headdim, dstate, s0, y0, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-    _store_group(1, pid_p, b, slot, h, headdim, dstate, s1, y1, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-    _store_group(2, pid_p, b, slot, h, headdim, dstate, s2, y2, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-    _store_group(3, pid_p, b, slot, h, headdim, dstate, s3, y3, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-    if GROUPS == 8:
-        _store_group(4, pid_p, b, slot, h, headdim, dstate, s4, y4, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
-                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(5, pid_p, b, slot, h, headdim, dstate, s5, y5, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
-                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(6, pid_p, b, slot, h, headdim, dstate, s6, y6, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
-                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(7, pid_p, b, slot, h, headdim, dstate, s7, y7, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b,
-                     o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s0, y0 = _advance_group(0, t0, x0, d0, z0, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
+                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
+                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s1, y1 = _advance_group(1, t1, x1, d1, z1, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
+                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
+                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s2, y2 = _advance_group(2, t2, x2, d2, z2, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
+                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
+                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        s3, y3 = _advance_group(3, t3, x3, d3, z3, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
+                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
+                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(0, pid_p, b, slot, h, headdim, dstate, round_nearest(s0, STATE_DTYPE, INTERPRET), y0, state_ptr,
+                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(1, pid_p, b, slot, h, headdim, dstate, round_nearest(s1, STATE_DTYPE, INTERPRET), y1, state_ptr,
+                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(2, pid_p, b, slot, h, headdim, dstate, round_nearest(s2, STATE_DTYPE, INTERPRET), y2, state_ptr,
+                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        _store_group(3, pid_p, b, slot, h, headdim, dstate, round_nearest(s3, STATE_DTYPE, INTERPRET), y3, state_ptr,
+                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
 
 
 def _check(cond: bool, message: Callable[[], str]) -> None:
@@ -465,8 +504,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0 or state.numel() == 0:
         return out
-    groups = row_groups(state.dtype, rounding, rounding_impl)
-    config = launch_config(headdim, dstate, state.dtype, groups, interpret)
+    config = launch_config(headdim, dstate, state.dtype, interpret)
     # Placeholders for absent tensors: never read (the HAS_* flags are off).
     dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
@@ -485,7 +523,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, GROUPS=groups, BLOCK_P=config.block_p, BLOCK_N=1 << (dstate - 1).bit_length(),
+        INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCK_P=config.block_p, BLOCK_N=max(2, 1 << (dstate - 1).bit_length()),
         num_warps=config.num_warps,
     )
     return out
