@@ -102,19 +102,19 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
                rounding_impl: str | None = None, shard: str | None = None, **options) -> Plan:
     """Resolve a `drift` sweep (with `shard` "K/N", its K-th of N slices). Raises UsageError.
 
-    `philox_rounds` and `rounding_impl` default to 10 and "software", or with `from_report` to the
-    report's, so that a case run again rounds as it did."""
+    `philox_rounds` and `rounding_impl` default to DEFAULT_PHILOX_ROUNDS (7) and "software", or with
+    `from_report` to the report's, so that a case run again rounds as it did."""
     env = _configure(device)
     from ssmcheck.drift import adapter, spec  # noqa: PLC0415 (after configure: reaches triton)
     from ssmcheck.drift.json import case_json  # noqa: PLC0415
     from ssmcheck.drift.run import DriftRunner  # noqa: PLC0415
-    from ssmcheck.ops.rounding.stochastic import ROUNDING_IMPLS  # noqa: PLC0415
+    from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, ROUNDING_IMPLS  # noqa: PLC0415
 
     settings, cases, kernel, preset_name, files, recorded = _sweep("drift", spec, kernel, preset, env, case,
                                                                    from_report, options)
     kernel = kernel or adapter.BUILTIN
     name = _name(kernel)
-    philox_rounds = recorded.get("philox_rounds", 10) if philox_rounds is None else philox_rounds
+    philox_rounds = recorded.get("philox_rounds", DEFAULT_PHILOX_ROUNDS) if philox_rounds is None else philox_rounds
     rounding_impl = recorded.get("rounding_impl", "software") if rounding_impl is None else rounding_impl
     if isinstance(philox_rounds, bool) or not isinstance(philox_rounds, int) or philox_rounds < 1:
         raise UsageError(f"--philox-rounds: invalid value {philox_rounds} (expected an integer >= 1)")

@@ -395,7 +395,7 @@ def test_seed_and_rounds_select_the_bits():
     a = stochastic_round_tensor(x, torch.float16, 1)
     assert _same(a, stochastic_round_tensor(x, torch.float16, 1))
     assert not _same(a, stochastic_round_tensor(x, torch.float16, 2))
-    assert not _same(a, stochastic_round_tensor(x, torch.float16, 1, philox_rounds=7))
+    assert not _same(a, stochastic_round_tensor(x, torch.float16, 1, philox_rounds=10))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

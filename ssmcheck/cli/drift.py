@@ -72,7 +72,7 @@ def drift(
     configs: str = typer.Option(None, metavar="auto|all", help="auto (default): each autotuned function of the kernel runs the autotuner's pick (in the Triton interpreter, which cannot benchmark, its first config). all: every case once per config of every autotuned function reachable from the kernel, one function at a time, the config in the case id, its params and the table."),
     repeat: int = typer.Option(None, metavar="K", help="Run every decode step K times from the same state with the same inputs and seed, and compare the runs bit for bit: a difference (a race) fails the case (default 1)."),
     allow_nondeterministic: bool = typer.Option(None, "--allow-nondeterministic", metavar="", help="With --repeat: the kernel is nondeterministic by design (atomics); runs that differ do not fail the case, and the JSON records by how much."),
-    philox_rounds: int = typer.Option(None, "--philox-rounds", metavar="N", help="Philox rounds of the built-in kernel's software stochastic rounding (default 10; with --from, the report's)."),
+    philox_rounds: int = typer.Option(None, "--philox-rounds", metavar="N", help="Philox rounds of the built-in kernel's software stochastic rounding (default 7; with --from, the report's)."),
     rounding_impl: str = typer.Option(None, "--rounding-impl", metavar="IMPL", help="Built-in kernel's stochastic rounding: software (Philox, any GPU and the interpreter) or hardware (PTX cvt.rs, sm_100+ only). Default software; with --from, the report's."),
     case_id: cli_common.CaseId = None,
     from_report: cli_common.FromReport = None,

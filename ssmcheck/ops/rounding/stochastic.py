@@ -45,7 +45,11 @@ from ssmcheck.ops.common import interpreting
 
 ROUNDING_IMPLS = ("software", "hardware")
 HARDWARE_SR_CAPABILITY = (10, 0)
-DEFAULT_PHILOX_ROUNDS = 10
+# Philox4x32 with 7 rounds is the fewest that pass TestU01's BigCrush (Salmon et al., "Parallel random
+# numbers: as easy as 1, 2, 3", SC 2011, who add 3 as a safety margin in their default of 10). The state
+# update's SR into bf16 at batch 256 on the H200: 1.22x round to nearest at 7, 1.37x at 10
+# (benchmarks/RESULTS.md); the SR tests pass at both. `philox_rounds` / `--philox-rounds 10` restores the margin.
+DEFAULT_PHILOX_ROUNDS = 7
 
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
