@@ -1,0 +1,98 @@
+"""Registers and SASS instructions of the state update's kernel, compiled for a GPU target here, no GPU needed.
+
+At the H200 benchmark's widths (batch 256, 80 heads x 64, dstate 128, one group, A/dt/D/dt_bias tied per
+head, bf16 activations), for each state dtype and rounding, the kernel as `selective_state_update` launches
+it (its launch rule, or --block-p): the registers and stack a thread holds and the static instruction count
+(all paths: fp16 SR's rare redo included), with the most frequent opcodes. A static count, not a time: the
+state update's software SR is issue- and occupancy-bound on the H200 (benchmarks/RESULTS.md), and registers
+set how many one-warp programs an SM holds (65536 / 32 / registers). Counts depend on the Triton version:
+compare builds with the same one. Run from the checkout, e.g.
+
+    PYTHONPATH=. python benchmarks/state_update_sass.py
+
+It prints a table and appends it, with date, versions, commit and this command, to benchmarks/RESULTS.md
+(or --results PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+from record import append_section, commit, markdown_table
+from sass_loop import INSTRUCTION, Launch, _cuobjdump, compile_launch
+
+MODES = (("fp32", "nearest"), ("fp16", "nearest"), ("fp16", "stochastic"), ("bf16", "nearest"),
+         ("bf16", "stochastic"))
+
+
+def launch(state_name: str, rounding: str, block_p: int | None) -> Launch:
+    """The state update's kernel launch for this mode at the benchmark's widths, recorded on CPU tensors."""
+    import torch  # noqa: PLC0415
+
+    from ssmcheck.core.formats import DTYPES  # noqa: PLC0415
+    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
+
+    batch, h, p, n = 256, 80, 64, 128
+    args = dict(
+        x=torch.empty(batch, h, p, dtype=torch.bfloat16),
+        dt=torch.empty(batch, h, dtype=torch.bfloat16)[..., None].expand(batch, h, p),
+        A=torch.empty(h)[:, None, None].expand(h, p, n),
+        B=torch.empty(batch, 1, n, dtype=torch.bfloat16), C=torch.empty(batch, 1, n, dtype=torch.bfloat16),
+        D=torch.empty(h)[:, None].expand(h, p), dt_bias=torch.empty(h)[:, None].expand(h, p), dt_softplus=True,
+    )
+    recorded = Launch(fused_recurrent._state_update_kernel)
+    rule = fused_recurrent.launch_config
+    fused_recurrent._state_update_kernel = recorded
+    if block_p is not None:
+        fused_recurrent.launch_config = functools.cache(lambda *_: fused_recurrent.LaunchConfig(block_p, 1))
+    try:
+        fused_recurrent.selective_state_update(torch.empty(batch, h, p, n, dtype=DTYPES[state_name]), **args,
+                                               rounding=rounding, seed=123456789, interpret=False)
+    finally:
+        fused_recurrent._state_update_kernel = recorded.kernel
+        fused_recurrent.launch_config = rule
+    return recorded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capability", type=int, default=90, help="compute capability to compile for (90: sm_90)")
+    parser.add_argument("--block-p", type=int, default=None, help="channels per program (default: the launch rule)")
+    parser.add_argument("--top", type=int, default=6, help="opcodes listed per mode")
+    parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
+    parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
+    opts = parser.parse_args()
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    env = SimpleNamespace(gpu=None, device=f"none (compiled here for sm_{opts.capability})", torch=torch.__version__,
+                          triton=triton.__version__)
+    tool, rows = _cuobjdump(), []
+    for state_name, rounding in MODES:
+        recorded = launch(state_name, rounding, opts.block_p)
+        cubin = Path("/tmp") / f"ssmcheck_sass_state_update_{state_name}_{rounding}.cubin"
+        cubin.write_bytes(compile_launch(recorded, opts.capability).asm["cubin"])
+        usage = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+        regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        opcodes = [m.group(3) for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
+        top = collections.Counter(opcodes).most_common(opts.top)
+        rows.append([state_name, rounding, str(recorded.kwargs["BLOCK_P"]), regs, stack, str(len(opcodes)),
+                     ", ".join(f"{op} {c}" for op, c in top)])
+        print(" | ".join(rows[-1]), flush=True)
+    text = markdown_table(["state", "rounding", "block_p", "registers", "stack (bytes)", "instructions",
+                           "most frequent"], rows)
+    print(text)
+    append_section(opts.results, "state update SASS (offline)", env, commit(opts.commit),
+                   ["compiled here (no GPU) at batch 256, 80 heads x 64, dstate 128, one group, tied A/dt/D, "
+                    "one warp; static counts over all paths, not times"], text)
+
+
+if __name__ == "__main__":
+    main()
