@@ -85,6 +85,40 @@ def _cuobjdump() -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
+def offline_env(capability: int) -> SimpleNamespace:
+    """What record.append_section names as the device of an offline compilation."""
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    return SimpleNamespace(gpu=None, device=f"none (compiled here for sm_{capability})", torch=torch.__version__,
+                           triton=triton.__version__)
+
+
+def record_launches(module, call) -> dict:
+    """{name: Launch} of every `*_kernel` of `module` as `call()` launches them: recorded, never run (a
+    launcher may launch helpers first)."""
+    recorded = {k: Launch(v) for k, v in vars(module).items() if k.endswith("_kernel")}
+    for k, launch in recorded.items():
+        setattr(module, k, launch)
+    try:
+        call()
+    finally:
+        for k, launch in recorded.items():
+            setattr(module, k, launch.kernel)
+    return recorded
+
+
+def compile_sass(launch: Launch, capability: int, name: str) -> tuple[str, str, str]:
+    """(registers, stack bytes, SASS text) of a recorded launch compiled for sm_`capability` (the cubin kept
+    as /tmp/ssmcheck_sass_`name`.cubin)."""
+    tool = _cuobjdump()
+    cubin = Path("/tmp") / f"ssmcheck_sass_{name}.cubin"
+    cubin.write_bytes(compile_launch(launch, capability).asm["cubin"])
+    usage = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
+    return regs, stack, subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 def mma_loop(sass: str) -> list[str]:
     """Opcodes of the smallest loop (a backward branch's range) that holds an HGMMA."""
     code = [(int(m.group(1), 16), m.group(3), line) for line in sass.splitlines()
@@ -123,16 +157,7 @@ def stage_launches():
         ("chunk states", chunk_state, "_chunk_state_kernel",
          lambda: chunk_state.chunk_state(x, B, dt, dA, mm, table, False)),
     ):
-        # Every kernel of the module is recorded, not run (a launcher may launch helpers first); `name` is the stage's.
-        recorded = {k: Launch(v) for k, v in vars(module).items() if k.endswith("_kernel")}
-        for k, launch in recorded.items():
-            setattr(module, k, launch)
-        try:
-            call()
-        finally:
-            for k, launch in recorded.items():
-                setattr(module, k, launch.kernel)
-        launches[stage] = recorded[name]
+        launches[stage] = record_launches(module, call)[name]
     return launches
 
 
@@ -143,20 +168,11 @@ def main() -> None:
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
     opts = parser.parse_args()
-    import torch  # noqa: PLC0415
-    import triton  # noqa: PLC0415
 
-    env = SimpleNamespace(gpu=None, device=f"none (compiled here for sm_{opts.capability})", torch=torch.__version__,
-                          triton=triton.__version__)
-
-    text, summary, tool = "", [], _cuobjdump()
+    text, summary = "", []
     for stage, launch in stage_launches().items():
-        cubin = Path("/tmp") / f"ssmcheck_sass_{stage.replace(' ', '_')}.cubin"
-        cubin.write_bytes(compile_launch(launch, opts.capability).asm["cubin"])
-        usage = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-        regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
-        loop = mma_loop(subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
-                                       check=True).stdout)
+        regs, stack, sass = compile_sass(launch, opts.capability, stage.replace(" ", "_"))
+        loop = mma_loop(sass)
         config = {k: v for k, v in launch.kwargs.items() if k.startswith("BLOCK") or k.startswith("num_")}
         summary.append([stage, regs, stack, str(len(loop)), " ".join(f"{k}={v}" for k, v in config.items())])
         counts = collections.Counter(loop).most_common(opts.top)
@@ -165,7 +181,7 @@ def main() -> None:
     text = markdown_table(["stage", "registers", "stack (bytes)", "MMA loop instructions", "configuration"],
                           summary) + text
     print(text)
-    append_section(opts.results, "chunk scan SASS (offline)", env, commit(opts.commit),
+    append_section(opts.results, "chunk scan SASS (offline)", offline_env(opts.capability), commit(opts.commit),
                    [f"compiled here for sm_{opts.capability} (no GPU), shape {SHAPE}, bf16, each stage's GPU "
                     "default configuration; static instruction counts of one iteration, not times"], text)
 

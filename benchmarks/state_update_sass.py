@@ -19,13 +19,9 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import re
-import subprocess
-from pathlib import Path
-from types import SimpleNamespace
 
 from record import append_section, commit, markdown_table
-from sass_loop import INSTRUCTION, Launch, _cuobjdump, compile_launch
+from sass_loop import INSTRUCTION, Launch, compile_sass, offline_env, record_launches
 
 MODES = (("fp32", "nearest"), ("fp16", "nearest"), ("fp16", "stochastic"), ("bf16", "nearest"),
          ("bf16", "stochastic"))
@@ -46,18 +42,15 @@ def launch(state_name: str, rounding: str, block_p: int | None) -> Launch:
         B=torch.empty(batch, 1, n, dtype=torch.bfloat16), C=torch.empty(batch, 1, n, dtype=torch.bfloat16),
         D=torch.empty(h)[:, None].expand(h, p), dt_bias=torch.empty(h)[:, None].expand(h, p), dt_softplus=True,
     )
-    recorded = Launch(fused_recurrent._state_update_kernel)
     rule = fused_recurrent.launch_config
-    fused_recurrent._state_update_kernel = recorded
     if block_p is not None:
         fused_recurrent.launch_config = functools.cache(lambda *_: fused_recurrent.LaunchConfig(block_p, 1))
     try:
-        fused_recurrent.selective_state_update(torch.empty(batch, h, p, n, dtype=DTYPES[state_name]), **args,
-                                               rounding=rounding, seed=123456789, interpret=False)
+        return record_launches(fused_recurrent, lambda: fused_recurrent.selective_state_update(
+            torch.empty(batch, h, p, n, dtype=DTYPES[state_name]), **args, rounding=rounding, seed=123456789,
+            interpret=False))["_state_update_kernel"]
     finally:
-        fused_recurrent._state_update_kernel = recorded.kernel
         fused_recurrent.launch_config = rule
-    return recorded
 
 
 def main() -> None:
@@ -68,19 +61,10 @@ def main() -> None:
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
     opts = parser.parse_args()
-    import torch  # noqa: PLC0415
-    import triton  # noqa: PLC0415
-
-    env = SimpleNamespace(gpu=None, device=f"none (compiled here for sm_{opts.capability})", torch=torch.__version__,
-                          triton=triton.__version__)
-    tool, rows = _cuobjdump(), []
+    rows = []
     for state_name, rounding in MODES:
         recorded = launch(state_name, rounding, opts.block_p)
-        cubin = Path("/tmp") / f"ssmcheck_sass_state_update_{state_name}_{rounding}.cubin"
-        cubin.write_bytes(compile_launch(recorded, opts.capability).asm["cubin"])
-        usage = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-        regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
-        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        regs, stack, sass = compile_sass(recorded, opts.capability, f"state_update_{state_name}_{rounding}")
         opcodes = [m.group(3) for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
         top = collections.Counter(opcodes).most_common(opts.top)
         rows.append([state_name, rounding, str(recorded.kwargs["BLOCK_P"]), regs, stack, str(len(opcodes)),
@@ -89,7 +73,7 @@ def main() -> None:
     text = markdown_table(["state", "rounding", "block_p", "registers", "stack (bytes)", "instructions",
                            "most frequent"], rows)
     print(text)
-    append_section(opts.results, "state update SASS (offline)", env, commit(opts.commit),
+    append_section(opts.results, "state update SASS (offline)", offline_env(opts.capability), commit(opts.commit),
                    ["compiled here (no GPU) at batch 256, 80 heads x 64, dstate 128, one group, tied A/dt/D, "
                     "one warp; static counts over all paths, not times"], text)
 
