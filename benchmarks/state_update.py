@@ -102,6 +102,46 @@ def check_step(args: dict, state, step) -> None:
         assert err < tol, f"{name}: relative error {err:.3e} against float64 exceeds {tol:.1e}"
 
 
+def time_step(step, args: dict, state, rep: int = 100, loop: bool = True) -> tuple[float, float | None]:
+    """(graph ms, loop ms or None without `loop`) of `step(state) -> out`, checked first against float64
+    (`check_step`); the steps rotate over copies of `state`, enough (4x L2) that no step finds its state
+    cached, all finite at the end. Raises AssertionError."""
+    import torch  # noqa: PLC0415
+    import triton  # noqa: PLC0415
+
+    check_step(args, state, step)
+    nbytes = step_bytes(state.shape[0], state.element_size(), args.get("z") is not None)
+    l2 = torch.cuda.get_device_properties(state.device).L2_cache_size
+    buffers = [state] + [state.clone() for _ in range(min(63, math.ceil(4 * l2 / nbytes) - 1))]
+    turn, outs = [0], []
+
+    def rotating():
+        turn[0] += 1
+        outs[:] = [step(buffers[turn[0] % len(buffers)])]
+
+    # do_bench_cudagraph runs on a new stream that does not wait for this one: without the
+    # sync its first steps can read buffers whose clones are still being written.
+    torch.cuda.synchronize()
+    graph_ms = triton.testing.do_bench_cudagraph(rotating, rep=rep, return_mode="median")
+    loop_ms = None
+    if loop:
+        for _ in range(50):
+            rotating()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(LOOP_STEPS):
+            rotating()
+        torch.cuda.synchronize()
+        loop_ms = (time.perf_counter() - start) * 1e3 / LOOP_STEPS
+    bad = [i for i, b in enumerate(buffers) if not torch.isfinite(b).all()]
+    if bad or not torch.isfinite(outs[0]).all():
+        first = buffers[bad[0]] if bad else outs[0]
+        where = (~torch.isfinite(first)).nonzero()[:4].tolist()
+        raise AssertionError(f"non-finite after {turn[0]} timed steps: state buffers {bad[:8]} of {len(buffers)}, "
+                             f"out finite: {bool(torch.isfinite(outs[0]).all())}, first at {where}")
+    return graph_ms, loop_ms
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read and written (the ceiling used here)."""
     import torch  # noqa: PLC0415
@@ -127,11 +167,9 @@ def main() -> None:
 
     env = runtime.configure("cuda")
     import torch  # noqa: PLC0415
-    import triton  # noqa: PLC0415
 
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rounds = fused_recurrent.DEFAULT_PHILOX_ROUNDS if opts.philox_rounds is None else opts.philox_rounds
 
     def kernels(args: dict, rounding: str) -> tuple[dict, dict]:
@@ -144,37 +182,6 @@ def main() -> None:
 
         peers, missing = state_updates(args) if rounding == "nearest" else ({}, {})
         return {OURS: ours, **peers}, missing
-
-    def time_step(step, args: dict, state, rep: int = 100) -> tuple[float, float]:
-        """(graph ms, loop ms) of `step`, checked first. Raises AssertionError."""
-        check_step(args, state, step)
-        nbytes = step_bytes(state.shape[0], state.element_size(), opts.z)
-        buffers = [state] + [state.clone() for _ in range(min(63, math.ceil(4 * l2 / nbytes) - 1))]
-        turn, outs = [0], []
-
-        def rotating():
-            turn[0] += 1
-            outs[:] = [step(buffers[turn[0] % len(buffers)])]
-
-        # do_bench_cudagraph runs on a new stream that does not wait for this one: without the
-        # sync its first steps can read buffers whose clones are still being written.
-        torch.cuda.synchronize()
-        graph_ms = triton.testing.do_bench_cudagraph(rotating, rep=rep, return_mode="median")
-        for _ in range(50):
-            rotating()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(LOOP_STEPS):
-            rotating()
-        torch.cuda.synchronize()
-        loop_ms = (time.perf_counter() - start) * 1e3 / LOOP_STEPS
-        bad = [i for i, b in enumerate(buffers) if not torch.isfinite(b).all()]
-        if bad or not torch.isfinite(outs[0]).all():
-            first = buffers[bad[0]] if bad else outs[0]
-            where = (~torch.isfinite(first)).nonzero()[:4].tolist()
-            raise AssertionError(f"non-finite after {turn[0]} timed steps: state buffers {bad[:8]} of {len(buffers)}, "
-                                 f"out finite: {bool(torch.isfinite(outs[0]).all())}, first at {where}")
-        return graph_ms, loop_ms
 
     def timed(name: str, step, args: dict, state, label: str, rep: int = 100) -> tuple[float, float] | None:
         """time_step, or None after printing why the kernel's result was wrong (or why it raised)."""

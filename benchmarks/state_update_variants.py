@@ -1,12 +1,18 @@
 """Time builds of the state update's kernel module against each other in one process, on the same inputs.
 
 For an A/B of a kernel change on a GPU: copy ssmcheck/ops/state_update/fused_recurrent.py to a few files,
-edit each, and pass their paths; the first is also the one whose data figure is printed. At batch 256 of
-benchmarks/state_update.py's inputs (Mamba2-2.7B widths, tied A/dt/D), for fp16 and bf16 states: how many
-row groups (2 channels x 128, the 8-channel programs' groups) hold a nonzero new state below 2**-17 after 50
-SR steps (fp16's 16 bits cannot round those exactly), then the median of triton.testing.do_bench_cudagraph
-of one software-SR step per build, at 10 and 7 Philox rounds, and round to nearest for the first build. Run
-from the checkout, e.g.
+edit each, and pass their paths; a copy may import its own copy of a rounding module from its directory
+(which is put on sys.path), e.g. `from sr_b import (` for sr_b.py beside b.py. At batch 256 of
+benchmarks/state_update.py's inputs (Mamba2-2.7B widths, tied A/dt/D), for fp16 and bf16 states advanced
+50 SR steps by the first build:
+- how many row groups (2 channels x 128, the 8-channel programs' groups) hold a nonzero value below 2**-14
+  (fp16's subnormal range, or NaN) and below 2**-17 (where 16 random bits may not decide fp16's SR);
+- whether each build's SR step, same seed, is bitwise the first build's (builds meant to draw alike must);
+- the graph time (state_update.time_step: checked against float64 first, rotating state buffers) of one
+  software-SR step per build, and round to nearest for the first build.
+fp16 is also timed on two adversarial inputs: state column 0 at 2**-20 with B's column 0 zero (every row
+group holds a subnormal: fp16's slow paths everywhere), and both zero (every group holds a zero). Run from
+the checkout, e.g.
 
     PYTHONPATH=. python benchmarks/state_update_variants.py a.py b.py
 
@@ -15,20 +21,19 @@ It prints; copy what it prints into benchmarks/RESULTS.md with the device, date,
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
-from state_update import inputs  # noqa: E402
-
-from ssmcheck.ops.state_update.naive import state_update_step  # noqa: E402
+from state_update import inputs, time_step  # noqa: E402
 
 
 def load(path: str):
+    sys.path.insert(0, str(Path(path).resolve().parent))
     spec = importlib.util.spec_from_file_location("variant_" + Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -36,36 +41,54 @@ def load(path: str):
     return module
 
 
+def share(state, below: float) -> float:
+    """The share of row groups holding a nonzero |value| below `below`, or NaN."""
+    value = state.float()
+    odd = ((value.abs() < below) & (value != 0)) | value.isnan()
+    return odd.reshape(*state.shape[:2], -1, 2 * state.shape[-1]).any(-1).float().mean().item()
+
+
+def compare(builds: dict, args: dict, state, rounds: int, label: str) -> None:
+    print(f"{label}: row groups with 0 < |x| < 2**-14 or NaN {share(state, 2.0**-14):.2%}, "
+          f"below 2**-17 {share(state, 2.0**-17):.2%}", flush=True)
+    results = {}
+    for name, module in builds.items():
+        results[name] = state.clone()
+        module.selective_state_update(results[name], **args, rounding="stochastic", seed=77, philox_rounds=rounds)
+    first = next(iter(results.values()))
+    same = {name: torch.equal(got.view(torch.int16), first.view(torch.int16)) for name, got in results.items()}
+    print(f"  bitwise the first build's SR step: {same}", flush=True)
+    times = []
+    for name, module in builds.items():
+        def step(s, module=module, calls=[0]):  # noqa: B006 (the call count, a new seed each step)
+            calls[0] += 1
+            return module.selective_state_update(s, **args, rounding="stochastic", seed=calls[0],
+                                                 philox_rounds=rounds)
+        times.append(f"{name} {time_step(step, args, state, rep=200, loop=False)[0]:.4f}")
+    module = next(iter(builds.values()))
+    nearest = time_step(lambda s: module.selective_state_update(s, **args), args, state, rep=200, loop=False)[0]
+    print(f"  {label} SR ms, {rounds} rounds: " + " | ".join(times) + f" | nearest {nearest:.4f}", flush=True)
+
+
 def main() -> None:
-    builds = {Path(p).stem: load(p) for p in sys.argv[1:]}
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("builds", nargs="+", help="paths of fused_recurrent.py copies; the first is the reference")
+    parser.add_argument("--philox-rounds", type=int, default=7)
+    opts = parser.parse_args()
+    builds = {Path(p).stem: load(p) for p in opts.builds}
     first = next(iter(builds.values()))
     for state_dtype in (torch.float16, torch.bfloat16):
-        args, state0 = inputs(256, state_dtype, False)
-        state = state0.clone()
+        args, state = inputs(256, state_dtype, False)
         for step in range(50):
-            first.selective_state_update(state, **args, rounding="stochastic", seed=step)
-        fp64 = {k: v.double() if torch.is_tensor(v) else v for k, v in args.items()}
-        new, _ = state_update_step(state.double(), **fp64)
-        magnitude = new.abs().view(256, 80, 32, 2 * 128)
-        small = ((magnitude > 0) & (magnitude < 2.0**-17)).any(-1).float().mean().item()
-        print(f"{state_dtype}: row groups holding 0 < |x| < 2**-17 after 50 steps: {small:.4%}", flush=True)
-        for rounds in (10, 7):
-            times = []
-            for name, module in builds.items():
-                states = [state0.clone() for _ in range(8)]
-                calls = [0]
-
-                def sr_step(module=module, states=states, calls=calls):
-                    calls[0] += 1
-                    module.selective_state_update(states[calls[0] % 8], **args, rounding="stochastic", seed=calls[0],
-                                                  philox_rounds=rounds)
-
-                sr_step()
-                torch.cuda.synchronize()
-                times.append(f"{name} {triton.testing.do_bench_cudagraph(sr_step, rep=200):.4f}")
-            nearest = state0.clone()
-            ms = triton.testing.do_bench_cudagraph(lambda: first.selective_state_update(nearest, **args), rep=200)
-            print(state_dtype, "rounds", rounds, " | ".join(times), f"| nearest {ms:.4f}", flush=True)
+            first.selective_state_update(state, **args, rounding="stochastic", seed=1000 + step)
+        compare(builds, args, state, opts.philox_rounds, f"{state_dtype} benchmark inputs")
+        if state_dtype == torch.float16:
+            zero_b = {**args, "B": args["B"].clone()}
+            zero_b["B"][..., 0] = 0
+            for name, value in (("subnormal column", 2.0**-20), ("zero column", 0.0)):
+                adversarial = state.clone()
+                adversarial[..., 0] = value
+                compare(builds, zero_b, adversarial, opts.philox_rounds, f"{state_dtype} {name}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ from ssmcheck.core import runtime
 from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
+    _fp16_below_normal,
     _fp16_continued,
-    _fp16_from_16_bits,
+    _fp16_normal,
     _round_with_words,
     round_to_storage,
     stochastic_round_tensor,
@@ -213,8 +214,9 @@ def _sixteen_bits_kernel(x_ptr, r16_ptr, w_ptr, out_ptr, redo_ptr, BLOCK: tl.con
     x = tl.load(x_ptr + i)
     r16 = tl.load(r16_ptr + i).to(tl.uint32, bitcast=True)
     w0 = tl.load(w_ptr + i).to(tl.uint32, bitcast=True)
-    rounded, redo = _fp16_from_16_bits(x.to(tl.uint32, bitcast=True), r16)
-    tl.store(out_ptr + 2 * i, rounded.to(tl.float32, bitcast=True).to(tl.float16))
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded, redo = _fp16_below_normal(x, bits, _fp16_normal(bits, r16), r16)
+    tl.store(out_ptr + 2 * i, rounded)
     tl.store(out_ptr + 2 * i + 1, _fp16_continued(x, r16, w0, w0, w0, w0))
     tl.store(redo_ptr + i, redo.to(tl.int32))
 
