@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .layout import ChunkTable
-from .numerics import decay, mma, operand, program_coords
+from .numerics import LOG2E, decay2, mma, operand, program_coords
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _chunk_state_kernel(
         xt = tl.load(x_chunk + t[None, :] * stride_x_tok, mask=tv[None, :] & pv[:, None], other=0.0)
         bt = tl.load(b_chunk + t[:, None] * stride_b_tok, mask=tv[:, None] & dv[None, :], other=0.0)
         # Token t's weight: exp(dA_last - dA_t) * dt_t (the fp64 difference keeps small segments exact).
-        w = decay((dA_last - tl.load(dA_cs_ptr + row + t)).to(tl.float32), tv) * tl.load(dt_ptr + row + t)
+        w = decay2((dA_last - tl.load(dA_cs_ptr + row + t)).to(tl.float32) * LOG2E, tv) * tl.load(dt_ptr + row + t)
         acc = mma(operand(xt, MM_DTYPE, INTERPRET), operand(bt.to(tl.float32) * w[:, None], MM_DTYPE, INTERPRET), acc)
     out = local_ptr + (c * nheads + h) * headdim * dstate
     tl.store(out + p[:, None] * dstate + d[None, :], acc, mask=pv[:, None] & dv[None, :])

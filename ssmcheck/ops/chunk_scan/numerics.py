@@ -10,25 +10,19 @@ import triton.language as tl
 from ssmcheck.ops.rounding.stochastic import round_nearest
 
 
-@triton.jit
-def decay(log_decay, valid):
-    """exp of a cumulative log-decay (difference) that is <= 0 in exact arithmetic.
-
-    Masked entries get exp(-inf) = 0 before any exp is taken, and fp32 rounding
-    residue that made the exponent positive is clamped away, so this never
-    overflows and never meets inf * 0.
-    """
-    return tl.exp(tl.where(valid, tl.minimum(log_decay, 0.0), float("-inf")))
-
-
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(v) = exp2(v * LOG2E)
 
 
 @triton.jit
 def decay2(log2_decay, valid):
-    """`decay` of a base-2 log-decay: exp2 of a difference that is <= 0 in exact arithmetic, masked and
-    clamped alike. Tiles of many decays take their logs in base 2 (scaled in fp64, before the split),
-    which saves the multiply by log2(e) that exp costs per element."""
+    """exp2 of a cumulative base-2 log-decay (difference) that is <= 0 in exact arithmetic.
+
+    Masked entries get exp2(-inf) = 0 before any exp2 is taken, and fp32 rounding
+    residue that made the exponent positive is clamped away, so this never
+    overflows and never meets inf * 0. (In base 2: tiles of many decays take their
+    logs scaled in fp64, before the split, which saves a multiply per element;
+    on the GPU tl.exp is exp2 of its argument times log2(e) anyway.)
+    """
     return tl.exp2(tl.where(valid, tl.minimum(log2_decay, 0.0), float("-inf")))
 
 

@@ -124,16 +124,24 @@ def _load_dt(dt_ptr, dt_bias_ptr, offset, bias_offset, mask, HAS_DT_BIAS: tl.con
 
 
 @triton.jit
+def _state_tile(group, pid_p, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, s_p, s_n, GROUPS: tl.constexpr,
+                BLOCK_P: tl.constexpr):
+    """(pointers, mask) of row group `group`'s state tile (R, len(n)) at columns n in pool slot `slot`."""
+    R: tl.constexpr = BLOCK_P // GROUPS
+    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    return (state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n,
+            (p < headdim)[:, None] & (n < dstate)[None, :])
+
+
+@triton.jit
 def _load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
                 GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row group `group`'s state tile (R, BLOCK_N) of pool slot `slot`, as stored."""
-    R: tl.constexpr = BLOCK_P // GROUPS
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
-    n = tl.arange(0, BLOCK_N)
+    ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
+                               s_p, s_n, GROUPS, BLOCK_P)
     # Each element is read once and written once: let the state stream past L2
     # rather than evict B, C and the per-head parameters that every program reads.
-    return tl.load(state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n,
-                   mask=(p < headdim)[:, None] & (n < dstate)[None, :], other=0.0, eviction_policy="evict_first")
+    return tl.load(ptrs, mask=inside, other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -201,13 +209,12 @@ def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr,
                  BLOCK_N: tl.constexpr, skip_state=False):
     """Store row group `group`'s rounded state (into its slot of the pool; not where skip_state) and its output
     (row b, saturated: core.formats.saturate)."""
+    ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
+                               s_p, s_n, GROUPS, BLOCK_P)
+    tl.store(ptrs, state, mask=inside & (not skip_state), cache_modifier=".cs")
     R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
-    n = tl.arange(0, BLOCK_N)
-    rows = p < headdim
-    tl.store(state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n, state,
-             mask=rows[:, None] & (n < dstate)[None, :] & (not skip_state), cache_modifier=".cs")
-    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE, INTERPRET), mask=rows)
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE, INTERPRET), mask=p < headdim)
 
 
 @triton.jit
@@ -253,8 +260,8 @@ def _redo_half(group, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, 
     pairs = 2 * tl.arange(0, BLOCK_N // 2)
     n = pairs + parity
     rows = p < headdim
-    inside = rows[:, None] & (n < dstate)[None, :]
-    ptrs = state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n
+    ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
+                               BLOCK_P)
     x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
     b_cols = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
     state = _step(tl.load(ptrs, mask=inside, other=0.0), x, p, n, rows, b_cols, b, h, dstate, dt_ptr, dt_bias_ptr,
