@@ -17,10 +17,13 @@ import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sr_model
+
 from ssmcheck.core import runtime
 from ssmcheck.ops.common import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
+    DEFAULT_PHILOX_ROUNDS,
     _fp16_below_normal,
     _fp16_continued,
     _fp16_normal,
@@ -303,6 +306,68 @@ def test_elements_sharing_a_philox_word_round_independently(dtype):
     x = torch.full((n,), 1 + half_ulp, device=DEVICE)
     up = (stochastic_round_tensor(x, dtype, 12).double() > 1 + half_ulp).view(-1, 2)
     assert abs(_z(int((up[:, 0] & up[:, 1]).sum()), n // 2, 0.25)) < Z_LIMIT
+
+
+def _model_inputs(seed: int, rounds: int, fp16: bool, n: int) -> list[float]:
+    """fp32 values of every kind SR meets, placed so that each fp16 path decides whole parts (the tiles that
+    share Philox calls): part 0 of a block holds normals, zeros and overflow (the fixed field); part 1 adds
+    values in [2**-17, 2**-14) (the subnormal branch); part 2 adds ties (values below 2**-17 whose dropped
+    bits' top 16 plus the element's 16 random bits, from the model's Philox, are all ones), values below
+    2**-24 and NaN (the redo); part 3 mixes all. Some values of parts 0 and 1 sit where their draw carries
+    into the kept bits by exactly nothing or one unit short."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.ldexp(torch.ones(n), torch.randint(-13 if fp16 else -140, 17 if fp16 else 128, (n,), generator=g))
+    values = (torch.randn(n, generator=g) * scale).tolist()
+    kind = torch.randint(0, 64, (n,), generator=g).tolist()
+    common = {0: 0.0, 1: -0.0, 2: math.inf, 3: -math.inf, 4: 65519.0, 5: -65520.5, 6: 2.0**-14, 7: 1e38 * 3.3}
+    redone = {8: math.nan, 9: 3 * 2.0**-30, 10: -(2.0**-140), 11: 2.0**-25}
+    for i, k in enumerate(kind):
+        part = (i // 1024) % 4
+        block, q = i // 4096, i % 1024
+        r16 = (sr_model.philox(seed, block * 512 + q // 2, rounds)[part] >> (16 * (q % 2))) & 0xFFFF
+        if fp16 and part < 2 and 48 <= k < 56:
+            # On the edge: dropped bits that the draw (its top `dropped` bits) carries by exactly 0 or -1.
+            dropped = 13 if part == 0 else 14 + k % 3
+            draw = r16 >> (16 - dropped)
+            fraction = ((1 << dropped) - draw - k % 2) % (1 << dropped)
+            exponent = 127 + k % 4 if part == 0 else 126 - dropped  # normal, or fp16 subnormal with `dropped`
+            kept = int(torch.randint(0, 1 << (23 - dropped), (1,), generator=g))
+            values[i] = sr_model.float32(exponent << 23 | kept << dropped | fraction) * (-1 if k % 2 else 1)
+        elif k in common:
+            values[i] = common[k]
+        elif part == 1 and k < 24 or part == 3 and k < 16:  # 2**-17 <= |x| < 2**-14: 14..16 dropped bits
+            values[i] = math.copysign(float(torch.empty(1).uniform_(2.0**-17, 2.0**-14, generator=g)), k % 2 - 0.5)
+        elif part >= 2 and k in redone:
+            values[i] = redone[k]
+        elif fp16 and part >= 2 and k < 32:  # a tie in fp16's subnormal range below 2**-17: 17..23 dropped bits
+            dropped = 17 + k % 7
+            low = int(torch.randint(0, 1 << (dropped - 16), (1,), generator=g))
+            fraction = ((0xFFFF - r16) << (dropped - 16)) | low
+            kept = int(torch.randint(0, 1 << (23 - dropped), (1,), generator=g))  # the fraction's bits fp16 keeps
+            # Biased exponent 126 - dropped: |x| in [2**(-1 - dropped), 2**-dropped), where fp16 drops `dropped`.
+            values[i] = sr_model.float32((126 - dropped) << 23 | kept << dropped | fraction) * (-1 if k % 2 else 1)
+    return values
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_stochastic_round_tensor_matches_a_bitwise_model(dtype):
+    """Every element, every path (fp16: normals' fixed field, the subnormal branch, ties continued from the
+    second stream, values below 2**-24, NaN, overflow) is the documented function of its Philox bits:
+    tests/sr_model.py, an independent model in Python integers."""
+    fp16 = dtype == torch.float16
+    for seed in (5, 2**40 + 77):
+        values = _model_inputs(seed, DEFAULT_PHILOX_ROUNDS, fp16, 8192)
+        got = stochastic_round_tensor(torch.tensor(values, device=DEVICE), dtype, seed).cpu()
+        paths = {}
+        want = torch.tensor(sr_model.stochastic_round_list(values, seed, DEFAULT_PHILOX_ROUNDS, fp16, paths=paths),
+                            dtype=dtype)
+        if fp16:  # the inputs reach the rare paths
+            assert paths["tie"] > 100 and paths["below 2**-24"] > 100 and paths["subnormal"] > 1000, paths
+        if not _same(got, want):
+            bad = [i for i in range(len(values)) if not _same(got[i:i + 1], want[i:i + 1])]
+            raise AssertionError(f"{len(bad)} of {len(values)} differ from the model, e.g. "
+                                 + ", ".join(f"x={values[i]!r}: got {got[i].item()!r}, model {want[i].item()!r}"
+                                             for i in bad[:4]))
 
 
 def _truncated_bits_sr(x: torch.Tensor, dtype, bits: int, generator) -> torch.Tensor:
