@@ -92,3 +92,27 @@ def stochastic_round_list(values: list[float], seed: int, rounds: int, fp16: boo
 
         out.append(round_element(value, r16, continuation, fp16, paths))
     return out
+
+
+def state_update_draws(seed: int, rounds: int, shape: tuple[int, int, int, int], block_p: int, groups: int = 4):
+    """{(slot, head, channel, column): (r16, continuation)} as the state update draws them (fused_recurrent.py):
+    a program's `block_p` channels form `groups` row groups of R rows; element (r, n) of group k takes half
+    n % 2 of word k of Philox(seed, flat index of group 0's (r, n - n % 2)), and continues from word k of
+    Philox(seed | 2**63, flat index of group 0's (r, n)), the others behind it in turn."""
+    slots, nheads, headdim, dstate = shape
+    rows = block_p // groups
+    draws = {}
+    for slot in range(slots):
+        for h in range(nheads):
+            for p in range(headdim):
+                k, r = (p % block_p) // rows, p % rows
+                row0 = (slot * nheads + h) * headdim + p - p % block_p + r
+                for n in range(dstate):
+                    word = philox(seed, row0 * dstate + n - n % 2, rounds)[k]
+
+                    def continuation(counter=row0 * dstate + n, k=k):
+                        w = philox(seed | 1 << 63, counter, rounds)
+                        return w[k:] + w[:k]
+
+                    draws[slot, h, p, n] = ((word >> (16 * (n % 2))) & 0xFFFF, continuation)
+    return draws

@@ -16,8 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sr_model
+
 from ssmcheck.core import runtime
 from ssmcheck.ops.common import interpreting
+from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS
 from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
 from ssmcheck.ops.state_update.naive import state_update_step
 
@@ -319,7 +322,7 @@ def test_stochastic_rounding_into_fp16_is_exact_where_16_bits_are_not_enough(gpu
         monkeypatch.setattr(fused_recurrent, "launch_config", lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
     # fp16 subnormal range (19 and 22 dropped bits) and below 2**-24 (25 and 39 bits below the grid), with
     # fraction bits all the way down; times 2**24 (the other groups' x) they drop at most 15 bits.
-    # Zeros beside them: a tile's smallest nonzero magnitude decides (an unsigned minimum over |x| - 1).
+    # Zeros beside them: a zero never sends its row group down the slow paths, the values beside it do.
     values = [2.0**-20 * 4 / 3, 2.0**-23 * 6 / 5, 2.0**-26 * 7 / 5, 2.0**-40 * 9 / 7, 0.0, 0.0, 0.0, 0.0]
     batch, nheads, headdim, dstate = 2, 4, 64, 128
     # The new state is dt * x * B exactly: dt = 1 (no softplus, no bias), the old state 0.
@@ -343,6 +346,52 @@ def test_stochastic_rounding_into_fp16_is_exact_where_16_bits_are_not_enough(gpu
             assert 0 < p < 1
             if n * min(p, 1 - p) >= 20:  # else too rare to count here (below 2**-24, p is 2**-16 * 9 / 7)
                 assert abs((ups - n * p) / math.sqrt(n * p * (1 - p))) < Z_LIMIT, (value, scale, ups / n, p)
+
+
+@pytest.mark.parametrize("gpu_blocks", [False, True])
+def test_stochastic_rounding_follows_a_bitwise_model(gpu_blocks, monkeypatch):
+    """Each state element's SR is the documented function of its Philox bits (tests/sr_model.py: which word,
+    which half, the continuation of ties, the 128-bit draw below 2**-24), bit for bit, whichever path the
+    kernel takes: the new state is exactly x * B (old state 0, dt 1), and B's columns hold fp16 normals,
+    subnormals, values below 2**-24, zeros, and ties made for one channel each."""
+    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
+
+    rule = fused_recurrent.launch_config
+    if gpu_blocks:
+        monkeypatch.setattr(fused_recurrent, "launch_config", lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    batch, nheads, headdim, dstate, seed = 2, 2, 16, 64, 99
+    block_p = fused_recurrent.launch_config(headdim, dstate, torch.float16, interpreting()).block_p
+    draws = sr_model.state_update_draws(seed, DEFAULT_PHILOX_ROUNDS, (batch, nheads, headdim, dstate), block_p)
+    g = torch.Generator().manual_seed(seed)
+    # Channels 0..7 scale B by 1, the others by 2**12: their products stay normal, and their row groups (with
+    # 8-channel programs) take the common path.
+    x = torch.where(torch.arange(headdim) < 8, 1.0, 2.0**12).expand(batch, nheads, headdim).contiguous()
+    B = torch.empty(batch, 1, dstate)
+    for b in range(batch):
+        for n in range(dstate):
+            kind = n % 8
+            if kind == 0:
+                B[b, 0, n] = 0.0
+            elif kind == 1:  # below 2**-24
+                B[b, 0, n] = float(torch.empty(1).uniform_(2.0**-40, 2.0**-24, generator=g))
+            elif kind == 2:  # a tie for channel (n // 8) % 8 of head 0: 19 dropped bits, the draw's top 16 complement
+                r16 = draws[b, 0, (n // 8) % 8, n][0]
+                B[b, 0, n] = sr_model.float32((126 - 19) << 23 | 5 << 19 | (0xFFFF - r16) << 3 | n % 8)
+            else:  # fp16 subnormals (x 1) and normals (x 2**12)
+                B[b, 0, n] = float(torch.empty(1).uniform_(2.0**-17, 2.0**-13, generator=g)) * (-1) ** n
+    state = torch.zeros(batch, nheads, headdim, dstate, dtype=torch.float16, device=DEVICE)
+    selective_state_update(state, x.to(DEVICE), torch.ones(batch, nheads, headdim, device=DEVICE),
+                           -torch.ones(nheads, headdim, dstate, device=DEVICE), B.to(DEVICE), B.to(DEVICE),
+                           rounding="stochastic", seed=seed)
+    paths = {}
+    want = torch.tensor([[[[sr_model.round_element(float(x[b, h, p]) * float(B[b, 0, n]), *draws[b, h, p, n],
+                                                    True, paths)
+                            for n in range(dstate)] for p in range(headdim)] for h in range(nheads)]
+                         for b in range(batch)], dtype=torch.float16)
+    assert paths["tie"] >= 8 and paths["below 2**-24"] > 100, paths
+    got = state.cpu()
+    bad = (got.view(torch.int16) != want.view(torch.int16)).nonzero().tolist()
+    assert not bad, f"{len(bad)} elements differ from the model, first {bad[:4]}"
 
 
 # --- realistic sizes on the GPU -------------------------------------------------------------------
