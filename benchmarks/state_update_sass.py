@@ -6,7 +6,9 @@ it (its launch rule, or --block-p): the registers and stack a thread holds and t
 (all paths: fp16 SR's rare redo included), with the most frequent opcodes. A static count, not a time: the
 state update's software SR is issue- and occupancy-bound on the H200 (benchmarks/RESULTS.md), and registers
 set how many one-warp programs an SM holds (65536 / 32 / registers). Counts depend on the Triton version:
-compare builds with the same one. Run from the checkout, e.g.
+compare builds with the same one. With the GPU machine's Triton (3.6.0, pip-installed beside a CPU torch
+in a virtual environment) they are the H200's: seven builds' registers matched the kernels' n_regs there
+(benchmarks/RESULTS.md, 2026-12-01). Run from the checkout, e.g.
 
     PYTHONPATH=. python benchmarks/state_update_sass.py
 
