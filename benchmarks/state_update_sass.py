@@ -22,6 +22,7 @@ import argparse
 import collections
 import functools
 
+from builds import load_build
 from record import append_section, commit, markdown_table
 from sass_loop import INSTRUCTION, Launch, compile_sass, offline_env, record_launches
 
@@ -29,12 +30,12 @@ MODES = (("fp32", "nearest"), ("fp16", "nearest"), ("fp16", "stochastic"), ("bf1
          ("bf16", "stochastic"))
 
 
-def launch(state_name: str, rounding: str, block_p: int | None) -> Launch:
-    """The state update's kernel launch for this mode at the benchmark's widths, recorded on CPU tensors."""
+def launch(state_name: str, rounding: str, block_p: int | None, fused_recurrent) -> Launch:
+    """The state update's kernel launch for this mode at the benchmark's widths, recorded on CPU tensors, of
+    `fused_recurrent` (the module or a build of it)."""
     import torch  # noqa: PLC0415
 
     from ssmcheck.core.formats import DTYPES  # noqa: PLC0415
-    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
     batch, h, p, n = 256, 80, 64, 128
     args = dict(
@@ -60,12 +61,18 @@ def main() -> None:
     parser.add_argument("--capability", type=int, default=90, help="compute capability to compile for (90: sm_90)")
     parser.add_argument("--block-p", type=int, default=None, help="channels per program (default: the launch rule)")
     parser.add_argument("--top", type=int, default=6, help="opcodes listed per mode")
+    parser.add_argument("--build", help="a copy of ssmcheck/ops/state_update/fused_recurrent.py to compile instead "
+                                        "(benchmarks/builds.py)")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
     opts = parser.parse_args()
+    if opts.build:
+        module = load_build(opts.build)
+    else:
+        from ssmcheck.ops.state_update import fused_recurrent as module  # noqa: PLC0415
     rows = []
     for state_name, rounding in MODES:
-        recorded = launch(state_name, rounding, opts.block_p)
+        recorded = launch(state_name, rounding, opts.block_p, module)
         regs, stack, sass = compile_sass(recorded, opts.capability, f"state_update_{state_name}_{rounding}")
         opcodes = [m.group(3) for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
         top = collections.Counter(opcodes).most_common(opts.top)
@@ -77,7 +84,8 @@ def main() -> None:
     print(text)
     append_section(opts.results, "state update SASS (offline)", offline_env(opts.capability), commit(opts.commit),
                    ["compiled here (no GPU) at batch 256, 80 heads x 64, dstate 128, one group, tied A/dt/D, "
-                    "one warp; static counts over all paths, not times"], text)
+                    "one warp; static counts over all paths, not times",
+                    *([f"build: {opts.build}"] if opts.build else [])], text)
 
 
 if __name__ == "__main__":

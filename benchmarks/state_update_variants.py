@@ -22,23 +22,14 @@ It prints; copy what it prints into benchmarks/RESULTS.md with the device, date,
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from builds import load_build  # noqa: E402
 from state_update import inputs, time_step  # noqa: E402
-
-
-def load(path: str):
-    sys.path.insert(0, str(Path(path).resolve().parent))
-    spec = importlib.util.spec_from_file_location("variant_" + Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def share(state, below: float) -> float:
@@ -75,7 +66,7 @@ def main() -> None:
     parser.add_argument("builds", nargs="+", help="paths of fused_recurrent.py copies; the first is the reference")
     parser.add_argument("--philox-rounds", type=int, default=7)
     opts = parser.parse_args()
-    builds = {Path(p).stem: load(p) for p in opts.builds}
+    builds = {Path(p).stem: load_build(p) for p in opts.builds}
     first = next(iter(builds.values()))
     for state_dtype in (torch.float16, torch.bfloat16):
         args, state = inputs(256, state_dtype, False)
