@@ -2,7 +2,8 @@
 
 For an A/B of a kernel change on a GPU: copy ssmcheck/ops/state_update/fused_recurrent.py to a few files,
 edit each, and pass their paths; a copy may import its own copy of a rounding module from its directory
-(which is put on sys.path), e.g. `from sr_b import (` for sr_b.py beside b.py. At batch 256 of
+(which is put on sys.path), e.g. `from sr_b import (` for sr_b.py beside b.py. benchmarks/builds.py writes
+such builds from git refs. At batch 256 of
 benchmarks/state_update.py's inputs (Mamba2-2.7B widths, tied A/dt/D), for fp16 and bf16 states advanced
 50 SR steps by the first build:
 - how many row groups (2 channels x 128, the 8-channel programs' groups) hold a nonzero value below 2**-14
