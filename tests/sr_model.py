@@ -75,23 +75,24 @@ def round_element(value: float, r16: int, continuation, fp16: bool, paths: dict)
     return math.copysign(math.inf, result) if abs(result) > limit else result
 
 
+def tensor_draw(seed: int, rounds: int, i: int, part: int = 1024):
+    """(r16, continuation) of element i (row-major) as `stochastic_round_tensor` draws it, parts of `part`."""
+    block, k, q = i // (4 * part), (i // part) % 4, i % part
+    word = philox(seed, block * part // 2 + q // 2, rounds)[k]
+
+    def continuation():
+        w = philox(seed | 1 << 63, block * part + q, rounds)
+        return w[k:] + w[:k]
+
+    return (word >> (16 * (q % 2))) & 0xFFFF, continuation
+
+
 def stochastic_round_list(values: list[float], seed: int, rounds: int, fp16: bool, part: int = 1024,
                           paths: dict | None = None) -> list[float]:
     """The model's SR of fp32 `values` (row-major), parts of `part` elements (stochastic_round_tensor: 1024);
     `paths`, if given, counts the elements that took fp16's rare paths."""
     paths = {} if paths is None else paths
-    out = []
-    for i, value in enumerate(values):
-        block, k, q = i // (4 * part), (i // part) % 4, i % part
-        word = philox(seed, block * part // 2 + q // 2, rounds)[k]
-        r16 = (word >> (16 * (q % 2))) & 0xFFFF
-
-        def continuation(block=block, k=k, q=q):
-            w = philox(seed | 1 << 63, block * part + q, rounds)
-            return w[k:] + w[:k]
-
-        out.append(round_element(value, r16, continuation, fp16, paths))
-    return out
+    return [round_element(value, *tensor_draw(seed, rounds, i, part), fp16, paths) for i, value in enumerate(values)]
 
 
 def state_update_draws(seed: int, rounds: int, shape: tuple[int, int, int, int], block_p: int, groups: int = 4):

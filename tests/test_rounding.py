@@ -323,8 +323,7 @@ def _model_inputs(seed: int, rounds: int, fp16: bool, n: int) -> list[float]:
     redone = {8: math.nan, 9: 3 * 2.0**-30, 10: -(2.0**-140), 11: 2.0**-25}
     for i, k in enumerate(kind):
         part = (i // 1024) % 4
-        block, q = i // 4096, i % 1024
-        r16 = (sr_model.philox(seed, block * 512 + q // 2, rounds)[part] >> (16 * (q % 2))) & 0xFFFF
+        r16 = sr_model.tensor_draw(seed, rounds, i)[0]
         if fp16 and part < 2 and 48 <= k < 56:
             # On the edge: dropped bits that the draw (its top `dropped` bits) carries by exactly 0 or -1.
             dropped = 13 if part == 0 else 14 + k % 3
