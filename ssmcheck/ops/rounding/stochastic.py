@@ -53,6 +53,9 @@ HARDWARE_SR_CAPABILITY = (10, 0)
 # (benchmarks/RESULTS.md); the SR tests pass at both. `philox_rounds` / `--philox-rounds 10` restores the margin.
 DEFAULT_PHILOX_ROUNDS = 7
 
+# fp16's smallest normal magnitude: below it the grid stays 2**-24 and fp16 drops more than 13 bits.
+FP16_MIN_NORMAL = tl.constexpr(2.0**-14)
+
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -285,7 +288,7 @@ def stochastic_round_pairs(x, words, DTYPE: tl.constexpr):
     if DTYPE == tl.float16:
         # `~(|x| >= 2**-14)`, not `|x| < 2**-14`: NaN is unusual too. Both branches round the normals: computed
         # before the branch, they would be live through it (the state update: 93 registers, not 92, and 5% slower).
-        if tl.max((~(tl.abs(x) >= 0.00006103515625) & (x != 0.0)).to(tl.int32)) != 0:
+        if tl.max((~(tl.abs(x) >= FP16_MIN_NORMAL) & (x != 0.0)).to(tl.int32)) != 0:
             even_out, even_redo = _fp16_below_normal(even, even_bits, _fp16_normal(even_bits, words), words)
             odd_out, odd_redo = _fp16_below_normal(odd, odd_bits, _fp16_normal(odd_bits, words >> 16), words >> 16)
             redo = tl.max((even_redo | odd_redo).to(tl.int32)) != 0
@@ -313,13 +316,13 @@ def _fp16_below_normal(x, bits, normal, r16):
     the exact result: a tie below 2**-17, a nonzero magnitude below 2**-24, NaN."""
     # |x| in units of 2**-40, 16 bits below the grid: exact from 2**-17 up, truncated below (where the
     # cut-off bits make a tie possible). Clamped first: the conversion must not overflow.
-    scaled = (tl.minimum(tl.abs(x), 0.00006103515625) * 1099511627776.0).to(tl.uint32)
+    scaled = (tl.minimum(tl.abs(x), FP16_MIN_NORMAL) * 1099511627776.0).to(tl.uint32)
     drawn = scaled + (r16 & 0xFFFF)
     # Up to 1024 units of 2**-24: an fp16 subnormal's bit pattern, or 2**-14's.
     rounded = ((drawn >> 16) | ((bits >> 16) & 0x8000)).to(tl.uint16).to(tl.float16, bitcast=True)
     tie = (tl.abs(x) < 0.00000762939453125) & ((drawn & 0xFFFF) == 0xFFFF)
     redo = tie | ((bits & 0x7FFFFFFF) - 1 < 0x337FFFFF) | (x != x)
-    return tl.where(tl.abs(x) < 0.00006103515625, rounded, normal), redo
+    return tl.where(tl.abs(x) < FP16_MIN_NORMAL, rounded, normal), redo
 
 
 @triton.jit
