@@ -325,19 +325,15 @@ def _state_update_kernel(
     # store that might alias it, and each load left behind a store costs the program
     # another memory latency (and none crosses the barrier of a layout conversion). The
     # state tiles go first, so that their DRAM latency overlaps everything else.
-    t0 = _load_state(0, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
-    t1 = _load_state(1, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
-    t2 = _load_state(2, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
-    t3 = _load_state(3, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P, BLOCK_N)
+    tiles = ()
+    for group in tl.static_range(GROUPS):
+        tiles = tiles + (_load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
+                                     BLOCK_P, BLOCK_N),)
     if not STOCHASTIC:
-        x0, d0, z0 = _load_channels(0, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        x1, d1, z1 = _load_channels(1, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        x2, d2, z2 = _load_channels(2, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-        x3, d3, z3 = _load_channels(3, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
-                                    z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
+        channels = ()  # (x, D, z) of each row group
+        for group in tl.static_range(GROUPS):
+            channels = channels + (_load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p,
+                                                  d_h, d_p, z_b, z_h, z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P),)
     g = h // heads_per_group
     n = tl.arange(0, BLOCK_N)
     b_row = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
@@ -361,74 +357,54 @@ def _state_update_kernel(
         # state; group k takes word k of each call.
         if HARDWARE:
             # cvt.rs: element (r, n) of group k takes word k of Philox(seed, index of group 0's (r, n)).
-            w0, w1, w2, w3 = shared_words(seed, _flat_index(slot, h, row[:, None], n[None, :], nheads, headdim,
-                                                            dstate, WIDE_COUNTERS), t0, N_ROUNDS)
+            words = shared_words(seed, _flat_index(slot, h, row[:, None], n[None, :], nheads, headdim, dstate,
+                                                   WIDE_COUNTERS), tiles[0], N_ROUNDS)
         else:
             # 16 bits an element: elements (r, 2j) and (r, 2j + 1) of group k take the low and the high half
             # of word k of Philox(seed, index of group 0's (r, 2j)): one call per eight elements.
             pairs = 2 * tl.arange(0, BLOCK_N // 2)
-            w0, w1, w2, w3 = tl.randint4x(seed, _flat_index(slot, h, row[:, None], pairs[None, :], nheads, headdim,
-                                                            dstate, WIDE_COUNTERS), n_rounds=N_ROUNDS)
+            words = tl.randint4x(seed, _flat_index(slot, h, row[:, None], pairs[None, :], nheads, headdim, dstate,
+                                                   WIDE_COUNTERS), n_rounds=N_ROUNDS)
         # Each group is advanced, rounded and stored before the next, so that one group's fp32 state is live
         # at a time, not all four.
-        redo0 = _sr_group(0, t0, w0, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
-                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
-                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        redo1 = _sr_group(1, t1, w1, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
-                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
-                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        redo2 = _sr_group(2, t2, w2, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
-                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
-                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        redo3 = _sr_group(3, t3, w3, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p,
-                          z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
-                          dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
-                          HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE,
-                          HARDWARE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        redo = ()  # whether each row group must be redone
+        for group in tl.static_range(GROUPS):
+            redo = redo + (_sr_group(group, tiles[group], words[group], pid_p, b, slot, h, headdim, dstate, x_ptr,
+                                     D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr,
+                                     dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
+                                     state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS, HAS_D, HAS_Z,
+                                     DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE, HARDWARE,
+                                     INTERPRET, GROUPS, BLOCK_P, BLOCK_N),)
         if STATE_DTYPE == tl.float16 and not HARDWARE:
             # Rare: a group holding an element that its 16 random bits cannot round (a tie, a value below
             # 2**-24, or NaN; ops.rounding.stochastic_round_pairs). Its state was not stored: redo it from the old one,
             # once nothing else is live (a branch inside the group would hold its registers through the
             # common path, and cost every program occupancy).
-            if redo0 | redo1 | redo2 | redo3:
+            if redo[0] | redo[1] | redo[2] | redo[3]:
                 # Loops, not unrolled code: the branch's code and registers stay small.
-                for group in range(GROUPS):
-                    redo = ((group == 0) & redo0) | ((group == 1) & redo1) | ((group == 2) & redo2)
-                    if redo | ((group == 3) & redo3):
+                for redone in range(GROUPS):
+                    if (((redone == 0) & redo[0]) | ((redone == 1) & redo[1]) | ((redone == 2) & redo[2])
+                            | ((redone == 3) & redo[3])):
                         for parity in range(2):
-                            _redo_half(group, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
+                            _redo_half(redone, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
                                        x_b, x_h, x_p, b_b, b_g, b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p,
                                        dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, state_ptr, s_b, s_h, s_p, s_n,
                                        HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, WIDE_COUNTERS, N_ROUNDS,
                                        INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     else:
-        s0, y0 = _advance_group(0, t0, x0, d0, z0, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
-                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
-                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        s1, y1 = _advance_group(1, t1, x1, d1, z1, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
-                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
-                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        s2, y2 = _advance_group(2, t2, x2, d2, z2, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
-                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
-                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        s3, y3 = _advance_group(3, t3, x3, d3, z3, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
-                                dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
-                                HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(0, pid_p, b, slot, h, headdim, dstate, round_nearest(s0, STATE_DTYPE, INTERPRET), y0, state_ptr,
-                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(1, pid_p, b, slot, h, headdim, dstate, round_nearest(s1, STATE_DTYPE, INTERPRET), y1, state_ptr,
-                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(2, pid_p, b, slot, h, headdim, dstate, round_nearest(s2, STATE_DTYPE, INTERPRET), y2, state_ptr,
-                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-        _store_group(3, pid_p, b, slot, h, headdim, dstate, round_nearest(s3, STATE_DTYPE, INTERPRET), y3, state_ptr,
-                     out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
-
+        advanced = ()  # (new fp32 state, output) of each row group; every group's loads before any store
+        for group in tl.static_range(GROUPS):
+            x, d, z = channels[group]
+            advanced = advanced + (_advance_group(group, tiles[group], x, d, z, pid_p, b, h, headdim, dstate, dt_ptr,
+                                                  dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n,
+                                                  dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D, HAS_Z,
+                                                  DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P,
+                                                  BLOCK_N),)
+        for group in tl.static_range(GROUPS):
+            state, y = advanced[group]
+            _store_group(group, pid_p, b, slot, h, headdim, dstate, round_nearest(state, STATE_DTYPE, INTERPRET), y,
+                         state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P,
+                         BLOCK_N)
 
 def _check(cond: bool, message: Callable[[], str]) -> None:
     # The message is built only for a failed check: a decode step at batch 1 is launch-bound, and
