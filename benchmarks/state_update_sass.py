@@ -13,7 +13,9 @@ in a virtual environment) they are the H200's: seven builds' registers matched t
     PYTHONPATH=. python benchmarks/state_update_sass.py
 
 It prints a table and appends it, with date, versions, commit and this command, to benchmarks/RESULTS.md
-(or --results PATH).
+(or --results PATH). `--dump DIR` also writes each mode's SASS, addresses stripped, to DIR/<state>_<rounding>.sass:
+a change that leaves every file byte-identical (`diff -r` of two builds' dumps) compiles to the same kernel,
+so it needs no new timing on the device.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import re
+from pathlib import Path
 
 from builds import load_build
 from record import append_section, commit, markdown_table
@@ -65,6 +69,7 @@ def main() -> None:
                                         "(benchmarks/builds.py)")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
+    parser.add_argument("--dump", metavar="DIR", help="also write each mode's SASS (addresses stripped) to DIR")
     opts = parser.parse_args()
     if opts.build:
         module = load_build(opts.build)
@@ -74,7 +79,12 @@ def main() -> None:
     for state_name, rounding in MODES:
         recorded = launch(state_name, rounding, opts.block_p, module)
         regs, stack, sass = compile_sass(recorded, opts.capability, f"state_update_{state_name}_{rounding}")
-        opcodes = [m.group(3) for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
+        lines = [m.group(0) for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
+        opcodes = [INSTRUCTION.search(line).group(3) for line in lines]
+        if opts.dump:
+            Path(opts.dump).mkdir(parents=True, exist_ok=True)
+            text = "\n".join(re.sub(r"^/\*[0-9a-f]+\*/\s+", "", line) for line in lines)
+            (Path(opts.dump) / f"{state_name}_{rounding}.sass").write_text(f"registers {regs} stack {stack}\n{text}\n")
         top = collections.Counter(opcodes).most_common(opts.top)
         rows.append([state_name, rounding, str(recorded.kwargs["BLOCK_P"]), regs, stack, str(len(opcodes)),
                      ", ".join(f"{op} {c}" for op, c in top)])
