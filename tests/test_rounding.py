@@ -369,6 +369,32 @@ def test_stochastic_round_tensor_matches_a_bitwise_model(dtype):
                                              for i in bad[:4]))
 
 
+# fp32 bit patterns that fp16 SR must not round with the normals' fixed field, and some it may. The first:
+# 0 < |x| < 2**-14 between points of the 2**-24 grid in each binade, (700.3, -300.7, 5.25, 1.3, 0.3) * 2**-24,
+# and at the ends; NaN (the GPU's arithmetic makes it 0x7FFFFFFF, whose fraction carries into the sign there).
+UNUSUAL_FP16_BITS = (0x382F1333, 0xB796599A, 0x34A80000, 0x33A66666, 0x3299999A, 0x387FFFFF, 0x00000001, 0x80000001,
+                     0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7FC00000)
+USUAL_FP16_BITS = (0x38800000, 0xB8800000, 0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x477FEFFF)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("pattern", UNUSUAL_FP16_BITS + USUAL_FP16_BITS, ids=hex)
+def test_one_unusual_value_among_normals_is_rounded_exactly(dtype, pattern):
+    """A part of normals holding values of one kind (as a row group of the state update can): the
+    classification that sends a part down fp16's subnormal path or redo must see them alone. Sixteen of
+    them, each with its own random bits: a wrong path agrees with the exact one for some draws."""
+    generator = torch.Generator().manual_seed(pattern % 1009)
+    x = (1 + torch.rand(1024, generator=generator)) * torch.where(torch.rand(1024, generator=generator) < 0.5, -1, 1)
+    bits = x.view(torch.int32).clone()
+    probes = torch.arange(5, 1024, 64)
+    bits[probes] = pattern - 2**32 if pattern >= 2**31 else pattern
+    x = bits.view(torch.float32)
+    got = stochastic_round_tensor(x.to(DEVICE), dtype, 11).cpu()
+    want = torch.tensor(sr_model.stochastic_round_list(x.tolist(), 11, DEFAULT_PHILOX_ROUNDS,
+                                                       dtype == torch.float16), dtype=dtype)
+    assert _same(got, want), f"x={x[5].item()!r}: got {got[probes].tolist()}, model {want[probes].tolist()}"
+
+
 def _truncated_bits_sr(x: torch.Tensor, dtype, bits: int, generator) -> torch.Tensor:
     """A biased SR for the power test: only `bits` random bits at the top of the dropped 13/16 bits."""
     dropped = 13 if dtype == torch.float16 else 16
