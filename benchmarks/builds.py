@@ -8,6 +8,7 @@ modules from its directory, which `load_build` puts on sys.path. From the checko
 writes .device/builds/fr_<ref>.py and sr_<ref>.py for each git ref (the state update and its rounding module
 as committed there, the one importing the other) and prints the build paths, ready for
 benchmarks/state_update_variants.py or benchmarks/state_update_sass.py --build on a machine without git.
+The ref `WORKTREE` takes the files as they are in the working tree (an uncommitted variant).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 KERNEL = "ssmcheck/ops/state_update/fused_recurrent.py"
 ROUNDING = "ssmcheck/ops/rounding/stochastic.py"
+WORKTREE = "WORKTREE"
 
 
 def load_build(path: str):
@@ -37,6 +39,8 @@ def write_build(ref: str, out: Path) -> Path:
     name = re.sub(r"\W", "_", ref)
 
     def show(path: str) -> str:
+        if ref == WORKTREE:
+            return Path(path).read_text()
         return subprocess.run(["git", "show", f"{ref}:{path}"], capture_output=True, text=True, check=True).stdout
 
     kernel = show(KERNEL)
@@ -52,7 +56,8 @@ def write_build(ref: str, out: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("refs", nargs="+", help="git refs (branches, commits) to write builds of")
+    parser.add_argument("refs", nargs="+", help=f"git refs (branches, commits) to write builds of; {WORKTREE}: the "
+                                                "working tree")
     parser.add_argument("--out", default=".device/builds", help="folder to write them to")
     opts = parser.parse_args()
     for ref in opts.refs:
