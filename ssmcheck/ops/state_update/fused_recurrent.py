@@ -406,6 +406,7 @@ def _state_update_kernel(
                          state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P,
                          BLOCK_N)
 
+
 def _check(cond: bool, message: Callable[[], str]) -> None:
     # The message is built only for a failed check: a decode step at batch 1 is launch-bound, and
     # formatting some twenty messages cost more than the checks themselves.
