@@ -79,11 +79,11 @@ def main() -> None:
     for state_name, rounding in MODES:
         recorded = launch(state_name, rounding, opts.block_p, module)
         regs, stack, sass = compile_sass(recorded, opts.capability, f"state_update_{state_name}_{rounding}")
-        lines = [m.group(0) for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
-        opcodes = [INSTRUCTION.search(line).group(3) for line in lines]
+        found = [m for line in sass.splitlines() if (m := INSTRUCTION.search(line))]
+        opcodes = [m.group(3) for m in found]
         if opts.dump:
             Path(opts.dump).mkdir(parents=True, exist_ok=True)
-            text = "\n".join(re.sub(r"^/\*[0-9a-f]+\*/\s+", "", line) for line in lines)
+            text = "\n".join(re.sub(r"^/\*[0-9a-f]+\*/\s+", "", m.group(0)) for m in found)
             (Path(opts.dump) / f"{state_name}_{rounding}.sass").write_text(f"registers {regs} stack {stack}\n{text}\n")
         top = collections.Counter(opcodes).most_common(opts.top)
         rows.append([state_name, rounding, str(recorded.kwargs["BLOCK_P"]), regs, stack, str(len(opcodes)),

@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from builds import load_build  # noqa: E402
 from state_update import inputs, time_step  # noqa: E402
 
+from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS  # noqa: E402
+
 
 def share(state, below: float) -> float:
     """The share of row groups holding a nonzero |value| below `below`, or NaN."""
@@ -65,7 +67,7 @@ def compare(builds: dict, args: dict, state, rounds: int, label: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="+", help="paths of fused_recurrent.py copies; the first is the reference")
-    parser.add_argument("--philox-rounds", type=int, default=7)
+    parser.add_argument("--philox-rounds", type=int, default=DEFAULT_PHILOX_ROUNDS)
     opts = parser.parse_args()
     builds = {Path(p).stem: load_build(p) for p in opts.builds}
     first = next(iter(builds.values()))
