@@ -28,6 +28,7 @@ from ssmcheck.ops.rounding.stochastic import (
     _fp16_continued,
     _fp16_normal,
     _round_with_words,
+    bf16_grid_nearest,
     round_to_storage,
     stochastic_round_tensor,
     triton_dtype,
@@ -147,18 +148,39 @@ def _random_fp32(seed: int, n: int) -> torch.Tensor:
 # --- round to nearest ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", LOW)
-@settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1))
-def test_nearest_matches_reference_bitwise(dtype, seed):
+def _nearest_cases(seed: int, dtype) -> torch.Tensor:
+    """_random_fp32's values, the exact ties between their dtype neighbours (the even rule), and non-finite ones."""
     x = _random_fp32(seed, 4096)
-    # Exact ties between neighbours (the even rule), and non-finite values.
     near = x.abs().to(dtype)
     following = (near.view(torch.int16) + 1).view(dtype)
     tie = torch.copysign((near.double() + following.double()) / 2, x.double()).float()
     specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")], device=DEVICE)
-    x = torch.cat([x, tie[torch.isfinite(tie)], specials])
+    return torch.cat([x, tie[torch.isfinite(tie)], specials])
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_nearest_matches_reference_bitwise(dtype, seed):
+    x = _nearest_cases(seed, dtype)
     assert _same(_elementwise(x, dtype, stochastic=False), round_to(x, dtype, "nearest"))
+
+
+@triton.jit
+def _bf16_grid_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    tl.store(out_ptr + offsets, bf16_grid_nearest(tl.load(x_ptr + offsets, mask=inside)), mask=inside)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_bf16_grid_nearest_is_the_rounded_value_in_fp32(seed):
+    # The interpreter's bf16 matmul operands (chunk_scan.numerics.operand): fp32 holding bf16 values.
+    x = _nearest_cases(seed, torch.bfloat16)
+    out = torch.empty_like(x)
+    _bf16_grid_kernel[(triton.cdiv(x.numel(), 8192),)](x, out, x.numel(), BLOCK=8192)
+    assert _same(out, round_to(x, torch.bfloat16, "nearest").float())
 
 
 # --- stochastic rounding: fixed points, neighbours, exactness -------------------------------------

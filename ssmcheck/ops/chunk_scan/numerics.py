@@ -7,7 +7,7 @@ in one place, so every stage rounds and guards the same way.
 import triton
 import triton.language as tl
 
-from ssmcheck.ops.rounding.stochastic import round_nearest
+from ssmcheck.ops.rounding.stochastic import bf16_grid_nearest
 
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(v) = exp2(v * LOG2E)
@@ -39,10 +39,13 @@ def operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """A tl.dot operand holding x rounded to DTYPE (the matmul precision).
 
     bf16 dots are wrong in the interpreter, so there the operand stays fp32 with
-    bf16-exact values: what the tensor cores multiply on the GPU.
+    bf16-exact values: what the tensor cores multiply on the GPU (a bf16 x converts exactly).
     """
     if DTYPE == tl.bfloat16 and INTERPRET:
-        return round_nearest(x.to(tl.float32), DTYPE, INTERPRET).to(tl.float32)
+        if x.dtype == tl.bfloat16:
+            return x.to(tl.float32)
+        else:
+            return bf16_grid_nearest(x.to(tl.float32))
     else:
         return x.to(DTYPE)
 

@@ -45,14 +45,17 @@ def _state_passing_kernel(
         state = tl.zeros((BLOCK,), dtype=tl.float32)
     c_first = tl.load(seq_chunk_ptr + s)
     c_end = tl.load(seq_chunk_ptr + s + 1)
+    # Philox counter: the element's index among its own sequence's chunk states, `at` less the sequence's first
+    # chunk's offset. (Each index is computed once: the interpreter pays per tile op, scalars included.)
+    first = tl.cast(c_first, tl.int64) * nheads * head_size
+    dA_last_ptr = dA_cs_ptr + CHUNK - 1
     # The loads do not depend on the recurrence: prefetch them two chunks ahead.
     for c in tl.range(c_first, c_end, num_stages=3):
-        at = (tl.cast(c, tl.int64) * nheads + h) * head_size + e
-        # Philox counter: the element's index among its own sequence's chunk states.
-        counter = (tl.cast(c - c_first, tl.int64) * nheads + h) * head_size + e
-        tl.store(states_ptr + at, round_to_storage(state, seed, counter, STATE_DTYPE, STOCHASTIC, N_ROUNDS,
+        ch = tl.cast(c, tl.int64) * nheads + h
+        at = ch * head_size + e
+        tl.store(states_ptr + at, round_to_storage(state, seed, at - first, STATE_DTYPE, STOCHASTIC, N_ROUNDS,
                                                    INTERPRET), mask=ev)
-        dA_last = tl.load(dA_cs_ptr + (tl.cast(c, tl.int64) * nheads + h) * CHUNK + CHUNK - 1).to(tl.float32)
+        dA_last = tl.load(dA_last_ptr + ch * CHUNK).to(tl.float32)
         state = state * tl.exp(tl.minimum(dA_last, 0.0)) + tl.load(local_ptr + at, mask=ev, other=0.0)
     at = (s * nheads + h) * head_size + e
     # The final state counts as the state entering the chunk after the sequence's last.

@@ -146,12 +146,27 @@ def round_nearest(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
         return x
     elif (DTYPE == tl.bfloat16) and INTERPRET:
         # The interpreter's own conversion truncates: round the bit pattern instead.
-        bits = x.to(tl.uint32, bitcast=True)
-        rounded = bits + (0x7FFF + ((bits >> 16) & 1))
-        # Keep NaN a NaN in the upper half: set the quiet bit.
-        return _bf16_from_upper_half(tl.where(x != x, bits | 0x00400000, rounded))
+        return _bf16_from_upper_half(_bf16_nearest_bits(x))
     else:
         return x.to(DTYPE)
+
+
+@triton.jit
+def _bf16_nearest_bits(x):
+    """fp32 block -> the fp32 bit patterns whose upper halves are x rounded to nearest even bf16 (the
+    lower halves are left as they are)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = bits + (0x7FFF + ((bits >> 16) & 1))
+    # Keep NaN a NaN in the upper half: set the quiet bit.
+    return tl.where(x != x, bits | 0x00400000, rounded)
+
+
+@triton.jit
+def bf16_grid_nearest(x):
+    """fp32 block -> fp32 block holding x rounded to nearest even bf16: what a tensor core multiplies when
+    given x in bf16. Bit operations alone: the interpreter converts to and from bf16 slowly (numpy per bit)
+    and the chunk scan's bf16 operands pass here in every interpreted program (numerics.operand)."""
+    return (_bf16_nearest_bits(x) & 0xFFFF0000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
