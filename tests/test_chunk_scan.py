@@ -379,6 +379,8 @@ def test_output_row_and_column_blocks_in_the_interpreter(tiles, dtype, monkeypat
     several tilings, under the tolerance rule."""
     from ssmcheck.ops.chunk_scan import chunk_output
 
+    if device == "cuda" and tiles["BLOCK_K"] < 16:
+        pytest.skip("a compiled tl.dot needs K >= 16: this tiling exists for the interpreter's loops only")
     monkeypatch.setattr(chunk_output, "default_config",
                         lambda *a: dict(BLOCK_P=8, num_warps=4, num_stages=1, **tiles))
     check_case(Case(batch=1, seqlen=150, chunk_size=64, headdim=12, dtype=dtype, cu_seqlens=[0, 70, 71, 150]), device)
