@@ -68,8 +68,8 @@ def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool =
     if interpret:
         return dict(BLOCK_T=chunk_size, BLOCK_P=max(16, triton.next_power_of_2(headdim)),
                     BLOCK_N=max(16, triton.next_power_of_2(dstate)), num_warps=8, num_stages=1)
-    return dict(BLOCK_T=min(chunk_size, 128), BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)),
-                BLOCK_N=max(16, min(triton.next_power_of_2(dstate), 128)), num_warps=4, num_stages=2)
+    return dict(BLOCK_T=min(chunk_size, 32), BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)),
+                BLOCK_N=max(16, min(triton.next_power_of_2(dstate), 128)), num_warps=4, num_stages=3)
 
 
 def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None,
