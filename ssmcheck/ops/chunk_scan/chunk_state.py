@@ -7,7 +7,8 @@ rounded with x to the matmul dtype (fp32 accumulation); the baseline rounds them
 B, the peers too. x's tile is the smaller one (headdim < dstate in Mamba2 models), and
 B then goes from shared memory to the tensor cores as loaded: at the H200 benchmark's
 widths 860 SASS instructions an MMA loop iteration instead of 966, 176 registers
-instead of 242 (benchmarks/sass_loop.py).
+instead of 242 (benchmarks/sass_loop.py). That alone did not change the time; the
+pipelined 32-token tiles those registers leave room for did (default_config).
 """
 
 import torch
@@ -60,8 +61,9 @@ def _chunk_state_kernel(
 
 
 def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:
-    """Block sizes and launch options: on a GPU the fastest of 48 configurations swept on the H200
-    (benchmarks/stage_configs.py; RESULTS.md: 0.84x the previous default at 16k tokens, 0.88x at 64k);
+    """Block sizes and launch options: on a GPU the fastest of 48 configurations swept on the H200 with
+    the weights on x (benchmarks/stage_configs.py; RESULTS.md, 2026-12-01: 0.81x the previous default at
+    16k tokens, the fastest at 64k too);
     in the interpreter, whole-chunk tiles: it runs the programs one after
     another and each tile op is one numpy call, so fewer, larger programs run faster (the default
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
