@@ -394,9 +394,12 @@ def test_stochastic_round_tensor_matches_a_bitwise_model(dtype):
 # fp32 bit patterns that fp16 SR must not round with the normals' fixed field, and some it may. The first:
 # 0 < |x| < 2**-14 between points of the 2**-24 grid in each binade, (700.3, -300.7, 5.25, 1.3, 0.3) * 2**-24,
 # and at the ends; NaN (the GPU's arithmetic makes it 0x7FFFFFFF, whose fraction carries into the sign there).
+# The others: 2**-14, zeros, infinities, 65504 (fp16's largest finite value) and the overflow range above it,
+# where SR gives 65504 or inf (65536 and beyond: inf).
 UNUSUAL_FP16_BITS = (0x382F1333, 0xB796599A, 0x34A80000, 0x33A66666, 0x3299999A, 0x387FFFFF, 0x00000001, 0x80000001,
                      0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7FC00000)
-USUAL_FP16_BITS = (0x38800000, 0xB8800000, 0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x477FEFFF)
+USUAL_FP16_BITS = (0x38800000, 0xB8800000, 0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x477FE000, 0x477FEFFF,
+                   0xC77FF001, 0x47800000, 0x4F000000)
 
 
 @pytest.mark.parametrize("dtype", LOW)
