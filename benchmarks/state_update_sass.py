@@ -2,8 +2,9 @@
 
 At the H200 benchmark's widths (batch 256, 80 heads x 64, dstate 128, one group, A/dt/D/dt_bias tied per
 head, bf16 activations), for each state dtype and rounding, the kernel as `selective_state_update` launches
-it (its launch rule, or --block-p): the registers and stack a thread holds and the static instruction count
-(all paths: fp16 SR's rare redo included), with the most frequent opcodes. A static count, not a time: the
+it (its launch rule, or --block-p): the registers and stack a thread holds, the static instruction count
+(all paths: fp16 SR's rare redo included), the count of the common path (`common_path`: what a program whose
+row groups all take the common case issues, which the SR step's time follows), and the most frequent opcodes. A static count, not a time: the
 state update's software SR is issue- and occupancy-bound on the H200 (benchmarks/RESULTS.md), and registers
 set how many one-warp programs an SM holds (65536 / 32 / registers). Counts depend on the Triton version:
 compare builds with the same one. With the GPU machine's Triton (3.6.0, pip-installed beside a CPU torch
@@ -60,6 +61,29 @@ def launch(state_name: str, rounding: str, block_p: int | None, fused_recurrent)
         fused_recurrent.launch_config = rule
 
 
+# A branch's target, after the second predicate of `@!P4 BRA P3, 0x2c70` where there is one.
+BRANCH = re.compile(r"BRA\s+(?:!?U?P[0-9T],\s*)?(0x[0-9a-f]+)")
+
+
+def common_path(found: list) -> int:
+    """Instructions from the kernel's start to its first predicated EXIT, where every if-else block is passed
+    by its predicated branch (`@P BRA X` over a body ending in an unconditional `BRA`: the count goes on at
+    X). In this kernel that is the path of a program whose row groups all take the common case (fp16 SR's
+    fixed field; no redo): the state update's SR time follows this count, not the total (RESULTS.md,
+    2026-12-01). `found`: INSTRUCTION matches in address order."""
+    index = {int(m.group(1), 16): i for i, m in enumerate(found)}
+    count, i = 0, 0
+    while i < len(found):
+        predicated, opcode = found[i].group(2) is not None, found[i].group(3)
+        if opcode == "EXIT" and predicated:
+            break
+        count += 1
+        target = BRANCH.search(found[i].group(0)) if opcode == "BRA" and predicated else None
+        j = index.get(int(target.group(1), 16)) if target else None
+        i = j if j and found[j - 1].group(3) == "BRA" and found[j - 1].group(2) is None else i + 1
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capability", type=int, default=90, help="compute capability to compile for (90: sm_90)")
@@ -87,10 +111,10 @@ def main() -> None:
             (Path(opts.dump) / f"{state_name}_{rounding}.sass").write_text(f"registers {regs} stack {stack}\n{text}\n")
         top = collections.Counter(opcodes).most_common(opts.top)
         rows.append([state_name, rounding, str(recorded.kwargs["BLOCK_P"]), regs, stack, str(len(opcodes)),
-                     ", ".join(f"{op} {c}" for op, c in top)])
+                     str(common_path(found)), ", ".join(f"{op} {c}" for op, c in top)])
         print(" | ".join(rows[-1]), flush=True)
     text = markdown_table(["state", "rounding", "block_p", "registers", "stack (bytes)", "instructions",
-                           "most frequent"], rows)
+                           "common path", "most frequent"], rows)
     print(text)
     append_section(opts.results, "state update SASS (offline)", offline_env(opts.capability), commit(opts.commit),
                    ["compiled here (no GPU) at batch 256, 80 heads x 64, dstate 128, one group, tied A/dt/D, "
