@@ -30,7 +30,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 SHAPE = dict(ntok=512, nheads=80, headdim=64, dstate=128, ngroups=1, chunk_size=256)
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
-BRANCH_TARGET = re.compile(r"BRA\s+(0x[0-9a-f]+)")
+# A branch's target, after the second predicate of `@!P4 BRA P3, 0x2c70` where there is one.
+BRANCH_TARGET = re.compile(r"BRA\s+(?:!?U?P[0-9T],\s*)?(0x[0-9a-f]+)")
 
 
 class Launch:

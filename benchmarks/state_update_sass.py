@@ -4,9 +4,10 @@ At the H200 benchmark's widths (batch 256, 80 heads x 64, dstate 128, one group,
 head, bf16 activations), for each state dtype and rounding, the kernel as `selective_state_update` launches
 it (its launch rule, or --block-p): the registers and stack a thread holds, the static instruction count
 (all paths: fp16 SR's rare redo included), the count of the common path (`common_path`: what a program whose
-row groups all take the common case issues, which the SR step's time follows), and the most frequent opcodes. A static count, not a time: the
-state update's software SR is issue- and occupancy-bound on the H200 (benchmarks/RESULTS.md), and registers
-set how many one-warp programs an SM holds (65536 / 32 / registers). Counts depend on the Triton version:
+row groups all take the common case issues, which the SR step's time follows), and the most frequent
+opcodes. A static count, not a time: the state update's software SR is issue- and occupancy-bound on the
+H200 (benchmarks/RESULTS.md), and registers set how many one-warp programs an SM holds (65536 / 32 /
+registers). Counts depend on the Triton version:
 compare builds with the same one. With the GPU machine's Triton (3.6.0, pip-installed beside a CPU torch
 in a virtual environment) they are the H200's: seven builds' registers matched the kernels' n_regs there
 (benchmarks/RESULTS.md, 2026-12-01). Run from the checkout, e.g.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from builds import load_build
 from record import append_section, commit, markdown_table
-from sass_loop import INSTRUCTION, Launch, compile_sass, offline_env, record_launches
+from sass_loop import BRANCH_TARGET, INSTRUCTION, Launch, compile_sass, offline_env, record_launches
 
 MODES = (("fp32", "nearest"), ("fp16", "nearest"), ("fp16", "stochastic"), ("bf16", "nearest"),
          ("bf16", "stochastic"))
@@ -61,10 +62,6 @@ def launch(state_name: str, rounding: str, block_p: int | None, fused_recurrent)
         fused_recurrent.launch_config = rule
 
 
-# A branch's target, after the second predicate of `@!P4 BRA P3, 0x2c70` where there is one.
-BRANCH = re.compile(r"BRA\s+(?:!?U?P[0-9T],\s*)?(0x[0-9a-f]+)")
-
-
 def common_path(found: list) -> int:
     """Instructions from the kernel's start to its first predicated EXIT, where every if-else block is passed
     by its predicated branch (`@P BRA X` over a body ending in an unconditional `BRA`: the count goes on at
@@ -78,7 +75,7 @@ def common_path(found: list) -> int:
         if opcode == "EXIT" and predicated:
             break
         count += 1
-        target = BRANCH.search(found[i].group(0)) if opcode == "BRA" and predicated else None
+        target = BRANCH_TARGET.search(found[i].group(0)) if opcode == "BRA" and predicated else None
         j = index.get(int(target.group(1), 16)) if target else None
         i = j if j and found[j - 1].group(3) == "BRA" and found[j - 1].group(2) is None else i + 1
     return count
