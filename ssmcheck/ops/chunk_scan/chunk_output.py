@@ -144,9 +144,10 @@ def log2_pairs(dA_cs):
 
 
 def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:
-    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md; Triton 3.6 miscompiles one
-    other, BLOCK_ROWS=64 BLOCK_M=64 BLOCK_K=64 BLOCK_P=32 num_stages=1: an out-of-range shared-memory address
-    in its tl.dot, so a `config` is not safe because it compiles); in the
+    """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md: the fastest of the whole
+    grid of 120 at 16k within noise; Triton 3.6 miscompiles five others, those with BLOCK_K=64 BLOCK_P=32
+    num_warps=4 num_stages=1: an out-of-range shared-memory address in their tl.dot, so a `config` is not safe
+    because it compiles); in the
     interpreter, whole-chunk tiles: it runs the programs one after
     another and each tile op is one numpy call, so fewer, larger programs run faster (the default
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
