@@ -149,3 +149,21 @@ def test_the_interpreter_dtype_lookup_is_memoised_and_answers_as_before():
     assert r.returncode == 0, r.stderr
     memoised, checked, bf16 = r.stdout.split()
     assert memoised == "True" and int(checked) >= 60 and bf16 == "uint16"
+
+
+def test_bf16_to_fp32_in_kernels_is_exact_for_every_pattern(device):
+    # The interpreter's generic conversion turned bf16 subnormals into other values (0x0001 into 0); the GPU
+    # widens by a shift. Every one of the 65536 bf16 patterns, NaN payloads and subnormals included.
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def widen(src_ptr, dst_ptr, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + i, tl.load(src_ptr + i).to(tl.float32))
+
+    patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(device)
+    out = torch.full((65536,), float("nan"), device=device)
+    widen[(65536 // 4096,)](patterns.view(torch.bfloat16), out, BLOCK=4096)
+    want = patterns.to(torch.int32) << 16  # the pattern in the upper half, exactly
+    assert torch.equal(out.view(torch.int32), want)
