@@ -6,6 +6,8 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from ssmcheck.core import runtime
 
@@ -151,19 +153,78 @@ def test_the_interpreter_dtype_lookup_is_memoised_and_answers_as_before():
     assert memoised == "True" and int(checked) >= 60 and bf16 == "uint16"
 
 
+@triton.jit
+def _convert(src_ptr, dst_ptr, n, TO: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src_ptr + i, mask=i < n)
+    if CUT:
+        v = v.to(TO, fp_downcast_rounding="rtz")
+    else:
+        v = v.to(TO)
+    tl.store(dst_ptr + i, v, mask=i < n)
+
+
+@triton.jit
+def _dot(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + m[:, None] * K + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * N + n[None, :])
+    tl.store(c_ptr + m[:, None] * N + n[None, :], tl.dot(a, b, tl.zeros((M, N), tl.float32)))
+
+
 def test_bf16_to_fp32_in_kernels_is_exact_for_every_pattern(device):
     # The interpreter's generic conversion turned bf16 subnormals into other values (0x0001 into 0); the GPU
     # widens by a shift. Every one of the 65536 bf16 patterns, NaN payloads and subnormals included.
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def widen(src_ptr, dst_ptr, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(dst_ptr + i, tl.load(src_ptr + i).to(tl.float32))
-
     patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(device)
     out = torch.full((65536,), float("nan"), device=device)
-    widen[(65536 // 4096,)](patterns.view(torch.bfloat16), out, BLOCK=4096)
-    want = patterns.to(torch.int32) << 16  # the pattern in the upper half, exactly
-    assert torch.equal(out.view(torch.int32), want)
+    _convert[(16,)](patterns.view(torch.bfloat16), out, 65536, TO=tl.float32, CUT=False, BLOCK=4096)
+    assert torch.equal(out.view(torch.int32), patterns.to(torch.int32) << 16)  # the pattern in the upper half
+
+
+def _fp32_patterns(device) -> torch.Tensor:
+    """fp32 values that test a conversion to bf16: random patterns (subnormals, NaN payloads, huge values),
+    exact ties to even and odd neighbours, the overflow boundary, infinities, zeros."""
+    g = torch.Generator().manual_seed(5)
+    random = torch.randint(-2**31, 2**31, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
+    upper = torch.randint(-2**15, 2**15, (2000,), generator=g, dtype=torch.int64).to(torch.int32) << 16
+    special = torch.tensor([0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7F800000, 0x7F800001, 0x7FFFFFFF, 0x00000001,
+                            0x00008000, 0x00018000, 0x007FFFFF, 0x80000000, 0x3F808000, 0x3F818000],
+                           dtype=torch.int64).to(torch.int32)
+    bits = torch.cat([random, upper | 0x8000, upper | 0x7FFF, upper | 0x8001, special, special | -2**31])
+    return bits.view(torch.float32).to(device)
+
+
+def _same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Bitwise equal, but any NaN for NaN (payloads differ between converters)."""
+    nan = want.isnan()
+    return torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+def test_fp32_to_bf16_in_kernels_rounds_to_nearest_even_as_the_gpu(device):
+    # The interpreter truncated (and garbled fp32 subnormals); cvt.rn.bf16.f32 rounds to nearest even, as
+    # torch does.
+    x = _fp32_patterns(device)
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=device)
+    _convert[(triton.cdiv(x.numel(), 4096),)](x, out, x.numel(), TO=tl.bfloat16, CUT=False, BLOCK=4096)
+    assert _same_values(out, x.to(torch.bfloat16))
+
+
+def test_fp32_to_bf16_toward_zero_in_kernels_cuts_the_pattern(device):
+    x = _fp32_patterns(device)
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=device)
+    _convert[(triton.cdiv(x.numel(), 4096),)](x, out, x.numel(), TO=tl.bfloat16, CUT=True, BLOCK=4096)
+    cut = (x.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+    assert _same_values(out, torch.where(x.isnan(), x.to(torch.bfloat16), cut))
+
+
+def test_a_bf16_dot_in_kernels_multiplies_the_values(device):
+    # The interpreter multiplied bf16 operands as their uint16 patterns.
+    g = torch.Generator().manual_seed(6)
+    a = torch.randn(16, 32, generator=g).to(torch.bfloat16).to(device)
+    b = torch.randn(32, 16, generator=g).to(torch.bfloat16).to(device)
+    c = torch.full((16, 16), float("nan"), device=device)
+    _dot[(1,)](a, b, c, M=16, N=16, K=32)
+    # Products of bf16 values are exact in fp32; fp32 sums of K terms in any order stay within K * 2**-24 of
+    # the sum of the magnitudes (Higham's bound), where integer-pattern products land far outside.
+    error = (c.double() - a.double() @ b.double()).abs()
+    assert (error <= 32 * 2.0**-24 * (a.double().abs() @ b.double().abs())).all(), error.max()

@@ -73,7 +73,7 @@ def configure(device: str | None = None) -> Environment:
         _skip_interpreter_overflow_checks()
         _patch_language_once_per_launch()
         _cache_interpreter_dtypes()
-        _widen_bf16_exactly()
+        _bf16_as_on_the_gpu()
     gpu = None
     if device == "cuda":
         major, minor = torch.cuda.get_device_capability()
@@ -175,29 +175,59 @@ def _cache_interpreter_dtypes() -> None:
     interpreter._get_np_dtype = memoised
 
 
-def _widen_bf16_exactly() -> None:
-    """Convert bf16 to fp32 in the interpreter by a 16-bit shift of the pattern, as the GPU does (exactly).
+def _bf16_as_on_the_gpu() -> None:
+    """Make the interpreter's bf16 conversions and bf16 `tl.dot` compute what an NVIDIA GPU computes.
 
-    The interpreter's generic float conversion takes some 300 us a 64 x 64 tile (every loaded bf16 operand
-    of a CPU scan passes there: about a tenth of its time) and turns bf16 subnormals into wrong values
-    (0x0001, 2**-133, becomes 0). A Triton whose builder has no `cast_impl` is left as it is."""
+    The interpreter stores bf16 as uint16 patterns. Its conversions go through a generic routine that turns
+    bf16 subnormals into other values, truncates fp32 -> bf16 (the GPU rounds to nearest even), and takes
+    some 300 us a 64 x 64 tile; its `tl.dot` multiplies bf16 operands as those integers. Here bf16 -> fp32 is
+    the 16-bit shift (exact), fp32 -> bf16 rounds the pattern to nearest even (or cuts it, for
+    fp_downcast_rounding="rtz"), NaN becoming 0x7FFF as `cvt.rn.bf16.f32` makes it, and a dot widens bf16
+    operands exactly to fp32 and accumulates in the accumulator's dtype, as a tensor core does. So a user's
+    bf16 kernel checked on the CPU computes the GPU's values (up to the order of a dot's sums). A Triton
+    whose builder lacks these methods is left as it is."""
     import numpy as np  # noqa: PLC0415
     import triton.language as tl  # noqa: PLC0415
     from triton.runtime import interpreter  # noqa: PLC0415
 
     builder = type(getattr(interpreter, "interpreter_builder", None))
     cast = getattr(builder, "cast_impl", None)
-    if cast is None or getattr(cast, "bf16_by_shift", False):
+    fp_to_fp = getattr(builder, "create_fp_to_fp", None)
+    dot = getattr(builder, "create_dot", None)
+    toward_zero = getattr(getattr(getattr(interpreter, "_ir", None), "ROUNDING_MODE", None), "RTZ", None)
+    if None in (cast, fp_to_fp, dot, toward_zero) or getattr(cast, "bf16_as_on_the_gpu", False):
         return
+    handle = interpreter.TensorHandle
+
+    def widened(data):  # bf16 patterns -> fp32, exactly
+        return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+    def narrowed(data, cut: bool):  # fp32 -> bf16 patterns
+        bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+        if not cut:  # to nearest even; a finite value past bf16's largest rounds to inf
+            bits = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+        return np.where(np.isnan(data), np.uint16(0x7FFF), (bits >> np.uint32(16)).astype(np.uint16))
 
     def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:  # bf16 is stored as uint16
-            return interpreter.TensorHandle((src.data.astype(np.uint32) << np.uint32(16)).view(np.float32),
-                                            dst_type.scalar)
+        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
+            return handle(widened(src.data), dst_type.scalar)
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return handle(narrowed(src.data, False), dst_type.scalar)
         return cast(self, src, dst_type)
 
-    cast_impl.bf16_by_shift = True
-    builder.cast_impl = cast_impl
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return handle(narrowed(src.data, rounding_mode == toward_zero), dst_type.scalar)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
+            a_data, b_data = (widened(h.data) if h.dtype.scalar == tl.bfloat16 else h.data for h in (a, b))
+            return handle(np.matmul(a_data, b_data, dtype=d.data.dtype) + d.data, d.dtype.scalar)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    cast_impl.bf16_as_on_the_gpu = True
+    builder.cast_impl, builder.create_fp_to_fp, builder.create_dot = cast_impl, create_fp_to_fp, create_dot
 
 
 def environment() -> Environment:
