@@ -38,8 +38,9 @@ def split(v):
 def operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """A tl.dot operand holding x rounded to DTYPE (the matmul precision).
 
-    bf16 dots are wrong in the interpreter, so there the operand stays fp32 with
-    bf16-exact values: what the tensor cores multiply on the GPU (a bf16 x converts exactly).
+    Triton's own interpreter multiplies bf16 dot operands as integers (core.runtime mends that when ssmcheck
+    configures it; these kernels do not rely on it), so there the operand stays fp32 with bf16-exact values:
+    what the tensor cores multiply on the GPU (a bf16 x converts exactly).
     """
     if DTYPE == tl.bfloat16 and INTERPRET:
         if x.dtype == tl.bfloat16:

@@ -19,8 +19,9 @@ random bits as the conversion drops, so the probability is never quantised.
 
 Every rounded value is computed as an fp32 bit pattern that is exactly
 representable in the target dtype; a bf16 result is its upper half, taken by
-bitcast, because Triton's interpreter converts fp32 -> bf16 wrongly (it
-truncates, and garbles fp32 subnormals).
+bitcast, because Triton's own interpreter converts fp32 -> bf16 wrongly (it
+truncates, and garbles fp32 subnormals; core.runtime mends that when ssmcheck
+configures it, and these kernels do not rely on it).
 
 Random bits come from Philox (`tl.randint4x`) keyed by the seed, with the
 element index as the counter. Philox costs far more than a memory-bound
@@ -145,7 +146,7 @@ def round_nearest(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     if DTYPE == tl.float32:
         return x
     elif (DTYPE == tl.bfloat16) and INTERPRET:
-        # The interpreter's own conversion truncates: round the bit pattern instead.
+        # Triton's own interpreter truncates here (the module docstring): round the bit pattern instead.
         return _bf16_from_upper_half(_bf16_nearest_bits(x))
     else:
         return x.to(DTYPE)
