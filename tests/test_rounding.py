@@ -28,7 +28,6 @@ from ssmcheck.ops.rounding.stochastic import (
     _fp16_continued,
     _fp16_normal,
     _round_with_words,
-    bf16_grid_nearest,
     round_to_storage,
     stochastic_round_tensor,
     triton_dtype,
@@ -44,11 +43,11 @@ BF16_MAX = (2 - 2**-7) * 2.0**127
 
 @triton.jit
 def _elementwise_kernel(x_ptr, out_ptr, n, seed, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr,
-                        N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr):
+                        N_ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
     x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
-    tl.store(out_ptr + offsets, round_to_storage(x, seed, offsets, DTYPE, STOCHASTIC, N_ROUNDS, INTERPRET),
+    tl.store(out_ptr + offsets, round_to_storage(x, seed, offsets, DTYPE, STOCHASTIC, N_ROUNDS),
              mask=inside)
 
 
@@ -65,13 +64,12 @@ def _words_kernel(x_ptr, w_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexp
 
 
 @triton.jit
-def _harmonic_kernel(out_ptr, steps, seed, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr,
-                     INTERPRET: tl.constexpr, TRIALS: tl.constexpr):
+def _harmonic_kernel(out_ptr, steps, seed, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, TRIALS: tl.constexpr):
     # TRIALS independent running sums s = round(s + 1/k), s held in DTYPE.
     trial = tl.arange(0, TRIALS)
     s = tl.zeros((TRIALS,), DTYPE)
     for k in range(1, steps + 1):
-        s = round_to_storage(s.to(tl.float32) + 1.0 / k, seed, k * TRIALS + trial, DTYPE, STOCHASTIC, 10, INTERPRET)
+        s = round_to_storage(s.to(tl.float32) + 1.0 / k, seed, k * TRIALS + trial, DTYPE, STOCHASTIC, 10)
     tl.store(out_ptr + trial, s)
 
 
@@ -81,7 +79,7 @@ def _elementwise(x: torch.Tensor, dtype, seed: int = 0, stochastic: bool = True,
     block = min(2**16, max(1024, triton.next_power_of_2(x.numel()))) if interpreting() else 1024
     _elementwise_kernel[(triton.cdiv(x.numel(), block),)](
         x, out, x.numel(), seed, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic, N_ROUNDS=philox_rounds,
-        INTERPRET=interpreting(), BLOCK=block)
+        BLOCK=block)
     return out
 
 
@@ -164,23 +162,6 @@ def _nearest_cases(seed: int, dtype) -> torch.Tensor:
 def test_nearest_matches_reference_bitwise(dtype, seed):
     x = _nearest_cases(seed, dtype)
     assert _same(_elementwise(x, dtype, stochastic=False), round_to(x, dtype, "nearest"))
-
-
-@triton.jit
-def _bf16_grid_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < n
-    tl.store(out_ptr + offsets, bf16_grid_nearest(tl.load(x_ptr + offsets, mask=inside)), mask=inside)
-
-
-@settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1))
-def test_bf16_grid_nearest_is_the_rounded_value_in_fp32(seed):
-    # The interpreter's bf16 matmul operands (chunk_scan.numerics.operand): fp32 holding bf16 values.
-    x = _nearest_cases(seed, torch.bfloat16)
-    out = torch.empty_like(x)
-    _bf16_grid_kernel[(triton.cdiv(x.numel(), 8192),)](x, out, x.numel(), BLOCK=8192)
-    assert _same(out, round_to(x, torch.bfloat16, "nearest").float())
 
 
 # --- stochastic rounding: fixed points, neighbours, exactness -------------------------------------
@@ -486,8 +467,7 @@ def test_nan_inf_zero_and_overflow(path, dtype):
 
 def _harmonic(dtype, steps: int, stochastic: bool, trials: int, DEVICE) -> torch.Tensor:
     out = torch.empty(trials, dtype=dtype, device=DEVICE)
-    _harmonic_kernel[(1,)](out, steps, 17, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic,
-                           INTERPRET=interpreting(), TRIALS=trials)
+    _harmonic_kernel[(1,)](out, steps, 17, DTYPE=triton_dtype(dtype), STOCHASTIC=stochastic, TRIALS=trials)
     return out.double()
 
 

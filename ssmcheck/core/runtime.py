@@ -70,10 +70,7 @@ def configure(device: str | None = None) -> Environment:
     import triton  # noqa: PLC0415  (deliberately late: see module docstring)
 
     if want_interpreter:
-        _skip_interpreter_overflow_checks()
-        _patch_language_once_per_launch()
-        _cache_interpreter_dtypes()
-        _bf16_as_on_the_gpu()
+        mend_interpreter()
     gpu = None
     if device == "cuda":
         major, minor = torch.cuda.get_device_capability()
@@ -87,6 +84,16 @@ def configure(device: str | None = None) -> Environment:
         python=platform.python_version(),
     )
     return _configured
+
+
+def mend_interpreter() -> None:
+    """Patch Triton's interpreter where it is slow or computes what no GPU computes (each patch once; a Triton
+    without the patched part is left as it is). `configure("cpu")` calls it, and so does importing
+    ssmcheck.ops under TRITON_INTERPRET: the built-in kernels' bf16 conversions and dots rely on it."""
+    _skip_interpreter_overflow_checks()
+    _patch_language_once_per_launch()
+    _cache_interpreter_dtypes()
+    _bf16_as_on_the_gpu()
 
 
 def _skip_interpreter_overflow_checks() -> None:

@@ -13,7 +13,7 @@ def _chunk_cb_kernel(
     C_ptr, B_ptr, chunk_token_ptr, chunk_len_ptr, cb_ptr,
     ngroups, dstate, stride_c_tok, stride_c_group, stride_c_state,
     stride_b_tok, stride_b_group, stride_b_state,
-    MM_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+    MM_DTYPE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -33,7 +33,7 @@ def _chunk_cb_kernel(
             bk = tl.load(B_ptr + (tok0 + k)[None, :] * stride_b_tok + g * stride_b_group
                          + d[:, None] * stride_b_state,
                          mask=(k[None, :] < n) & (d[:, None] < dstate), other=0.0)
-            acc = mma(operand(cm, MM_DTYPE, INTERPRET), operand(bk, MM_DTYPE, INTERPRET), acc)
+            acc = mma(operand(cm, MM_DTYPE), operand(bk, MM_DTYPE), acc)
         # Causal: zero above the diagonal, so that the output stage needs no mask of its own (chunk_output).
         acc = tl.where(k[None, :] <= m[:, None], acc, 0.0)
     tl.store(cb_ptr + ((tl.cast(c, tl.int64) * ngroups + g) * CHUNK + m[:, None]) * CHUNK + k[None, :], acc)
@@ -62,6 +62,6 @@ def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | 
     _chunk_cb_kernel[grid](
         C, B, table.chunk_token, table.chunk_len, cb,
         ngroups, dstate, *C.stride(), *B.stride(),
-        MM_DTYPE=mm_dtype, INTERPRET=interpret, CHUNK=cs, **cfg,
+        MM_DTYPE=mm_dtype, CHUNK=cs, **cfg,
     )
     return cb

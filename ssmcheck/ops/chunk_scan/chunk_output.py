@@ -39,7 +39,7 @@ def _chunk_output_kernel(
     stride_c_tok, stride_c_group, stride_c_state,
     stride_y_tok, stride_y_head, stride_y_dim,
     HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr,
-    MM_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+    MM_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -62,7 +62,7 @@ def _chunk_output_kernel(
     # The incoming state, (dstate, headdim block), rounded to the matmul dtype once.
     state_base = states_ptr + (c * nheads + h) * headdim * dstate
     st = operand(tl.load(state_base + p[None, :] * dstate + d[:, None], mask=pv[None, :] & dv[:, None], other=0.0),
-                 MM_DTYPE, INTERPRET)
+                 MM_DTYPE)
     if HAS_D:
         if D_PER_CHANNEL:
             Dh = tl.load(D_ptr + h * headdim + p, mask=pv, other=0.0).to(tl.float32)[None, :]
@@ -85,7 +85,7 @@ def _chunk_output_kernel(
         # Incoming state: exp(dA_m) * C_m · state_inᵀ.
         cm = tl.load(c_chunk + m[:, None] * stride_c_tok + d[None, :] * stride_c_state,
                      mask=mv[:, None] & dv[None, :], other=0.0)
-        acc = mma(operand(cm, MM_DTYPE, INTERPRET), st, tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32))
+        acc = mma(operand(cm, MM_DTYPE), st, tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32))
         acc = acc * decay2(hi_m, mv)[:, None]
         # Intra-chunk: (C·Bᵀ ∘ decay ∘ dt) · x, causal through C·Bᵀ (the module's docstring), the scores
         # rounded to the matmul dtype.
@@ -101,7 +101,7 @@ def _chunk_output_kernel(
             log2_decay = (hi_m[:, None] - hi_k[None, :]) + (lo_m[:, None] - lo_k[None, :])
             scores = cb * decay2(log2_decay, True) * dt_k[None, :]
             xk = tl.load(x_chunk + k[:, None] * stride_x_tok + x_cols, mask=kv[:, None] & pv[None, :], other=0.0)
-            acc = mma(operand(scores, MM_DTYPE, INTERPRET), operand(xk, MM_DTYPE, INTERPRET), acc)
+            acc = mma(operand(scores, MM_DTYPE), operand(xk, MM_DTYPE), acc)
 
         out_mask = mv[:, None] & pv[None, :]
         if HAS_D:
@@ -114,7 +114,7 @@ def _chunk_output_kernel(
         # Saturated: a finite y past fp16's range is stored as 65504, never inf (core.formats.saturate).
         y_chunk = y_ptr + tok0 * stride_y_tok + h * stride_y_head
         tl.store(y_chunk + m[:, None] * stride_y_tok + p[None, :] * stride_y_dim,
-                 round_saturating(acc, OUT_DTYPE, INTERPRET), mask=out_mask)
+                 round_saturating(acc, OUT_DTYPE), mask=out_mask)
 
 
 @triton.jit
@@ -173,6 +173,6 @@ def chunk_output(x, z, C, D, cb, dt_proc, dA_cs, states, y, mm_dtype, table: Chu
         nheads, ngroups, headdim, dstate,
         *x.stride(), *zz.stride(), *C.stride(), *y.stride(),
         HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
-        MM_DTYPE=mm_dtype, OUT_DTYPE=triton_dtype(y.dtype), INTERPRET=interpret, CHUNK=cs,
+        MM_DTYPE=mm_dtype, OUT_DTYPE=triton_dtype(y.dtype), CHUNK=cs,
         BLOCK_D=max(16, triton.next_power_of_2(dstate)), **cfg,
     )

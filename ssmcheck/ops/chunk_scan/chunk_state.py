@@ -25,7 +25,7 @@ def _chunk_state_kernel(
     nheads, ngroups, headdim, dstate,
     stride_x_tok, stride_x_head, stride_x_dim,
     stride_b_tok, stride_b_group, stride_b_state,
-    MM_DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+    MM_DTYPE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Chunks vary slowest, so the programs of one chunk run together and share B in L2.
@@ -55,7 +55,7 @@ def _chunk_state_kernel(
         bt = tl.load(b_chunk + t[:, None] * stride_b_tok, mask=tv[:, None] & dv[None, :], other=0.0)
         # Token t's weight: exp(dA_last - dA_t) * dt_t (the fp64 difference keeps small segments exact).
         w = decay2((dA_last - tl.load(dA_cs_ptr + row + t)).to(tl.float32) * LOG2E, tv) * tl.load(dt_ptr + row + t)
-        acc = mma(operand(xt.to(tl.float32) * w[None, :], MM_DTYPE, INTERPRET), operand(bt, MM_DTYPE, INTERPRET), acc)
+        acc = mma(operand(xt.to(tl.float32) * w[None, :], MM_DTYPE), operand(bt, MM_DTYPE), acc)
     out = local_ptr + (c * nheads + h) * headdim * dstate
     tl.store(out + p[:, None] * dstate + d[None, :], acc, mask=pv[:, None] & dv[None, :])
 
@@ -86,6 +86,6 @@ def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bo
     _chunk_state_kernel[grid](
         x, B, dt_proc, dA_cs, table.chunk_token, table.chunk_len, local,
         nheads, ngroups, headdim, dstate, *x.stride(), *B.stride(),
-        MM_DTYPE=mm_dtype, INTERPRET=interpret, CHUNK=table.chunk_size, **cfg,
+        MM_DTYPE=mm_dtype, CHUNK=table.chunk_size, **cfg,
     )
     return local

@@ -7,8 +7,6 @@ in one place, so every stage rounds and guards the same way.
 import triton
 import triton.language as tl
 
-from ssmcheck.ops.rounding.stochastic import bf16_grid_nearest
-
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(v) = exp2(v * LOG2E)
 
@@ -35,20 +33,11 @@ def split(v):
 
 
 @triton.jit
-def operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """A tl.dot operand holding x rounded to DTYPE (the matmul precision).
-
-    Triton's own interpreter multiplies bf16 dot operands as integers (core.runtime mends that when ssmcheck
-    configures it; these kernels do not rely on it), so there the operand stays fp32 with bf16-exact values:
-    what the tensor cores multiply on the GPU (a bf16 x converts exactly).
-    """
-    if DTYPE == tl.bfloat16 and INTERPRET:
-        if x.dtype == tl.bfloat16:
-            return x.to(tl.float32)
-        else:
-            return bf16_grid_nearest(x.to(tl.float32))
-    else:
-        return x.to(DTYPE)
+def operand(x, DTYPE: tl.constexpr):
+    """A tl.dot operand holding x rounded to DTYPE (the matmul precision), to nearest even: what the tensor
+    cores multiply. (In the interpreter, bf16 conversions and dots compute the GPU's values: the launchers
+    mend Triton's interpreter first, core.runtime.mend_interpreter.)"""
+    return x.to(DTYPE)
 
 
 @triton.jit

@@ -26,7 +26,7 @@ def _state_passing_kernel(
     local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed,
     nheads, headdim, dstate,
     stride_init_seq, stride_init_head, stride_init_dim, stride_init_state,
-    HAS_INIT: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_INIT: tl.constexpr,
     STATE_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, N_ROUNDS: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -53,14 +53,14 @@ def _state_passing_kernel(
     for c in tl.range(c_first, c_end, num_stages=3):
         ch = tl.cast(c, tl.int64) * nheads + h
         at = ch * head_size + e
-        tl.store(states_ptr + at, round_to_storage(state, seed, at - first, STATE_DTYPE, STOCHASTIC, N_ROUNDS,
-                                                   INTERPRET), mask=ev)
+        tl.store(states_ptr + at, round_to_storage(state, seed, at - first, STATE_DTYPE, STOCHASTIC, N_ROUNDS),
+                 mask=ev)
         dA_last = tl.load(dA_last_ptr + ch * CHUNK).to(tl.float32)
         state = state * tl.exp(tl.minimum(dA_last, 0.0)) + tl.load(local_ptr + at, mask=ev, other=0.0)
     at = (s * nheads + h) * head_size + e
     # The final state counts as the state entering the chunk after the sequence's last.
     counter = (tl.cast(c_end - c_first, tl.int64) * nheads + h) * head_size + e
-    tl.store(final_ptr + at, round_to_storage(state, seed, counter, STATE_DTYPE, STOCHASTIC, N_ROUNDS, INTERPRET),
+    tl.store(final_ptr + at, round_to_storage(state, seed, counter, STATE_DTYPE, STOCHASTIC, N_ROUNDS),
              mask=ev)
 
 
@@ -83,7 +83,7 @@ def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, s
         local, dA_cs, init, table.seq_chunk, states, final, seed,
         nheads, headdim, dstate,
         *(init.stride() if initial_states is not None else (0, 0, 0, 0)),
-        HAS_INIT=initial_states is not None, INTERPRET=interpret,
+        HAS_INIT=initial_states is not None,
         STATE_DTYPE=triton_dtype(state_dtype), STOCHASTIC=stochastic, N_ROUNDS=DEFAULT_PHILOX_ROUNDS,
         CHUNK=table.chunk_size, **cfg,
     )

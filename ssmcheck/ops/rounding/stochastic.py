@@ -19,9 +19,8 @@ random bits as the conversion drops, so the probability is never quantised.
 
 Every rounded value is computed as an fp32 bit pattern that is exactly
 representable in the target dtype; a bf16 result is its upper half, taken by
-bitcast, because Triton's own interpreter converts fp32 -> bf16 wrongly (it
-truncates, and garbles fp32 subnormals; core.runtime mends that when ssmcheck
-configures it, and these kernels do not rely on it).
+bitcast (the pattern is already the rounded value; a conversion would round it
+again).
 
 Random bits come from Philox (`tl.randint4x`) keyed by the seed, with the
 element index as the counter. Philox costs far more than a memory-bound
@@ -117,7 +116,7 @@ def check_rounding(dtype: torch.dtype, rounding: str, seed: int, philox_rounds: 
 
 
 @triton.jit
-def round_saturating(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+def round_saturating(x, DTYPE: tl.constexpr):
     """fp32 block -> DTYPE as round_nearest, but a finite value past DTYPE's largest finite value becomes
     that value (sign kept) instead of inf; inf and NaN pass through (core.formats.saturate says why).
     For outputs, whose fp32 results may lie beyond fp16's range while the arithmetic is still finite."""
@@ -131,7 +130,7 @@ def round_saturating(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
         # Comparisons, not tl.minimum/maximum: they leave NaN alone, and inf is compared away from them.
         finite_big = (x > big) & (x != float("inf"))
         finite_small = (x < -big) & (x != float("-inf"))
-        return round_nearest(tl.where(finite_big, big, tl.where(finite_small, -big, x)), DTYPE, INTERPRET)
+        return round_nearest(tl.where(finite_big, big, tl.where(finite_small, -big, x)), DTYPE)
 
 
 @triton.jit
@@ -141,33 +140,13 @@ def _bf16_from_upper_half(bits):
 
 
 @triton.jit
-def round_nearest(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """fp32 block -> DTYPE, round to nearest even (overflow to inf, NaN kept)."""
+def round_nearest(x, DTYPE: tl.constexpr):
+    """fp32 block -> DTYPE, round to nearest even (overflow to inf, NaN kept). (In the interpreter the
+    launchers mend Triton's bf16 conversion first: core.runtime.mend_interpreter.)"""
     if DTYPE == tl.float32:
         return x
-    elif (DTYPE == tl.bfloat16) and INTERPRET:
-        # Triton's own interpreter truncates here (the module docstring): round the bit pattern instead.
-        return _bf16_from_upper_half(_bf16_nearest_bits(x))
     else:
         return x.to(DTYPE)
-
-
-@triton.jit
-def _bf16_nearest_bits(x):
-    """fp32 block -> the fp32 bit patterns whose upper halves are x rounded to nearest even bf16 (the
-    lower halves are left as they are)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = bits + (0x7FFF + ((bits >> 16) & 1))
-    # Keep NaN a NaN in the upper half: set the quiet bit.
-    return tl.where(x != x, bits | 0x00400000, rounded)
-
-
-@triton.jit
-def bf16_grid_nearest(x):
-    """fp32 block -> fp32 block holding x rounded to nearest even bf16: what a tensor core multiplies when
-    given x in bf16. Bit operations alone: the interpreter converts to and from bf16 slowly (numpy per bit)
-    and the chunk scan's bf16 operands pass here in every interpreted program (numerics.operand)."""
-    return (_bf16_nearest_bits(x) & 0xFFFF0000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -383,14 +362,14 @@ def _fp16_continued(x, r16, w0, w1, w2, w3):
 
 @triton.jit
 def round_to_storage(x, seed, offsets, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr,
-                     N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr):
+                     N_ROUNDS: tl.constexpr):
     """fp32 block -> DTYPE: unchanged for fp32, else software SR or round to nearest even."""
     if DTYPE == tl.float32:
         return x
     elif STOCHASTIC:
         return stochastic_round(x, seed, offsets, DTYPE, N_ROUNDS)
     else:
-        return round_nearest(x, DTYPE, INTERPRET)
+        return round_nearest(x, DTYPE)
 
 
 @triton.jit

@@ -214,7 +214,7 @@ def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr,
     tl.store(ptrs, state, mask=inside & (not skip_state), cache_modifier=".cs")
     R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
-    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE, INTERPRET), mask=p < headdim)
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE), mask=p < headdim)
 
 
 @triton.jit
@@ -402,7 +402,7 @@ def _state_update_kernel(
                                                   BLOCK_N),)
         for group in tl.static_range(GROUPS):
             state, y = advanced[group]
-            _store_group(group, pid_p, b, slot, h, headdim, dstate, round_nearest(state, STATE_DTYPE, INTERPRET), y,
+            _store_group(group, pid_p, b, slot, h, headdim, dstate, round_nearest(state, STATE_DTYPE), y,
                          state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P,
                          BLOCK_N)
 
