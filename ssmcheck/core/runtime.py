@@ -210,28 +210,29 @@ def _bf16_as_on_the_gpu() -> None:
         return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
     def narrowed(data, cut: bool):  # fp32 -> bf16 patterns
-        bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+        bits = np.asarray(data, dtype=np.float32).view(np.uint32)
         if not cut:  # to nearest even; a finite value past bf16's largest rounds to inf
             bits = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
         return np.where(np.isnan(data), np.uint16(0x7FFF), (bits >> np.uint32(16)).astype(np.uint16))
 
-    def cast_impl(self, src, dst_type):
+    # Other arguments pass through as given: Triton versions differ in them.
+    def cast_impl(self, src, dst_type, *rest, **options):
         if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
             return handle(widened(src.data), dst_type.scalar)
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
             return handle(narrowed(src.data, False), dst_type.scalar)
-        return cast(self, src, dst_type)
+        return cast(self, src, dst_type, *rest, **options)
 
-    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    def create_fp_to_fp(self, src, dst_type, rounding_mode, *rest, **options):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
             return handle(narrowed(src.data, rounding_mode == toward_zero), dst_type.scalar)
-        return fp_to_fp(self, src, dst_type, rounding_mode)
+        return fp_to_fp(self, src, dst_type, rounding_mode, *rest, **options)
 
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    def create_dot(self, a, b, d, *rest, **options):
         if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
             a_data, b_data = (widened(h.data) if h.dtype.scalar == tl.bfloat16 else h.data for h in (a, b))
             return handle(np.matmul(a_data, b_data, dtype=d.data.dtype) + d.data, d.dtype.scalar)
-        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        return dot(self, a, b, d, *rest, **options)
 
     cast_impl.bf16_as_on_the_gpu = True
     builder.cast_impl, builder.create_fp_to_fp, builder.create_dot = cast_impl, create_fp_to_fp, create_dot
