@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import sr_model
 
 from ssmcheck.core import runtime
-from ssmcheck.ops.common import interpreting
+from ssmcheck.ops import interpreting
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.rounding.stochastic import (
     DEFAULT_PHILOX_ROUNDS,
@@ -146,21 +146,17 @@ def _random_fp32(seed: int, n: int) -> torch.Tensor:
 # --- round to nearest ---------------------------------------------------------------------------
 
 
-def _nearest_cases(seed: int, dtype) -> torch.Tensor:
-    """_random_fp32's values, the exact ties between their dtype neighbours (the even rule), and non-finite ones."""
-    x = _random_fp32(seed, 4096)
-    near = x.abs().to(dtype)
-    following = (near.view(torch.int16) + 1).view(dtype)
-    tie = torch.copysign((near.double() + following.double()) / 2, x.double()).float()
-    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")], device=DEVICE)
-    return torch.cat([x, tie[torch.isfinite(tie)], specials])
-
-
 @pytest.mark.parametrize("dtype", LOW)
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_nearest_matches_reference_bitwise(dtype, seed):
-    x = _nearest_cases(seed, dtype)
+    x = _random_fp32(seed, 4096)
+    # Exact ties between neighbours (the even rule), and non-finite values.
+    near = x.abs().to(dtype)
+    following = (near.view(torch.int16) + 1).view(dtype)
+    tie = torch.copysign((near.double() + following.double()) / 2, x.double()).float()
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")], device=DEVICE)
+    x = torch.cat([x, tie[torch.isfinite(tie)], specials])
     assert _same(_elementwise(x, dtype, stochastic=False), round_to(x, dtype, "nearest"))
 
 

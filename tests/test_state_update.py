@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import sr_model
 
 from ssmcheck.core import runtime
-from ssmcheck.ops.common import interpreting
+from ssmcheck.ops import interpreting
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS
 from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
 from ssmcheck.ops.state_update.naive import state_update_step

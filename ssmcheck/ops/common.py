@@ -1,18 +1,7 @@
-"""What the chunk scan and the state update share: whether Triton interprets, and softplus in Triton."""
-
-import os
+"""What the chunk scan and the state update share in Triton: softplus."""
 
 import triton
 import triton.language as tl
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels through its interpreter: TRITON_INTERPRET read as Triton reads it
-    (1, true, on, yes or y, in any case).
-
-    What a kernel entry point's `interpret=None` stands for.
-    """
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y")
 
 
 @triton.jit

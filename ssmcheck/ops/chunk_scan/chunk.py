@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.ops.common import interpreting
+from ssmcheck.ops import interpreting
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, check_rounding, triton_dtype
 
 from .chunk_cb import chunk_cb

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ssmcheck.core.formats import DTYPES, ROUNDINGS
-from ssmcheck.ops.common import interpreting
+from ssmcheck.ops import interpreting
 
 ROUNDING_IMPLS = ("software", "hardware")
 HARDWARE_SR_CAPABILITY = (10, 0)

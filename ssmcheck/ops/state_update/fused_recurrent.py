@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ssmcheck.ops.common import interpreting, softplus
+from ssmcheck.ops import interpreting
+from ssmcheck.ops.common import softplus
 from ssmcheck.ops.rounding.stochastic import (
     DEFAULT_PHILOX_ROUNDS,
     check_rounding,
@@ -205,8 +206,8 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
 
 @triton.jit
 def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr,
-                 BLOCK_N: tl.constexpr, skip_state=False):
+                 o_p, OUT_DTYPE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                 skip_state=False):
     """Store row group `group`'s rounded state (into its slot of the pool; not where skip_state) and its output
     (row b, saturated: core.formats.saturate)."""
     ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
@@ -238,7 +239,7 @@ def _sr_group(group, t, words, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr,
     else:
         state, redo = stochastic_round_pairs(state, words, STATE_DTYPE)
     _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
-                 o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P, BLOCK_N, redo)
+                 o_p, OUT_DTYPE, GROUPS, BLOCK_P, BLOCK_N, redo)
     return redo
 
 
@@ -403,8 +404,7 @@ def _state_update_kernel(
         for group in tl.static_range(GROUPS):
             state, y = advanced[group]
             _store_group(group, pid_p, b, slot, h, headdim, dstate, round_nearest(state, STATE_DTYPE), y,
-                         state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, INTERPRET, GROUPS, BLOCK_P,
-                         BLOCK_N)
+                         state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, OUT_DTYPE, GROUPS, BLOCK_P, BLOCK_N)
 
 
 def _check(cond: bool, message: Callable[[], str]) -> None:
