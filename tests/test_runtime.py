@@ -57,6 +57,13 @@ def test_cannot_switch_mode_after_triton_import():
         runtime.configure(other)
 
 
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "y", "On", "0", "false", "off", "no", ""])
+def test_triton_INTERPRET_is_read_as_triton_reads_it(value, monkeypatch):
+    # configure's choice of device and the kernels' interpret=None must agree with Triton's own reading.
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert runtime.interpreting() == triton.knobs.runtime.interpret
+
+
 def test_environment_is_reported():
     env = runtime.environment().as_dict()
     assert set(env) >= {"device", "torch", "triton", "interpreter"}
@@ -151,6 +158,55 @@ def test_the_interpreter_dtype_lookup_is_memoised_and_answers_as_before():
     assert r.returncode == 0, r.stderr
     memoised, checked, bf16 = r.stdout.split()
     assert memoised == "True" and int(checked) >= 60 and bf16 == "uint16"
+
+
+_TILE_TYPES = """
+from ssmcheck.core import runtime
+runtime.configure('cpu')
+import triton.language as tl
+block_init, tensor_init = tl.block_type.__init__.original, tl.tensor.__init__.original
+
+def plain(value):  # attributes made comparable: Triton tuples and constexprs by their values
+    if isinstance(value, tl.core.tuple):
+        return ('tuple', [plain(v) for v in value.values])
+    if isinstance(value, tl.constexpr):
+        return ('constexpr', value.value)
+    return value
+
+def attributes(obj, skip=()):
+    return {k: plain(v) for k, v in vars(obj).items() if k not in skip}
+
+elements = [tl.float32, tl.bfloat16, tl.int1, tl.uint32, tl.pointer_type(tl.float16)]
+shapes = [[1], [16], [4, 8], [2, 1, 64], [tl.constexpr(8), 2], tl.block_type(tl.int8, [32, 2]).shape]
+checked = 0
+for element in elements:
+    for shape in shapes * 2:  # twice: the second construction comes from the memo
+        want = object.__new__(tl.block_type)
+        block_init(want, element, shape)
+        got = tl.block_type(element, shape)
+        assert attributes(got) == attributes(want), (attributes(got), attributes(want))
+        for ty in (got, element):
+            want_t = object.__new__(tl.tensor)
+            tensor_init(want_t, 'h', ty)
+            got_t = tl.tensor('h', ty)
+            assert attributes(got_t) == attributes(want_t), (attributes(got_t), attributes(want_t))
+            checked += 1
+shared = tl.block_type(tl.float32, [4, 8]).shape is tl.block_type(tl.float32, [4, 8]).shape
+errors = []
+for bad in ([3], [], [16, tl.constexpr(5)]):
+    try:
+        tl.block_type(tl.float32, bad)
+    except (TypeError, ValueError) as e:
+        errors.append(type(e).__name__)
+print(checked, shared, *errors)
+"""
+
+
+def test_the_interpreter_memoises_tile_types_and_builds_them_as_before():
+    # Each tile op built a block type and a tensor, formatting names and Triton tuples: a third of a CPU scan.
+    r = _fresh(_TILE_TYPES)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["120", "True", "ValueError", "TypeError", "ValueError"]
 
 
 @triton.jit

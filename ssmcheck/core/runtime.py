@@ -37,8 +37,13 @@ class Environment:
 _configured: Environment | None = None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its interpreter: TRITON_INTERPRET read as Triton reads it
+    (1, true, on, yes or y, in any case).
+
+    What a kernel entry point's `interpret=None` stands for.
+    """
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y")
 
 
 def configure(device: str | None = None) -> Environment:
@@ -52,13 +57,13 @@ def configure(device: str | None = None) -> Environment:
     if device is not None and device not in DEVICES:
         raise DeviceError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
     if device is None:
-        device = "cuda" if torch.cuda.is_available() and not _interpreting() else "cpu"
+        device = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise DeviceError("device 'cuda' requested but torch sees no CUDA GPU")
     want_interpreter = device == "cpu"
     if "triton" in sys.modules:
-        if _interpreting() != want_interpreter:
-            mode = "interpreter" if _interpreting() else "compiled"
+        if interpreting() != want_interpreter:
+            mode = "interpreter" if interpreting() else "compiled"
             raise DeviceError(
                 f"triton was already imported in {mode} mode; cannot switch to device {device!r}"
             )
@@ -93,6 +98,7 @@ def mend_interpreter() -> None:
     _skip_interpreter_overflow_checks()
     _patch_language_once_per_launch()
     _cache_interpreter_dtypes()
+    _memoise_tile_types()
     _bf16_as_on_the_gpu()
 
 
@@ -180,6 +186,58 @@ def _cache_interpreter_dtypes() -> None:
     memoised.memoised = True
     memoised.lookup = lookup  # the original, for tests
     interpreter._get_np_dtype = memoised
+
+
+def _memoise_tile_types() -> None:
+    """Memoise what Triton's tile type and tile constructors derive from a shape.
+
+    Every tile op of an interpreted kernel builds a `block_type` and a `tensor`, and each construction
+    validates the shape, formats a name and builds Triton tuples of constexprs from it: a third of a CPU
+    scan's time. The first construction for a shape (and element type) runs Triton's own constructor and
+    keeps the attributes it derived from the shape; later ones share them (Triton never changes them in
+    place). A Triton whose constructors take other parameters is left as it is."""
+    import builtins  # noqa: PLC0415
+    import inspect  # noqa: PLC0415
+
+    import triton.language as tl  # noqa: PLC0415
+
+    block_type, tensor, constexpr = tl.core.block_type, tl.core.tensor, tl.core.constexpr
+    block_init, tensor_init = block_type.__init__, tensor.__init__
+    if getattr(block_init, "memoised", False):
+        return
+    if (list(inspect.signature(block_init).parameters) != ["self", "element_ty", "shape"]
+            or list(inspect.signature(tensor_init).parameters) != ["self", "handle", "type"]):
+        return
+    blocks = {}  # (element type's name, shape) -> the block type's other attributes
+    tensors = {}  # shape -> a tensor's attributes other than its handle, type and dtype
+
+    def memoised_block_init(self, element_ty, shape):
+        try:
+            key = (str(element_ty), builtins.tuple(s.value if isinstance(s, constexpr) else s for s in shape))
+            derived = blocks.get(key)
+        except TypeError:  # not a shape of hashable entries: Triton's constructor says what is wrong with it
+            key = derived = None
+        if derived is None:
+            block_init(self, element_ty, shape)
+            if key is not None:
+                blocks[key] = {k: v for k, v in vars(self).items() if k != "element_ty"}
+            return
+        self.element_ty = element_ty
+        self.__dict__.update(derived)
+
+    def memoised_tensor_init(self, handle, type):  # noqa: A002  (Triton's name)
+        key = builtins.tuple(type.shape) if type.is_block() else ()
+        derived = tensors.get(key)
+        if derived is None:
+            tensor_init(self, handle, type)
+            tensors[key] = {k: v for k, v in vars(self).items() if k not in ("handle", "type", "dtype")}
+            return
+        self.handle, self.type, self.dtype = handle, type, type.scalar
+        self.__dict__.update(derived)
+
+    memoised_block_init.memoised = True
+    memoised_block_init.original, memoised_tensor_init.original = block_init, tensor_init  # for tests
+    block_type.__init__, tensor.__init__ = memoised_block_init, memoised_tensor_init
 
 
 def _bf16_as_on_the_gpu() -> None:
