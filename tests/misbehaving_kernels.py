@@ -8,7 +8,8 @@ Each wraps a correct kernel (the torch baseline), so whatever it does not break 
   is 1, so a sweep over --batch 1,2 shows the case after them still running;
 - the *_printing kernels print on every call, from Python and at the file-descriptor level;
 - the *_by_batch kernels pick a way to die from the batch size (BY_BATCH): one sweep over
-  several batch sizes runs a crash, an exit and a hang between correct cases.
+  several batch sizes runs a crash, an exit and a hang between correct cases;
+- the *_cuda_only kernels enter `torch.cuda.device` at batch 1, as GPU-only kernels do.
 
 `ScriptedRunner` misbehaves one level up, as the runner core.isolation's worker calls.
 """
@@ -45,6 +46,11 @@ def _misbehave(how: str | None) -> None:
         os._exit(0)
     elif how == "hang":
         time.sleep(HANG_SECONDS)
+    elif how == "cuda":
+        # As mamba_ssm's kernels do, with a CPU tensor's device index (None): on a machine without CUDA
+        # torch.cuda raises a TypeError that does not say why.
+        with torch.cuda.device(torch.device("cpu").index):
+            pass
 
 
 def _scan_kernel(pick):
@@ -82,12 +88,14 @@ scan_sys_exit_3 = _scan_kernel(_at_batch_1("sys_exit_3"))
 scan_keyboard_interrupt = _scan_kernel(_at_batch_1("keyboard_interrupt"))
 scan_printing = _scan_kernel(_always("print"))
 scan_by_batch = _scan_kernel(BY_BATCH.get)
+scan_cuda_only = _scan_kernel(_at_batch_1("cuda"))
 
 drift_sys_exit_0 = _drift_kernel(_at_batch_1("sys_exit_0"))
 drift_sys_exit_3 = _drift_kernel(_at_batch_1("sys_exit_3"))
 drift_keyboard_interrupt = _drift_kernel(_at_batch_1("keyboard_interrupt"))
 drift_printing = _drift_kernel(_always("print"))
 drift_by_batch = _drift_kernel(BY_BATCH.get)
+drift_cuda_only = _drift_kernel(_at_batch_1("cuda"))
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ level) lands in its case's `stdout`, not in the report. Driven through the CLI, 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ssmcheck.core.capture import Transcript, captured_stdout
 from tests.cli_invoke import invoke
@@ -45,6 +47,22 @@ def test_a_drift_kernel_that_exits_or_interrupts_is_its_case_error(tmp_path, nam
     assert result.exit_code == 4, result.output
     assert _statuses(report) == ["error", "pass"]
     assert report["cases"][0]["message"] == f"{message} (trial 0, step 1)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("command", ["scan", "drift"])
+def test_a_kernel_that_needs_cuda_on_the_cpu_is_told_so(tmp_path, command):
+    # mamba_ssm's kernels on the CPU raised "TypeError: '<' not supported between instances of 'NoneType'
+    # and 'int'" from inside torch.cuda: the message now names the call and the reason.
+    args = SCAN if command == "scan" else DRIFT
+    result, report = invoke(command, "--kernel", f"{KERNELS}:{command}_cuda_only", *args,
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 4, result.output
+    assert _statuses(report) == ["error", "pass"]
+    message = report["cases"][0]["message"]
+    assert message.startswith("TypeError: '<' not supported"), message
+    assert re.search(r"\(the kernel called torch\.cuda at \S*misbehaving_kernels\.py:\d+, and this machine has no "
+                     r"CUDA GPU\)", message), message
 
 
 def _printed_only_under_cases(stdout: str) -> bool:

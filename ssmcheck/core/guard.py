@@ -26,16 +26,35 @@ class KernelExit(RuntimeError):
 def describe(exc: BaseException) -> str:
     """'TypeName: message'; for an exception without a message (a bare `assert` in a peer's kernel),
     where it was raised instead: 'AssertionError at mamba_ssm/ops/triton/ssd_combined.py:418:
-    assert initial_states.shape == ...', the file named from its import root."""
+    assert initial_states.shape == ...', the file named from its import root. Either way followed by
+    the reason when a kernel needed CUDA where there is none (`_without_cuda`)."""
     text = str(exc).strip()
-    if text:
-        return f"{type(exc).__name__}: {text}"
     frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
+    if text:
+        said = f"{type(exc).__name__}: {text}"
+    elif not frames:
         return type(exc).__name__
-    frame = frames[-1]
-    return f"{type(exc).__name__} at {_importable(frame.filename)}:{frame.lineno}" + (
-        f": {frame.line.strip()}" if frame.line else "")
+    else:
+        frame = frames[-1]
+        said = f"{type(exc).__name__} at {_importable(frame.filename)}:{frame.lineno}" + (
+            f": {frame.line.strip()}" if frame.line else "")
+    return said + _without_cuda(frames)
+
+
+def _without_cuda(frames: list[traceback.FrameSummary]) -> str:
+    """' (the kernel called torch.cuda at FILE:LINE, and this machine has no CUDA GPU)' when the exception
+    was raised inside torch.cuda on a machine without one: a GPU-only kernel (mamba_ssm's enters
+    `torch.cuda.device`) run on the CPU, whose own message ('Torch not compiled with CUDA enabled', or a
+    TypeError about a None device index) does not say so. '' otherwise."""
+    if torch.cuda.is_available():
+        return ""
+    cuda = Path(torch.cuda.__file__).resolve().parent
+    inside = [i for i, f in enumerate(frames) if cuda in Path(f.filename).resolve().parents]
+    if not inside:
+        return ""
+    caller = frames[inside[0] - 1] if inside[0] > 0 else None
+    where = f" at {_importable(caller.filename)}:{caller.lineno}" if caller is not None else ""
+    return f" (the kernel called torch.cuda{where}, and this machine has no CUDA GPU)"
 
 
 def _importable(filename: str) -> str:
