@@ -76,8 +76,10 @@ def test_what_a_scan_kernel_prints_goes_to_its_case(tmp_path):
     result, report = invoke("scan", "--kernel", f"{KERNELS}:scan_printing", *SCAN, json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
     assert _printed_only_under_cases(result.stdout)
-    # Printed in both calls of each case: as it is, and without D and z (the SSM part).
-    assert [case["stdout"] for case in report["cases"]] == ["noise\nc-level noise\n" * 2] * 2
+    # Printed in both calls of each case: as it is, and without D and z (the SSM part); on a GPU also in the
+    # warm-up call before them (which compiles Triton kernels outside the timed call).
+    calls = 3 if torch.cuda.is_available() else 2
+    assert [case["stdout"] for case in report["cases"]] == ["noise\nc-level noise\n" * calls] * 2
 
 
 def test_what_a_drift_kernel_prints_accumulates_over_its_steps(tmp_path):
