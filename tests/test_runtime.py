@@ -209,6 +209,28 @@ def test_the_interpreter_memoises_tile_types_and_builds_them_as_before():
     assert r.stdout.split() == ["120", "True", "ValueError", "TypeError", "ValueError"]
 
 
+_LISTED_SHAPES = """
+import os
+os.environ['TRITON_INTERPRET'] = '1'
+import triton.language as tl
+def listed_init(self, handle, type):  # as an older Triton might: the shape a list, which its holder may change
+    self.handle, self.type, self.dtype = handle, type, type.scalar
+    self.shape = [tl.constexpr(s) for s in type.shape]
+tl.tensor.__init__ = listed_init
+from ssmcheck.core import runtime
+runtime.configure('cpu')
+ty = tl.block_type(tl.float32, [4, 8])
+a, b = tl.tensor('a', ty), tl.tensor('b', ty)
+print(tl.tensor.__init__.original is listed_init, a.shape is b.shape, [s.value for s in b.shape])
+"""
+
+
+def test_the_tile_type_memo_shares_no_list():
+    r = _fresh(_LISTED_SHAPES)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "[4,", "8]"]
+
+
 @triton.jit
 def _convert(src_ptr, dst_ptr, n, TO: tl.constexpr, CUT: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -194,8 +194,9 @@ def _memoise_tile_types() -> None:
     Every tile op of an interpreted kernel builds a `block_type` and a `tensor`, and each construction
     validates the shape, formats a name and builds Triton tuples of constexprs from it: a third of a CPU
     scan's time. The first construction for a shape (and element type) runs Triton's own constructor and
-    keeps the attributes it derived from the shape; later ones share them (Triton never changes them in
-    place). A Triton whose constructors take other parameters is left as it is."""
+    keeps the attributes it derived from the shape; later ones share them: Triton tuples, constexprs, numbers
+    and strings, which Triton never changes in place (a Triton whose constructor derives a list is not
+    memoised for it). A Triton whose constructors take other parameters is left as it is."""
     import builtins  # noqa: PLC0415
     import inspect  # noqa: PLC0415
 
@@ -208,8 +209,11 @@ def _memoise_tile_types() -> None:
     if (list(inspect.signature(block_init).parameters) != ["self", "element_ty", "shape"]
             or list(inspect.signature(tensor_init).parameters) != ["self", "handle", "type"]):
         return
-    blocks = {}  # (element type's name, shape) -> the block type's other attributes
-    tensors = {}  # shape -> a tensor's attributes other than its handle, type and dtype
+    blocks = {}  # (element type's name, shape) -> the block type's other attributes, or False: not shared
+    tensors = {}  # shape -> a tensor's attributes other than its handle, type and dtype, or False
+
+    def shareable(attributes: dict):
+        return False if any(isinstance(v, (list, dict, set)) for v in attributes.values()) else attributes
 
     def memoised_block_init(self, element_ty, shape):
         try:
@@ -217,10 +221,10 @@ def _memoise_tile_types() -> None:
             derived = blocks.get(key)
         except TypeError:  # not a shape of hashable entries: Triton's constructor says what is wrong with it
             key = derived = None
-        if derived is None:
+        if derived is None or derived is False:
             block_init(self, element_ty, shape)
-            if key is not None:
-                blocks[key] = {k: v for k, v in vars(self).items() if k != "element_ty"}
+            if key is not None and derived is None:
+                blocks[key] = shareable({k: v for k, v in vars(self).items() if k != "element_ty"})
             return
         self.element_ty = element_ty
         self.__dict__.update(derived)
@@ -228,9 +232,10 @@ def _memoise_tile_types() -> None:
     def memoised_tensor_init(self, handle, type):  # noqa: A002  (Triton's name)
         key = builtins.tuple(type.shape) if type.is_block() else ()
         derived = tensors.get(key)
-        if derived is None:
+        if derived is None or derived is False:
             tensor_init(self, handle, type)
-            tensors[key] = {k: v for k, v in vars(self).items() if k not in ("handle", "type", "dtype")}
+            if derived is None:
+                tensors[key] = shareable({k: v for k, v in vars(self).items() if k not in ("handle", "type", "dtype")})
             return
         self.handle, self.type, self.dtype = handle, type, type.scalar
         self.__dict__.update(derived)
