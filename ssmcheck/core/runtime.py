@@ -197,7 +197,6 @@ def _memoise_tile_types() -> None:
     keeps the attributes it derived from the shape; later ones share them: Triton tuples, constexprs, numbers
     and strings, which Triton never changes in place (a Triton whose constructor derives a list is not
     memoised for it). A Triton whose constructors take other parameters is left as it is."""
-    import builtins  # noqa: PLC0415
     import inspect  # noqa: PLC0415
 
     import triton.language as tl  # noqa: PLC0415
@@ -217,7 +216,7 @@ def _memoise_tile_types() -> None:
 
     def memoised_block_init(self, element_ty, shape):
         try:
-            key = (str(element_ty), builtins.tuple(s.value if isinstance(s, constexpr) else s for s in shape))
+            key = (str(element_ty), tuple(s.value if isinstance(s, constexpr) else s for s in shape))
             derived = blocks.get(key)
         except TypeError:  # not a shape of hashable entries: Triton's constructor says what is wrong with it
             key = derived = None
@@ -230,7 +229,7 @@ def _memoise_tile_types() -> None:
         self.__dict__.update(derived)
 
     def memoised_tensor_init(self, handle, type):  # noqa: A002  (Triton's name)
-        key = builtins.tuple(type.shape) if type.is_block() else ()
+        key = tuple(type.shape) if type.is_block() else ()
         derived = tensors.get(key)
         if derived is None or derived is False:
             tensor_init(self, handle, type)
