@@ -384,6 +384,17 @@ def test_local_errors_are_judged_where_they_live(tmp_path):
     assert all(c["error"]["ssm_ratio"] > 2 for c in normal_bf16)
 
 
+def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp_path):
+    """A kernel that drops the state columns of a partial last block of 16 passes every case whose dstate is
+    a multiple of 16, and fails the default preset's cases of widths that fill no block, in every dtype."""
+    _, report = scan("--kernel", f"{BROKEN}:whole_dstate_blocks", "--preset", "default", json_path=tmp_path / "w.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    failed = [c for c in ran if c["status"] != "pass"]
+    assert all(c["status"] == "pass" for c in ran if c["params"]["dstate"] % 16 == 0)
+    assert failed and all(c["status"] == "fail" and c["params"]["dstate"] % 16 for c in failed)
+    assert {c["params"]["dtype"] for c in failed} == {"fp32", "bf16", "fp16"}
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")

@@ -38,6 +38,9 @@ def test_default_preset_has_chunk_256_with_several_chunks_and_ragged_seqlens():
     assert {c.regime for c in cases if c.state_dtype == "fp32"} == set(REGIMES)
     assert {(c.state_dtype, c.rounding) for c in cases} >= {("fp16", "stochastic"), ("bf16", "nearest")}
     assert {c.batch for c in cases if c.regime == "ragged"} >= {1, 4}
+    # widths that fill no block of 16, in every dtype, with several heads to a group
+    partial = [c for c in cases if c.headdim % 16 and c.dstate % 16 and c.nheads // c.ngroups > 1]
+    assert {c.dtype for c in partial} == {"fp32", "bf16", "fp16"}
 
 
 def test_command_line_axes_replace_the_preset_and_its_overrides():
