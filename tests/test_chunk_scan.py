@@ -298,8 +298,8 @@ def test_dstate_above_256_is_refused(device):
     chunk_size=st.sampled_from([16, 32, 64]),
     seqlen=st.integers(1, 90),
     nheads_groups=st.sampled_from([(1, 1), (2, 1), (3, 3), (4, 2)]),
-    headdim=st.sampled_from([8, 12, 16]),
-    dstate=st.sampled_from([8, 16]),
+    headdim=st.sampled_from([8, 12, 16, 24]),  # 12 and 24: a partial last block of channels
+    dstate=st.sampled_from([8, 16, 20, 40]),  # 20 and 40: a partial last block of state columns
     varlen_cuts=st.lists(st.integers(0, 90), max_size=4),
     initial_states=st.booleans(),
     D=st.sampled_from([None, "head", "channel"]),
