@@ -3,8 +3,9 @@
 Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
-the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), which implement
-both modes themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
+the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element) and
+whole_dstate_blocks, which implement both modes themselves (`rounding` and `seed` keywords) so
+that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
 tensor): the runner clones a fresh state for every trial and updates it in place, so call n of a
@@ -108,6 +109,8 @@ SKIPPED_STORE_STEP = 11
 # inf_at_one_element stores inf here: (step, batch, head, channel, state index), every trial
 # (needs batch >= 3, nheads >= 2, headdim >= 5, dstate >= 6).
 INF_STEP, INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX = 7, 2, 1, 3, 5
+# whole_dstate_blocks' block of state columns.
+DSTATE_BLOCK = 16
 
 
 def _step_number(state) -> int:
@@ -127,6 +130,18 @@ def _store(state, new, rounding, seed):
         state.copy_(_round_magnitude_bits(new.contiguous(), state.dtype, random_bits))
     else:
         state.copy_(new.to(state.dtype))
+
+
+def whole_dstate_blocks(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                        rounding="nearest", seed=0):
+    """Its loop over state columns runs dstate // DSTATE_BLOCK blocks instead of cdiv (a bound right only when
+    dstate is a multiple of the block): the columns of a partial last block are never advanced, stored or read
+    into the output. Both rounding modes, as `_store` does, so that this is its only bug."""
+    whole = state.shape[-1] // DSTATE_BLOCK * DSTATE_BLOCK
+    new, out = _fp32_step(state[..., :whole], x, dt, A[..., :whole], B[..., :whole], C[..., :whole], D, z, dt_bias,
+                          dt_softplus)
+    _store(state[..., :whole], new, rounding, seed)
+    return out
 
 
 def stores_every_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

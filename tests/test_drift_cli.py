@@ -21,6 +21,18 @@ def drift(*args, json_path=None):
     return invoke("drift", *args, json_path=json_path)
 
 
+def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp_path):
+    """A state update that never touches the state columns of a partial last block of 16 passes every case
+    whose dstate is a multiple of 16, and fails the default preset's cases of widths that fill no block."""
+    _, report = drift("--kernel", f"{BROKEN}:whole_dstate_blocks", "--preset", "default", json_path=tmp_path / "w.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    failed = [c for c in ran if c["status"] != "pass"]
+    assert all(c["status"] == "pass" for c in ran if c["params"]["dstate"] % 16 == 0)
+    assert failed and all(c["status"] == "fail" and c["params"]["dstate"] % 16 for c in failed)
+    assert {(c["params"]["state_dtype"], c["params"]["rounding"]) for c in failed} == {
+        (dtype, rounding) for dtype in ("fp16", "bf16") for rounding in ("nearest", "stochastic")}
+
+
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = drift("--preset", "smoke")
     assert result.exit_code == 0, result.output

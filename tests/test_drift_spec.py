@@ -32,6 +32,17 @@ def test_command_line_replaces_the_preset():
     assert settings.trials == 3 and settings.axes["regime"] == ["normal"]
 
 
+def test_an_array_of_overrides_is_a_union_of_sub_sweeps_without_repeats():
+    preset = {"regime": ["normal", "long"], "state_dtype": ["fp16"], "rounding": ["nearest"],
+              "overrides": {"normal": [{}, {"headdim": [24], "dstate": [40]}, {"headdim": [16]}]}}
+    cases = build_cases(resolve({}, preset, "p"), "builtin")
+    assert [(c.regime, c.headdim, c.dstate) for c in cases] == [("normal", 16, 128), ("normal", 24, 40),
+                                                                 ("long", 16, 128)]
+    # an explicit sweep drops the extra sub-sweeps
+    cases = build_cases(resolve({"state_dtype": "bf16"}, preset, "p"), "builtin")
+    assert [(c.regime, c.headdim) for c in cases] == [("normal", 16), ("long", 16)]
+
+
 def test_unknown_preset_key_names_it():
     with pytest.raises(SweepError, match="--preset p: unknown key 'chunk_size'"):
         resolve({}, {"chunk_size": [64]}, "p")

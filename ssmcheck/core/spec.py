@@ -7,9 +7,8 @@ over the preset's table the same way for every command:
 
 - an axis or setting given on the command line replaces the preset's;
 - anything neither names takes its default;
-- `[CMD.overrides.REGIME]` tables (for commands that allow them) replace axes
-  for one regime; an array of such tables runs the union of several
-  sub-sweeps. An axis given on the command line wins over every override, and
+- `[CMD.overrides.REGIME]` tables replace axes for one regime; an array of
+  such tables runs the union of several sub-sweeps. An axis given on the command line wins over every override, and
   the second and later sub-sweeps of a regime are dropped as soon as any axis is
   given on the command line, so that an explicit sweep runs what it names;
 - `--model` replaces the width axes (naming both is a usage error).
@@ -47,7 +46,6 @@ class CommandTable:
     command: str  # the preset table's name: "scan", "drift"
     axes: dict[str, Axis]  # in the order cases are listed (the last varies fastest)
     settings: dict[str, Setting]
-    overrides: bool = False  # whether [CMD.overrides.REGIME] tables are allowed
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class Spec:
 def resolve(table: CommandTable, cli: dict, preset: dict, preset_name: str) -> Spec:
     """Merge command-line values (None where not given) over the preset's table. Raises SweepError."""
     where = f"--preset {preset_name}"
-    unknown = set(preset) - set(table.axes) - set(table.settings) - ({"overrides"} if table.overrides else set())
+    unknown = set(preset) - set(table.axes) - set(table.settings) - {"overrides"}
     if unknown:
         raise SweepError(f"{where}: unknown key {min(unknown)!r} in [{table.command}]")
 
@@ -79,7 +77,7 @@ def resolve(table: CommandTable, cli: dict, preset: dict, preset_name: str) -> S
         axes[key] = sweep.parse_axis(label, value, axis.convert, axis.allowed) if value != [] else []
     cli_axes = frozenset(key for key in table.axes if cli.get(key) is not None)
 
-    overrides = _overrides(table, preset.get("overrides", {}), cli, where) if table.overrides else {}
+    overrides = _overrides(table, preset.get("overrides", {}), cli, where)
     if cli_axes:
         overrides = {regime: tables[:1] for regime, tables in overrides.items()}
 

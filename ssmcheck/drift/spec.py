@@ -2,7 +2,8 @@
 
 Options are read by core.spec like every command's: an option given on the
 command line replaces the preset's value; anything neither names takes the
-table's default.
+table's default; `[drift.overrides.REGIME]` tables (or arrays of them) replace
+axes for one regime, as scan's do.
 """
 
 from __future__ import annotations
@@ -149,13 +150,13 @@ def _skip_reason(case: DriftCase) -> str | None:
 
 
 def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
-    """The sweep's cases, each with its seed and skip reason.
+    """The sweep's cases without repeats, each with its seed and skip reason.
 
     The seed depends only on the regime and the shape: every kernel, rounding mode
     and state dtype of a configuration sees the same inputs (stagnation and
     overflow scale them to the dtype), so the modes compare like for like.
     """
-    cases = []
+    cases = {}  # by id: two sub-sweeps may name the same case
     for params in spec.combinations(settings.spec):
         model = params.pop("model")
         shape_params = {k: params[k] for k in ("regime", "batch", *WIDTHS)}
@@ -168,8 +169,8 @@ def build_cases(settings: DriftSettings, kernel: str) -> list[DriftCase]:
             from_prefill=settings.from_prefill,
             **params,
         )
-        cases.append(replace(case, skip_reason=_skip_reason(case)))
-    return cases
+        cases.setdefault(case.id, replace(case, skip_reason=_skip_reason(case)))
+    return list(cases.values())
 
 
 def case_from_params(params: dict, kernel: str) -> DriftCase:

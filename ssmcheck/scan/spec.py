@@ -58,7 +58,6 @@ TABLE = CommandTable(
         "batch_invariance": Setting(sweep.parse_choice(BATCH_INVARIANCE), "exact"),
         "decode_kernel": Setting(lambda label, value: value, None),
     },
-    overrides=True,
 )
 
 
