@@ -3,9 +3,9 @@
 Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
-the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element) and
-whole_dstate_blocks, which implement both modes themselves (`rounding` and `seed` keywords) so
-that their only bug is the one named.
+the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
+whole_dstate_blocks and per_head_parameters, which implement both modes themselves (`rounding`
+and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
 tensor): the runner clones a fresh state for every trial and updates it in place, so call n of a
@@ -141,6 +141,21 @@ def whole_dstate_blocks(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     new, out = _fp32_step(state[..., :whole], x, dt, A[..., :whole], B[..., :whole], C[..., :whole], D, z, dt_bias,
                           dt_softplus)
     _store(state[..., :whole], new, rounding, seed)
+    return out
+
+
+def per_head_parameters(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                        rounding="nearest", seed=0):
+    """Reads A, dt, D and dt_bias at channel 0 (and A at state index 0) of each head, as a kernel written for
+    Mamba2's tied parameters does: right for stride-0 expanded views, wrong for whole ones. Both rounding
+    modes, as `_store` does, so that this is its only bug."""
+    heads = (state.shape[1], state.shape[2])
+    A = A[:, :1, :1].expand_as(A)
+    dt = dt[..., :1].expand_as(dt)
+    D = None if D is None else D[:, :1].expand(heads)
+    dt_bias = None if dt_bias is None else dt_bias[:, :1].expand(heads)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
     return out
 
 

@@ -33,6 +33,16 @@ def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp
         (dtype, rounding) for dtype in ("fp16", "bf16") for rounding in ("nearest", "stochastic")}
 
 
+def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(tmp_path):
+    """A state update that takes A, dt, D and dt_bias at channel 0 of each head (right for Mamba2's stride-0
+    views) passes every regime but `untied`, and fails that one in every state dtype and rounding mode."""
+    _, report = drift("--kernel", f"{BROKEN}:per_head_parameters", "--preset", "default", json_path=tmp_path / "u.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    assert all(c["status"] == "pass" for c in ran if c["params"]["regime"] != "untied")
+    untied = [c for c in ran if c["params"]["regime"] == "untied"]
+    assert len(untied) == 4 and all(c["status"] == "fail" for c in untied)
+
+
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = drift("--preset", "smoke")
     assert result.exit_code == 0, result.output

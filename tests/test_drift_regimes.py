@@ -38,7 +38,7 @@ def _truth(problem):
 
 
 def test_every_regime_is_named_and_explained_in_one_line():
-    assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long"}
+    assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 
@@ -52,13 +52,16 @@ def test_inputs_have_mamba2_shapes_strides_and_replay(regime, shape, seed):
     assert problem.initial_state.shape == (s.batch, s.nheads, s.headdim, s.dstate)
     assert problem.initial_state.dtype == torch.float16
     assert problem.A.shape == (s.nheads, s.headdim, s.dstate)
-    for tied in (problem.A, problem.D, problem.dt_bias):  # per-head values expanded with stride 0
-        assert all(stride == 0 for stride, size in zip(tied.stride()[1:], tied.shape[1:]) if size > 1)
+    assert problem.D.shape == problem.dt_bias.shape == (s.nheads, s.headdim)
+    # Per-head values expanded with stride 0, as Mamba2 passes them; in `untied`, whole tensors.
+    for param in (problem.A, problem.D, problem.dt_bias):
+        inner = [stride for stride, size in zip(param.stride()[1:], param.shape[1:]) if size > 1]
+        assert all(stride != 0 for stride in inner) if regime == "untied" else all(stride == 0 for stride in inner)
     first, again = list(problem.steps()), list(problem.steps())
     assert len(first) == 3
     for a, b in zip(first, again):
         assert a.x.shape == a.dt.shape == (s.batch, s.nheads, s.headdim)
-        assert a.dt.stride(2) == 0 or s.headdim == 1
+        assert (a.dt.stride(2) != 0) == (regime == "untied") or s.headdim == 1
         assert a.B.shape == a.C.shape == (s.batch, s.ngroups, s.dstate)
         for name in ("x", "dt", "B", "C"):
             assert getattr(a, name).dtype == torch.float32

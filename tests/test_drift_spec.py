@@ -43,6 +43,13 @@ def test_an_array_of_overrides_is_a_union_of_sub_sweeps_without_repeats():
     assert [(c.regime, c.headdim) for c in cases] == [("normal", 16), ("long", 16)]
 
 
+def test_a_prefill_skips_the_untied_regime():
+    # The chunk scan ties A and dt per head: it cannot produce the state an untied decode starts from.
+    cases = build_cases(resolve({"regime": "normal,untied", "from_prefill": 64}, {}, "p"), "builtin")
+    assert {c.regime for c in cases if c.skip_reason is None} == {"normal"}
+    assert all("untied regime has one per channel" in c.skip_reason for c in cases if c.regime == "untied")
+
+
 def test_unknown_preset_key_names_it():
     with pytest.raises(SweepError, match="--preset p: unknown key 'chunk_size'"):
         resolve({}, {"chunk_size": [64]}, "p")

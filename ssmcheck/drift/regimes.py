@@ -14,7 +14,10 @@ without drawing the steps before it.
 
 Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
 (nheads, headdim, dstate), D and dt_bias (nheads,) expanded over headdim, dt
-(batch, nheads) expanded over headdim, all stride-0 views.
+(batch, nheads) expanded over headdim, all stride-0 views. The `untied` regime
+passes every one of them whole, a value per channel (and per state index for
+A), as a caller of the state update's general form does: a kernel that reads
+only one value per head passes every other regime and fails this one.
 
 Some regimes are scaled to the storage dtype: stagnation to its ulp,
 overflow to its largest finite value.
@@ -38,6 +41,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "overflow": "a state growing toward the storage format's largest value (its largest element ends near "
     "0.4 of it, never above half)",
     "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
+    "untied": "normal's ranges with A, dt, D and dt_bias per channel (A per state index too), whole tensors "
+    "instead of Mamba2's per-head values expanded by stride-0 views",
 }
 
 LONG_STEPS_FACTOR = 4
@@ -58,7 +63,7 @@ class StepInputs:
     """The per-token arguments of one selective_state_update call."""
 
     x: torch.Tensor  # (batch, nheads, headdim) float32
-    dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim
+    dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim (whole in `untied`)
     B: torch.Tensor  # (batch, ngroups, dstate) float32
     C: torch.Tensor  # (batch, ngroups, dstate) float32
 
@@ -70,9 +75,9 @@ class DecodeProblem:
     regime: str
     nsteps: int
     initial_state: torch.Tensor  # (batch, nheads, headdim, dstate) in the storage dtype
-    A: torch.Tensor  # (nheads, headdim, dstate) float32, stride-0 view of (nheads,)
-    D: torch.Tensor  # (nheads, headdim) float32, stride-0 view
-    dt_bias: torch.Tensor  # (nheads, headdim) float32, stride-0 view
+    A: torch.Tensor  # (nheads, headdim, dstate) float32, a stride-0 view of (nheads,) but in `untied`
+    D: torch.Tensor  # (nheads, headdim) float32, likewise
+    dt_bias: torch.Tensor  # (nheads, headdim) float32, likewise
     dt_softplus: bool
     # Draws N steps on the CPU: StepInputs with a leading axis of N.
     draw_steps: Callable[[torch.Generator, int], StepInputs]
@@ -122,9 +127,9 @@ def make_problem(
         regime=regime,
         nsteps=nsteps,
         initial_state=_representable(params.initial_state, state_dtype).to(device),
-        A=params.A_head.to(device)[:, None, None].expand(s.nheads, s.headdim, s.dstate),
-        D=params.D_head.to(device)[:, None].expand(s.nheads, s.headdim),
-        dt_bias=params.dt_bias_head.to(device)[:, None].expand(s.nheads, s.headdim),
+        A=_per_head(params.A, (s.nheads, s.headdim, s.dstate)).to(device),
+        D=_per_head(params.D, (s.nheads, s.headdim)).to(device),
+        dt_bias=_per_head(params.dt_bias, (s.nheads, s.headdim)).to(device),
         dt_softplus=True,
         draw_steps=params.draw_steps,
         stream_seed=seed + 1,
@@ -132,12 +137,17 @@ def make_problem(
     )
 
 
+def _per_head(value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A (nheads,) parameter expanded to `shape` by a stride-0 view, as Mamba2 passes it; a whole one as it is."""
+    return value.reshape(-1, *[1] * (len(shape) - 1)).expand(shape) if value.dim() == 1 else value
+
+
 @dataclass(frozen=True)
 class _RegimeParams:
     initial_state: torch.Tensor  # float64, rounded to the storage dtype by make_problem
-    A_head: torch.Tensor  # (nheads,) float32
-    D_head: torch.Tensor  # (nheads,) float32
-    dt_bias_head: torch.Tensor  # (nheads,) float32
+    A: torch.Tensor  # (nheads,) float32, or (nheads, headdim, dstate) in `untied`
+    D: torch.Tensor  # (nheads,) float32, or (nheads, headdim)
+    dt_bias: torch.Tensor  # (nheads,) float32, or (nheads, headdim)
     draw_steps: Callable[[torch.Generator, int], StepInputs]
 
 
@@ -204,6 +214,28 @@ def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: flo
 
 def _long(shape, state_dtype, nsteps, generator):
     return _normal(shape, state_dtype, nsteps, generator, decay_steps=nsteps)
+
+
+def _untied(shape, state_dtype, nsteps, generator):
+    """normal's distributions drawn per channel (A per channel and state index): every value differs."""
+    s = shape
+    A = -torch.exp(_uniform(generator, (s.nheads, s.headdim, s.dstate), 0.0, math.log(16.0)))
+    dt_lo, dt_hi = 1e-3, 0.1
+    dt_bias = _inverse_softplus(torch.full((s.nheads, s.headdim), math.sqrt(dt_lo * dt_hi), dtype=torch.float64)
+                                * _uniform(generator, (s.nheads, s.headdim), 0.5, 2.0)).float()
+    D = _uniform(generator, (s.nheads, s.headdim), 0.5, 1.5).float()
+    initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
+
+    def draw_steps(g, n):
+        target = _log_uniform(g, (n, s.batch, s.nheads, s.headdim), dt_lo, dt_hi)  # dt after softplus
+        return StepInputs(
+            x=torch.randn((n, s.batch, s.nheads, s.headdim), generator=g),
+            dt=(_inverse_softplus(target) - dt_bias.double()).float(),
+            B=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
+            C=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
+        )
+
+    return _RegimeParams(initial, A.float(), D, dt_bias, draw_steps)
 
 
 # Stagnation, in units of eps = the ulp of 1.0 in the storage dtype. The state
@@ -284,5 +316,5 @@ def _overflow(shape, state_dtype, nsteps, generator):
     return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_steps)
 
 
-_BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long}
+_BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)
