@@ -4,8 +4,8 @@ Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
-whole_dstate_blocks and per_head_parameters, which implement both modes themselves (`rounding`
-and `seed` keywords) so that their only bug is the one named.
+whole_dstate_blocks, per_head_parameters and interleaved_groups, which implement both modes
+themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
 tensor): the runner clones a fresh state for every trial and updates it in place, so call n of a
@@ -155,6 +155,17 @@ def per_head_parameters(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     D = None if D is None else D[:, :1].expand(heads)
     dt_bias = None if dt_bias is None else dt_bias[:, :1].expand(heads)
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def interleaved_groups(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                       rounding="nearest", seed=0):
+    """Reads head h's B and C from group h % ngroups instead of h // (nheads / ngroups): the same with one
+    group, or one head a group, wrong otherwise. Both rounding modes, as `_store` does."""
+    group = torch.arange(state.shape[1], device=B.device) % B.shape[1]  # of each head
+    # B and C a head each (one head a group for _fp32_step), in the wrong order.
+    new, out = _fp32_step(state, x, dt, A, B[:, group], C[:, group], D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out
 

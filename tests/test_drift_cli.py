@@ -43,6 +43,16 @@ def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(t
     assert len(untied) == 4 and all(c["status"] == "fail" for c in untied)
 
 
+def test_the_default_preset_catches_a_head_read_from_the_wrong_group(tmp_path):
+    """A state update that reads head h's B and C from group h % ngroups (not h // heads per group) passes every
+    case with one group, and fails the default preset's cases of 4 heads in 2 groups."""
+    _, report = drift("--kernel", f"{BROKEN}:interleaved_groups", "--preset", "default", json_path=tmp_path / "g.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    grouped = [c for c in ran if c["params"]["ngroups"] > 1 and c["params"]["nheads"] > c["params"]["ngroups"]]
+    assert len(grouped) == 4 and all(c["status"] == "fail" for c in grouped)
+    assert all(c["status"] == "pass" for c in ran if c not in grouped)
+
+
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = drift("--preset", "smoke")
     assert result.exit_code == 0, result.output
