@@ -66,7 +66,7 @@ def stage_inputs(args: dict, state_dtype) -> dict:
     mm = triton_dtype(x.dtype)
     dt_proc, dA_cs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")), table)
     local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
-    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table, False)
+    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table)
     return dict(x=x, B=B, C=C, D=args["D"], table=table, mm=mm, dt_proc=dt_proc, dA_cs=dA_cs, local=local,
                 states=states, cb=chunk_cb(C, B, mm, table, False))
 
@@ -86,7 +86,7 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
         "dt+cumsum": bench(lambda: dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")),
                                              table)),
         "chunk states": bench(lambda: chunk_state(x, B, dt_proc, dA_cs, mm, table, False)),
-        "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table, False)),
+        "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table)),
         "C·Bᵀ": bench(lambda: chunk_cb(C, B, mm, table, False)),
         "output": bench(lambda: chunk_output(x, None, C, s["D"], s["cb"], dt_proc, dA_cs, s["states"], y, mm, table,
                                              False)),

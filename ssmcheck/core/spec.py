@@ -8,9 +8,10 @@ over the preset's table the same way for every command:
 - an axis or setting given on the command line replaces the preset's;
 - anything neither names takes its default;
 - `[CMD.overrides.REGIME]` tables replace axes for one regime; an array of
-  such tables runs the union of several sub-sweeps. An axis given on the command line wins over every override, and
-  the second and later sub-sweeps of a regime are dropped as soon as any axis is
-  given on the command line, so that an explicit sweep runs what it names;
+  such tables runs the union of several sub-sweeps. An axis given on the
+  command line wins over every override, and the second and later sub-sweeps
+  of a regime are dropped as soon as any axis is given on the command line, so
+  that an explicit sweep runs what it names;
 - `--model` replaces the width axes (naming both is a usage error).
 
 `combinations` then lists the sweep's parameter dicts in a fixed order: regime

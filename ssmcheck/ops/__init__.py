@@ -1,11 +1,10 @@
 """Triton kernels and their float64 references."""
 
-from ssmcheck.core import runtime
-from ssmcheck.core.runtime import interpreting
+from ssmcheck.core.runtime import interpreting, mend_interpreter
 
 __all__ = ["interpreting"]
 
 # The kernels' bf16 conversions and dots need core.runtime's mends of Triton's interpreter: in place before
 # any kernel here runs interpreted, whoever set TRITON_INTERPRET.
 if interpreting():
-    runtime.mend_interpreter()
+    mend_interpreter()

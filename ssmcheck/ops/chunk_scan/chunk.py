@@ -192,7 +192,7 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
                                         dt_softplus, dt_limit, table, alloc=alloc)
     local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
     states, seq_final = pipeline.state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic",
-                                               seed, table, interpret, alloc=alloc)
+                                               seed, table, alloc=alloc)
     if not keep_stages:
         del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
     cb = pipeline.chunk_cb(C2, B2, mm_dtype, table, interpret, alloc=alloc)

@@ -70,7 +70,7 @@ def default_config(headdim: int, dstate: int) -> dict:
 
 
 def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, seed: int, table: ChunkTable,
-                  interpret: bool, config: dict | None = None, alloc=torch.empty):
+                  config: dict | None = None, alloc=torch.empty):
     """local (nchunks, nheads, headdim, dstate) fp32 -> (incoming state of every chunk, same shape,
     state after every sequence (nseq, nheads, headdim, dstate)), both in state_dtype, allocated by `alloc`."""
     _, nheads, headdim, dstate = local.shape
