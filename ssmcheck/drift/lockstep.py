@@ -168,8 +168,11 @@ class Lockstep:
         uniform = None
         if self.case.rounding == "stochastic":  # the baseline's draws, from a generator a CUDA graph advances
             uniform = torch.rand(self.state.shape, generator=self.bits, dtype=torch.float64, device=self.state.device)
+        # dt whole (a copy where Mamba2's is a stride-0 view): the compiled float64 step specialises on
+        # strides, so per-head and per-channel dt then share its compilations (drift.follow).
         ref_out, baseline_out = self.follow(
-            ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x, dt=step.dt,
+            ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x,
+            dt=step.dt.contiguous(),
             A=self.A64, B=step.B, C=step.C, D=self.D64, dt_bias=self.dt_bias64,
             sums=self.store_errors.running(self.state.device), tripped=self.tripped, uniform=uniform,
             dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
