@@ -4,7 +4,7 @@ Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
-whole_dstate_blocks, per_head_parameters and interleaved_groups, which implement both modes
+whole_dstate_blocks, per_head_parameters, interleaved_groups and skip_after_gate, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -168,6 +168,16 @@ def interleaved_groups(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_s
     new, out = _fp32_step(state, x, dt, A, B[:, group], C[:, group], D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out
+
+
+def skip_after_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                    rounding="nearest", seed=0):
+    """Gates C . state with silu(z), then adds D * x, where y = (C . state + D * x) * silu(z): the same as the
+    right order whenever z is None (Mamba2's serving call), wrong under a gate. Both rounding modes, as `_store`
+    does, so that this is its only bug."""
+    new, gated = _fp32_step(state, x, dt, A, B, C, None, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return gated if D is None else (gated.float() + D.float() * x.float()).to(x.dtype)
 
 
 def stores_every_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

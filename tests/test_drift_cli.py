@@ -43,6 +43,17 @@ def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(t
     assert len(untied) == 4 and all(c["status"] == "fail" for c in untied)
 
 
+def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(tmp_path):
+    """A state update that computes C . state * silu(z) + D * x (the skip outside the gate) is right without a
+    gate, so it passes every regime but `untied`, the one that passes z, and fails that one in every state dtype
+    and rounding mode, on its output."""
+    _, report = drift("--kernel", f"{BROKEN}:skip_after_gate", "--preset", "default", json_path=tmp_path / "z.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    assert all(c["status"] == "pass" for c in ran if c["params"]["regime"] != "untied")
+    untied = [c for c in ran if c["params"]["regime"] == "untied"]
+    assert len(untied) == 4 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
+
+
 def test_the_default_preset_catches_a_head_read_from_the_wrong_group(tmp_path):
     """A state update that reads head h's B and C from group h % ngroups (not h // heads per group) passes every
     case with one group, and fails the default preset's cases of 4 heads in 2 groups."""
@@ -61,6 +72,15 @@ def test_builtin_kernel_passes_the_smoke_preset():
     # both rounding modes of one configuration: a side-by-side line
     assert "stagnation-fp16-b1-h1x16n16g1: stochastic rounding:" in result.stdout
     assert "less drift at step 16" in result.stdout
+
+
+def test_builtin_kernel_gates_its_output_in_the_untied_regime(tmp_path):
+    """`untied` passes a gate z (Mamba1's call): the built-in kernel's gated output passes the lockstep and the
+    slot check, both judged against float64 references given the same z."""
+    result, report = drift("--regime", "untied", "--state-dtype", "bf16", json_path=tmp_path / "u.json")
+    assert result.exit_code == 0, result.output
+    assert len(report["cases"]) == 2 and all(c["status"] == "pass" for c in report["cases"])
+    assert all(c["slots"]["live"]["worst"]["out_rel"] < 1e-5 for c in report["cases"])
 
 
 FP16 = ["--state-dtype", "fp16"]

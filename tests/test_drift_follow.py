@@ -14,9 +14,10 @@ from ssmcheck.drift.spec import build_cases, resolve
 gpu = pytest.mark.gpu
 
 
-def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4, p=64, n=128) -> dict:
-    """One step's arguments of `follow` (Mamba2-like widths by default), drawn on `device`; the kernel's
-    stored state is near the exact update, with a few elements set to NaN and inf (what the flag looks for)."""
+def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4, p=64, n=128, gated=False) -> dict:
+    """One step's arguments of `follow` (Mamba2-like widths by default; with a gate z where `gated`), drawn on
+    `device`; the kernel's stored state is near the exact update, with a few elements set to NaN and inf (what
+    the flag looks for)."""
     g = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape, dt=torch.float64):
@@ -28,6 +29,7 @@ def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4,
     after.view(-1)[[5, 77]] = torch.tensor([float("nan"), float("inf")], dtype=dtype, device=device)
     return dict(ref=ref, baseline=ref.to(dtype).double(), before=before, after=after, out=randn(b, h, p, dt=dtype),
                 x=randn(b, h, p, dt=dtype), dt=randn(b, h, 1, dt=dtype).expand(b, h, p),
+                z=randn(b, h, p, dt=dtype) if gated else None,
                 A=-torch.rand(h, 1, 1, generator=g, device=device, dtype=torch.float64).expand(h, p, n),
                 B=randn(b, 1, n, dt=dtype), C=randn(b, 1, n, dt=dtype),
                 D=randn(h, 1).expand(h, p), dt_bias=randn(h, 1).expand(h, p),
@@ -49,8 +51,8 @@ def _after_steps(follower, steps: int = 3) -> list[tuple[dict, dict]]:
     """Each step's arguments after `follower` ran them, beside copies that eager `follow` ran."""
     ran = []
     for seed in range(steps):
-        arguments = _step_tensors(seed, torch.float16, "cpu", 1, 2, 8, 16)
-        expected = {k: v.clone() for k, v in arguments.items()}
+        arguments = _step_tensors(seed, torch.float16, "cpu", 1, 2, 8, 16, gated=seed == 1)
+        expected = {k: None if v is None else v.clone() for k, v in arguments.items()}
         follower(**arguments, **OPTIONS)
         follow(**expected, **OPTIONS)
         ran.append((arguments, expected))
@@ -113,13 +115,14 @@ def test_float64_values_may_differ_in_their_last_bits_only(monkeypatch, relative
 
 
 @gpu
+@pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_the_compiled_step_computes_the_eager_references(dtype, rounding):
+def test_the_compiled_step_computes_the_eager_references(dtype, rounding, gated):
     compiled = Follower("cuda")
     for seed in range(3):
-        eager_args = _step_tensors(seed, dtype)
-        compiled_args = {k: v.clone() for k, v in eager_args.items()}
+        eager_args = _step_tensors(seed, dtype, gated=gated)
+        compiled_args = {k: None if v is None else v.clone() for k, v in eager_args.items()}
         options = dict(dt_softplus=True, dtype=dtype, rounding=rounding)
         eager_outs = follow(**eager_args, **options)
         compiled_outs = compiled(**compiled_args, **options)

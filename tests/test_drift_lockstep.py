@@ -12,7 +12,6 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
-from ssmcheck.drift.follow import follow
 from ssmcheck.drift.measure import CheckpointSums
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.spec import build_cases, resolve
@@ -141,28 +140,3 @@ def test_with_a_graph_a_nonfinite_step_that_does_not_come_again_ends_nothing():
     sums = CheckpointSums(), CheckpointSums()
     assert drift_run._trial(lock, checkpoints, *sums, lambda: None, graph=True) is None
     assert lock.step == case.steps and sorted(sums[0].sums) == checkpoints  # every checkpoint measured
-
-
-def _follow_signature(regime: str) -> dict:
-    """What the compiled float64 step (drift.follow, torch.compile with dynamic=False) specialises on in the
-    arguments one lockstep step passes it: each tensor's shape, strides and dtype; the rest by value."""
-    case, _ = _case(regime=regime, state_dtype="fp16", rounding="nearest", steps=4, trials=1)
-    lock = _lock(case, resolve_kernel("torch", 10, "software", False), 3)
-    seen = []
-
-    def record(**arguments):
-        seen.append({name: (tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
-                     for name, v in arguments.items()})
-        return follow(**arguments)
-
-    lock.follow = record
-    lock.advance()
-    return seen[0]
-
-
-def test_tied_and_untied_parameters_give_the_float64_step_the_same_arguments():
-    # Mamba2's dt is a stride-0 view over headdim and `untied`'s a whole tensor: passed as they are, each
-    # would compile the float64 step again on a GPU (4 compilations more in the default drift preset).
-    tied, untied = _follow_signature("normal"), _follow_signature("untied")
-    assert tied == untied
-    assert tied["dt"][1][-1] == 1  # and whole, not a view

@@ -94,10 +94,9 @@ class DriftAdapter:
         input: the runner asks at the first step and the checkpoints, not every step). What
         the kernel prints goes to `transcript` (discarded without one).
         """
-        inputs = {"x": step.x, "dt": step.dt, "A": problem.A, "B": step.B, "C": step.C, "D": problem.D,
-                  "dt_bias": problem.dt_bias}
+        inputs = {**dict(step.given()), "A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}
         before = snapshot(inputs) if check_inputs else {}
-        out = self.update(state, {**inputs, "z": None, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
+        out = self.update(state, {"z": None, **inputs, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
                           transcript)
         changed = changed_input(before, inputs)
         if changed is not None:

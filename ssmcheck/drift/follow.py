@@ -31,19 +31,20 @@ MUTATED = ("ref", "baseline", "sums", "tripped")  # the arguments `follow` updat
 AGREEMENT_RTOL = 1e-12
 
 
-def follow(*, ref, baseline, before, after, out, x, dt, A, B, C, D, dt_bias, sums, tripped, uniform,
+def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, sums, tripped, uniform,
            dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out).
 
     ref, baseline: float64 states, advanced in place (the baseline rounded into `dtype` per `rounding`,
     against `uniform`'s draws when stochastic); before, after: the kernel's state before and after its
-    call; out: the kernel's output; x, dt, B, C: the step's inputs (any float dtype); A, D, dt_bias:
-    float64 parameters; sums: the running store-error sums (stats.error_sums' layout), added to in
+    call; out: the kernel's output; x, dt, B, C, z: the step's inputs (any float dtype; z, the output's
+    gate, may be None); A, D, dt_bias: float64 parameters; sums: the running store-error sums (stats.error_sums' layout), added to in
     place; tripped: a bool flag, set where the kernel's state or output is non-finite and the reference's
     is finite.
     """
     new, outs = state_update_step(torch.stack([ref, baseline, before.double()]), x.double(), dt.double(), A,
-                                  B.double(), C.double(), D=D, dt_bias=dt_bias, dt_softplus=dt_softplus)
+                                  B.double(), C.double(), D=D, z=None if z is None else z.double(), dt_bias=dt_bias,
+                                  dt_softplus=dt_softplus)
     ref.copy_(new[0])
     baseline.copy_(round_to(new[1], dtype, rounding, uniform=uniform))
     # The kernel's store against the exact update of its own previous state: its rounding error, in ulps,

@@ -21,7 +21,7 @@ sequence of operations dispatched from Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,14 +47,17 @@ class StepWindow:
         self.problem = problem
         first = next(problem.host_steps())
         self.dt_per_head = first.dt.stride(2) == 0  # Mamba2's dt: one value per head, expanded over headdim
-        dt = first.dt[..., 0] if self.dt_per_head else first.dt
-        per_step = sum(t.numel() * t.element_size() for t in (first.x, dt, first.B, first.C))
+        stored = self._stored(first)
+        per_step = sum(t.numel() * t.element_size() for _, t in stored.given())
         self.size = max(1, min(problem.nsteps, WINDOW_BYTES // per_step))
-        self.x, self.dt, self.B, self.C = (torch.empty((self.size, *t.shape), dtype=t.dtype, device=problem.device)
-                                           for t in (first.x, dt, first.B, first.C))
+        self.buffers = stored.map(lambda _, t: torch.empty((self.size, *t.shape), dtype=t.dtype, device=problem.device))
         self.counter = torch.zeros(1, dtype=torch.int64, device=problem.device)
         self.start = -1  # the window holds steps start + 1 .. start + count (numbered from 1)
         self.count = 0
+
+    def _stored(self, steps: StepInputs) -> StepInputs:
+        """`steps` as the window keeps them: a per-head dt without its stride-0 axis."""
+        return replace(steps, dt=steps.dt[..., 0]) if self.dt_per_head else steps
 
     def holds(self, step: int) -> bool:
         return self.start < step <= self.start + self.count
@@ -65,19 +68,15 @@ class StepWindow:
         if not self.holds(step):
             start = step - 1
             count = min(self.size, self.problem.nsteps - start)
-            drawn = self.problem.host_inputs(start, count)
-            dt = drawn.dt[..., 0] if self.dt_per_head else drawn.dt
-            for buffer, values in ((self.x, drawn.x), (self.dt, dt), (self.B, drawn.B), (self.C, drawn.C)):
-                buffer[:count].copy_(values)
+            for name, values in self._stored(self.problem.host_inputs(start, count)).given():
+                getattr(self.buffers, name)[:count].copy_(values)
             self.start, self.count = start, count
         self.counter.fill_(step - 1 - self.start)
 
     def inputs(self) -> StepInputs:
         """The current step's inputs, read at the counter (device operations only)."""
-        x, dt, B, C = (t.index_select(0, self.counter)[0] for t in (self.x, self.dt, self.B, self.C))
-        if self.dt_per_head:
-            dt = dt[..., None].expand(x.shape)
-        return StepInputs(x, dt, B, C)
+        step = self.buffers.map(lambda _, t: t.index_select(0, self.counter)[0])
+        return replace(step, dt=step.dt[..., None].expand(step.x.shape)) if self.dt_per_head else step
 
 
 @dataclass
@@ -168,12 +167,9 @@ class Lockstep:
         uniform = None
         if self.case.rounding == "stochastic":  # the baseline's draws, from a generator a CUDA graph advances
             uniform = torch.rand(self.state.shape, generator=self.bits, dtype=torch.float64, device=self.state.device)
-        # dt whole (a copy where Mamba2's is a stride-0 view): the compiled float64 step specialises on
-        # strides, so per-head and per-channel dt then share its compilations (drift.follow).
         ref_out, baseline_out = self.follow(
-            ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x,
-            dt=step.dt.contiguous(),
-            A=self.A64, B=step.B, C=step.C, D=self.D64, dt_bias=self.dt_bias64,
+            ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x, dt=step.dt,
+            z=step.z, A=self.A64, B=step.B, C=step.C, D=self.D64, dt_bias=self.dt_bias64,
             sums=self.store_errors.running(self.state.device), tripped=self.tripped, uniform=uniform,
             dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
         self.window.counter.add_(1)

@@ -14,10 +14,11 @@ without drawing the steps before it.
 
 Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
 (nheads, headdim, dstate), D and dt_bias (nheads,) expanded over headdim, dt
-(batch, nheads) expanded over headdim, all stride-0 views. The `untied` regime
-passes every one of them whole, a value per channel (and per state index for
-A), as a caller of the state update's general form does: a kernel that reads
-only one value per head passes every other regime and fails this one.
+(batch, nheads) expanded over headdim, all stride-0 views, and no gate (z None: Mamba2's
+serving code gates after the state update, in its norm). The `untied` regime calls the
+state update as Mamba1's decode does: every parameter whole, a value per channel (and per
+state index for A), and a gate z per channel. A kernel that reads only one value per head,
+or gates the output wrongly, passes every other regime and fails this one.
 
 Some regimes are scaled to the storage dtype: stagnation to its ulp,
 overflow to its largest finite value.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -42,7 +43,7 @@ DRIFT_REGIMES: dict[str, str] = {
     "0.4 of it, never above half)",
     "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
     "untied": "normal's ranges with A, dt, D and dt_bias per channel (A per state index too), whole tensors "
-    "instead of Mamba2's per-head values expanded by stride-0 views",
+    "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call)",
 }
 
 LONG_STEPS_FACTOR = 4
@@ -66,6 +67,15 @@ class StepInputs:
     dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim (whole in `untied`)
     B: torch.Tensor  # (batch, ngroups, dstate) float32
     C: torch.Tensor  # (batch, ngroups, dstate) float32
+    z: torch.Tensor | None = None  # (batch, nheads, headdim) float32, the output's gate (`untied` only)
+
+    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> StepInputs:
+        """fn(name, tensor) applied to every input given (z stays None where there is none)."""
+        return StepInputs(**{name: fn(name, value) for name, value in self.given()})
+
+    def given(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every input, z only where there is one."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
 
 
 @dataclass(frozen=True)
@@ -87,22 +97,21 @@ class DecodeProblem:
     def steps(self) -> Iterator[StepInputs]:
         """The run's step inputs, on the device; the same stream on every call."""
         for step in self.host_steps():
-            yield StepInputs(*(t.to(self.device) for t in (step.x, step.dt, step.B, step.C)))
+            yield step.map(lambda _, t: t.to(self.device))
 
     def host_steps(self) -> Iterator[StepInputs]:
         """The same stream as `steps`, on the CPU where it is drawn."""
         for start in range(0, self.nsteps, STEP_BLOCK):
             block = self._block(start // STEP_BLOCK)
             for i in range(block.x.shape[0]):
-                yield StepInputs(block.x[i], block.dt[i], block.B[i], block.C[i])
+                yield block.map(lambda _, t: t[i])
 
     def host_inputs(self, start: int, count: int) -> StepInputs:
         """Steps start + 1 .. start + count of the stream (numbered from 1), stacked on a leading axis."""
         first, last = start // STEP_BLOCK, (start + count - 1) // STEP_BLOCK
         blocks = [self._block(k) for k in range(first, last + 1)]
         offset = start - first * STEP_BLOCK
-        return StepInputs(*(torch.cat([getattr(b, name) for b in blocks])[offset:offset + count]
-                            for name in ("x", "dt", "B", "C")))
+        return blocks[0].map(lambda name, _: torch.cat([getattr(b, name) for b in blocks])[offset:offset + count])
 
     def _block(self, k: int) -> StepInputs:
         generator = torch.Generator().manual_seed(sweep.case_seed(self.stream_seed, {"block": k}))
@@ -217,7 +226,8 @@ def _long(shape, state_dtype, nsteps, generator):
 
 
 def _untied(shape, state_dtype, nsteps, generator):
-    """normal's distributions drawn per channel (A per channel and state index): every value differs."""
+    """normal's distributions drawn per channel (A per channel and state index): every value differs; and a
+    gate z per channel, as Mamba1's decode passes selective_state_update."""
     s = shape
     A = -torch.exp(_uniform(generator, (s.nheads, s.headdim, s.dstate), 0.0, math.log(16.0)))
     dt_lo, dt_hi = 1e-3, 0.1
@@ -233,6 +243,7 @@ def _untied(shape, state_dtype, nsteps, generator):
             dt=(_inverse_softplus(target) - dt_bias.double()).float(),
             B=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
             C=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
+            z=torch.randn((n, s.batch, s.nheads, s.headdim), generator=g),
         )
 
     return _RegimeParams(initial, A.float(), D, dt_bias, draw_steps)

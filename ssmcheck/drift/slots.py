@@ -59,8 +59,8 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
                            layout["seed"], device)
     step = next(problem.steps())
     rows = len(layout["slots"])
-    arguments = {"x": step.x[:rows], "dt": step.dt[:rows], "A": problem.A, "B": step.B[:rows], "C": step.C[:rows],
-                 "D": problem.D, "z": None, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
+    arguments = {"z": None, **dict(step.map(lambda _, t: t[:rows]).given()), "A": problem.A, "D": problem.D,
+                 "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
     # The pool between two guard slots: a write at slot -1 or one past the end lands in one of them.
     buffer = torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]).contiguous()
     before = buffer.clone()
@@ -111,9 +111,10 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     rows = [r for r in range(len(layout["slots"])) if r not in layout["pad_rows"]]
     live = [layout["slots"][r] for r in rows]
     per_row = [arguments[k][rows].double() for k in ("x", "dt")]
+    z = None if arguments["z"] is None else arguments["z"][rows].double()
     ref, ref_out = state_update_step(pool_before[live].double(), *per_row, arguments["A"].double(),
                                      arguments["B"][rows].double(), arguments["C"][rows].double(),
-                                     D=arguments["D"].double(), dt_bias=arguments["dt_bias"].double(),
+                                     D=arguments["D"].double(), z=z, dt_bias=arguments["dt_bias"].double(),
                                      dt_softplus=arguments["dt_softplus"])
     generator = torch.Generator(device=pool.device).manual_seed(layout["seed"])
     stored = round_to(ref, case.dtype, case.rounding, generator).double()
