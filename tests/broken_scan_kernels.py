@@ -59,6 +59,26 @@ def leaky_varlen(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
     return _mamba_result(y, out, return_final_states, return_varlen_states)
 
 
+def no_reset_at_chunk_start(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                            seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                            return_final_states=False, return_varlen_states=False):
+    """Resets the carried state where seq_idx changes inside a chunk only: a sequence that starts exactly where a
+    chunk does continues the state of the sequence before it (its own initial state never loaded) in y.
+
+    Its states are right, and so is y at every mid-chunk boundary and in batch mode.
+    """
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    y = out.y
+    if cu_seqlens is not None:
+        starts = cu_seqlens[1:-1]
+        mid_chunk = starts % chunk_size != 0
+        merged = torch.cat([cu_seqlens[:1], starts[mid_chunk], cu_seqlens[-1:]])  # aligned starts dropped
+        kept = torch.cat([torch.ones(1, dtype=torch.bool, device=starts.device), mid_chunk])  # sequences kept
+        first = None if initial_states is None else initial_states[kept]
+        y = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, first, merged, dt_softplus, dt_limit).y
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
 def slightly_inaccurate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                         return_final_states=False, return_varlen_states=False):

@@ -54,11 +54,11 @@ def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name
     assert process.returncode == code, stderr
     data = json.loads(report.read_text())
     assert data["interrupted"] is True and data["interrupted_by"] == name and data["exit_code"] == code
-    assert 2 <= len(data["cases"]) < 10 and all(c["status"] == "pass" for c in data["cases"])
+    assert 2 <= len(data["cases"]) < 11 and all(c["status"] == "pass" for c in data["cases"])
     records = _jsonl(lines)
     assert records[0]["type"] == "header" and records[-1]["type"] == "summary"
     assert records[-1]["interrupted_by"] == name
-    assert f"interrupted by {name} after {len(data['cases'])} of 10 cases" in stdout
+    assert f"interrupted by {name} after {len(data['cases'])} of 11 cases" in stdout
     assert "Traceback" not in stderr
     assert (tmp_path / "r.xml").read_text().count("<testcase") == len(data["cases"])
 

@@ -30,15 +30,15 @@ def scan(*args, json_path=None):
 def test_torch_kernel_passes_the_smoke_preset(tmp_path):
     result, report = scan("--preset", "smoke", "--kernel", "torch", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert "10 cases: 10 pass" in result.stdout and "exit code 0" in result.stdout
+    assert "11 cases: 11 pass" in result.stdout and "exit code 0" in result.stdout
     assert f"device {runtime.environment().device}" in result.stdout and "torch" in result.stdout  # the environment, above the table
-    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 10
+    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 11
 
 
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = scan("--preset", "smoke", "--quiet")
     assert result.exit_code == 0, result.output
-    assert "10 pass" in result.stdout
+    assert "11 pass" in result.stdout
 
 
 def test_builtin_kernel_with_rounded_states_and_an_fp32_reference(tmp_path):
@@ -280,7 +280,7 @@ def test_quiet_prints_only_the_summary():
     result, _ = scan("--kernel", "torch", "--preset", "smoke", "--quiet")
     assert result.exit_code == 0
     assert result.stdout.strip().splitlines() == [result.stdout.strip()]
-    assert result.stdout.startswith("10 cases: 10 pass") and result.stderr == ""
+    assert result.stdout.startswith("11 cases: 11 pass") and result.stderr == ""
 
 
 @pytest.mark.parametrize("args, named", [
@@ -348,7 +348,7 @@ def test_python_dash_m_runs_the_scan():
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
     )
     assert run.returncode == 0, run.stderr
-    assert "10 cases: 10 pass" in run.stdout
+    assert "11 cases: 11 pass" in run.stdout
 
 
 def test_cumsum_cancel_catches_an_unguarded_tree_order_cumsum_that_dyadic_regimes_miss(tmp_path):
@@ -393,6 +393,20 @@ def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp
     assert all(c["status"] == "pass" for c in ran if c["params"]["dstate"] % 16 == 0)
     assert failed and all(c["status"] == "fail" and c["params"]["dstate"] % 16 for c in failed)
     assert {c["params"]["dtype"] for c in failed} == {"fp32", "bf16", "fp16"}
+
+
+def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_a_chunk(tmp_path):
+    """A kernel that resets the carried state only where seq_idx changes inside a chunk passes every case whose
+    sequence boundaries fall mid-chunk (ragged's, and every batch-mode case), and fails the default preset's
+    `aligned` cases in every dtype and both chunk sizes, located at chunk 0 of the sequence it leaks into."""
+    _, report = scan("--kernel", f"{BROKEN}:no_reset_at_chunk_start", "--preset", "default",
+                     json_path=tmp_path / "a.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    aligned = [c for c in ran if c["params"]["regime"] == "aligned"]
+    assert all(c["status"] == "pass" for c in ran if c not in aligned)
+    assert {(c["params"]["dtype"], c["params"]["chunk_size"]) for c in aligned} == {
+        (dtype, chunk) for dtype in ("fp32", "bf16", "fp16") for chunk in (64, 256)}
+    assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in aligned)
 
 
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):

@@ -215,7 +215,7 @@ def test_states_not_in_cs_dtype_are_caught_when_vllm_was_told_nothing(fakes, mon
 def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     fake = fakes(VARLEN_SCAN)
     report = api.scan(kernel="vllm", preset="smoke")
-    assert len(report.cases) == 10 and report.summary["error"] == report.summary["skipped"] == 0
+    assert len(report.cases) == 11 and report.summary["error"] == report.summary["skipped"] == 0
     # The baseline stores its states as vLLM returned them (bf16 here): a correct kernel passes.
     assert {c.status for c in report.cases} == {"pass"}
     assert {c.data["state_storage"] for c in report.cases} == {"bf16"}
@@ -262,10 +262,10 @@ def test_scan_kernel_mamba_ssm_passes_every_smoke_case(fakes, tmp_path):
     fake = fakes(MAMBA_SCAN)
     result, report = invoke("scan", "--kernel", "mamba_ssm", "--preset", "smoke", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert report["summary"]["pass"] == 10 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
+    assert report["summary"]["pass"] == 11 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
     varlen = [call for call in fake.CALLS if call["return_varlen_states"]]
-    # ragged and initial-state, each with its SSM-part call
-    assert len(varlen) == 4 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
+    # ragged, aligned and initial-state, each with its SSM-part call
+    assert len(varlen) == 6 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
     assert all(call["return_final_states"] for call in fake.CALLS if not call["return_varlen_states"])
 
 

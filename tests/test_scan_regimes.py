@@ -50,8 +50,20 @@ def test_ragged_packs_sequences_with_mid_chunk_boundaries_and_length_one_ones(ns
     assert inputs.seq_idx.shape == (1, cu[-1]) and inputs.seq_idx.dtype == torch.int32
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 9), st.integers(1, 300), st.sampled_from([16, 32, 64, 256]), st.integers(0, 2**31 - 1))
+def test_aligned_puts_every_boundary_it_can_on_a_chunk_boundary(nseq, seqlen, chunk, seed):
+    inputs = REGIMES["aligned"].generate(_shape(batch=nseq, seqlen=seqlen, chunk_size=chunk), torch.float32, seed)
+    cu = inputs.cu_seqlens.tolist()
+    total = nseq * seqlen
+    assert len(cu) == nseq + 1 and cu[0] == 0 and cu[-1] == total and all(a < b for a, b in zip(cu, cu[1:]))
+    on_chunks = [c for c in cu[1:-1] if c % chunk == 0]
+    assert len(on_chunks) == min(nseq - 1, (total - 1) // chunk)  # all, or every chunk boundary there is
+    assert inputs.seq_idx.shape == (1, total) and inputs.initial_states is None
+
+
 def test_ragged_and_initial_state_with_one_sequence_are_a_lone_varlen_sequence():
-    for name in ("ragged", "initial-state"):
+    for name in ("ragged", "aligned", "initial-state"):
         inputs = REGIMES[name].generate(_shape(batch=1, seqlen=77), torch.float32, 3)
         assert inputs.cu_seqlens.tolist() == [0, 77]
     lone = REGIMES["initial-state"].generate(_shape(batch=1, seqlen=77), torch.float32, 3)

@@ -142,6 +142,22 @@ def _ragged_cu_seqlens(g: torch.Generator, nseq: int, total: int, chunk_size: in
     return torch.tensor([0, *cuts, total], dtype=torch.int32)
 
 
+def _aligned_cu_seqlens(g: torch.Generator, nseq: int, total: int, chunk_size: int) -> torch.Tensor:
+    """Boundaries of `nseq` sequences packed into `total` tokens, on chunk boundaries.
+
+    Every boundary is a multiple of chunk_size, drawn at random among them, where there are enough of
+    them; the rest fall mid-chunk. A sequence then starts exactly where a chunk does: its state must come
+    from nothing, not from the sequence before, with no token of the chunk left to show the change.
+    """
+    if nseq == 1:
+        return torch.tensor([0, total], dtype=torch.int32)
+    multiples = list(range(chunk_size, total, chunk_size))
+    aligned = [multiples[i] for i in torch.randperm(len(multiples), generator=g)[: nseq - 1].tolist()]
+    others = [c for c in range(1, total) if c % chunk_size]
+    extra = [others[i] for i in torch.randperm(len(others), generator=g)[: nseq - 1 - len(aligned)].tolist()]
+    return torch.tensor([0, *sorted(aligned + extra), total], dtype=torch.int32)
+
+
 def _finish(dtype: torch.dtype, note: str, **tensors) -> ScanInputs:
     """Cast the activations to the case's dtype; A, D, dt_bias and initial states are float32,
     cu_seqlens int32."""
@@ -172,10 +188,11 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
     )
 
 
-def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool) -> ScanInputs:
+def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
+            boundaries=_ragged_cu_seqlens) -> ScanInputs:
     g = _generator(seed)
     total = shape.batch * shape.seqlen
-    cu = _ragged_cu_seqlens(g, shape.batch, total, shape.chunk_size)
+    cu = boundaries(g, shape.batch, total, shape.chunk_size)
     u = _unit_inputs(g, shape, 1, total)
     dt, dt_bias = _trained_dt(g, 1, total, shape.nheads)
     extra = {}
@@ -194,6 +211,10 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
 
 def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     return _varlen(shape, dtype, seed, with_initial_states=False)
+
+
+def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    return _varlen(shape, dtype, seed, with_initial_states=False, boundaries=_aligned_cu_seqlens)
 
 
 def padded(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -388,6 +409,8 @@ REGIMES: dict[str, Regime] = {
                "and softplus, unit-scale x/B/C, D and z", normal),
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
                "sequences (batch 1: a lone sequence)", ragged),
+        Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
+               "sequence starts where a chunk does (batch 1: a lone sequence)", aligned),
         Regime("padded", "ragged's packed sequences with pad tokens (seq_idx -1) after each, as a serving "
                "engine's packed batch has them: they must change no state (kernels that take them)", padded,
                pad_tokens=True),
