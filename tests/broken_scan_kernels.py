@@ -79,6 +79,19 @@ def no_reset_at_chunk_start(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=
     return _mamba_result(y, out, return_final_states, return_varlen_states)
 
 
+def initial_state_of_row_0(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                           seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                           return_final_states=False, return_varlen_states=False):
+    """In batch mode, starts every row from row 0's initial state (a batch stride of 0 for initial_states).
+
+    Right with one row, without initial states, and in varlen mode (one initial state per sequence).
+    """
+    if cu_seqlens is None and initial_states is not None:
+        initial_states = initial_states[:1].expand_as(initial_states)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def slightly_inaccurate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                         return_final_states=False, return_varlen_states=False):

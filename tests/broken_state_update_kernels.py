@@ -4,7 +4,8 @@ Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
-whole_dstate_blocks, per_head_parameters, interleaved_groups and skip_after_gate, which implement both modes
+whole_dstate_blocks, per_head_parameters, interleaved_groups, skip_after_gate, inputs_of_row_0 and
+contiguous_inputs, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -178,6 +179,32 @@ def skip_after_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_soft
     new, gated = _fp32_step(state, x, dt, A, B, C, None, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return gated if D is None else (gated.float() + D.float() * x.float()).to(x.dtype)
+
+
+def inputs_of_row_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                    rounding="nearest", seed=0):
+    """Advances every batch row's state with row 0's x, dt, B, C and z (a batch stride of 0 for the step's
+    inputs): right with one row. Both rounding modes, as `_store` does."""
+    def row_0(t):
+        return None if t is None else t[:1].expand_as(t)
+
+    new, out = _fp32_step(state, row_0(x), row_0(dt), A, row_0(B), row_0(C), D, row_0(z), dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def contiguous_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                      rounding="nearest", seed=0):
+    """Reads x, B and C at offsets computed from their shapes, as if contiguous (a kernel that ignores the
+    strides it is given): right for whole tensors, and for the first row of views into a wider buffer only.
+    Both rounding modes, as `_store` does."""
+    def as_contiguous(t):
+        return t.as_strided(t.shape, torch.empty(t.shape).stride(), t.storage_offset())
+
+    new, out = _fp32_step(state, as_contiguous(x), dt, A, as_contiguous(B), as_contiguous(C), D, z, dt_bias,
+                          dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
 
 
 def stores_every_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

@@ -409,6 +409,18 @@ def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_
     assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in aligned)
 
 
+def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_state(tmp_path):
+    """A kernel that starts every batch row from the first row's initial state passes every varlen and one-row
+    case, and fails the default preset's `long` cases of 3 rows in every dtype."""
+    _, report = scan("--kernel", f"{BROKEN}:initial_state_of_row_0", "--preset", "default",
+                     json_path=tmp_path / "i.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    rows = [c for c in ran if c["params"]["regime"] == "long" and c["params"]["batch"] > 1]
+    assert all(c["status"] == "pass" for c in ran if c not in rows)
+    assert sorted(c["params"]["dtype"] for c in rows) == ["bf16", "fp16", "fp32"]
+    assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)  # wrong from the start
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")

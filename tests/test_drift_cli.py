@@ -64,6 +64,28 @@ def test_the_default_preset_catches_a_head_read_from_the_wrong_group(tmp_path):
     assert all(c["status"] == "pass" for c in ran if c not in grouped)
 
 
+def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
+    """A state update that advances every batch row with row 0's inputs passes every one-row case, and fails
+    the default preset's cases of 2 rows (on the CPU the widths sub-sweep; on a GPU every case)."""
+    _, report = drift("--kernel", f"{BROKEN}:inputs_of_row_0", "--preset", "default", json_path=tmp_path / "r.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    rows = [c for c in ran if c["params"]["batch"] > 1]
+    assert rows and all(c["status"] == "fail" for c in rows)
+    assert all(c["status"] == "pass" for c in ran if c not in rows)
+    assert {(c["params"]["state_dtype"], c["params"]["rounding"]) for c in rows} == {
+        (dtype, rounding) for dtype in ("fp16", "bf16") for rounding in ("nearest", "stochastic")}
+
+
+def test_the_default_preset_catches_a_kernel_that_ignores_its_inputs_strides(tmp_path):
+    """A state update that reads x, B and C as if contiguous passes every regime but `strided` (views into one
+    buffer per step, as vLLM's decode passes them), and fails that one in every state dtype and rounding."""
+    _, report = drift("--kernel", f"{BROKEN}:contiguous_inputs", "--preset", "default", json_path=tmp_path / "s.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    strided = [c for c in ran if c["params"]["regime"] == "strided"]
+    assert len(strided) == 4 and all(c["status"] == "fail" for c in strided)
+    assert all(c["status"] == "pass" for c in ran if c not in strided)
+
+
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = drift("--preset", "smoke")
     assert result.exit_code == 0, result.output

@@ -140,3 +140,16 @@ def test_with_a_graph_a_nonfinite_step_that_does_not_come_again_ends_nothing():
     sums = CheckpointSums(), CheckpointSums()
     assert drift_run._trial(lock, checkpoints, *sums, lambda: None, graph=True) is None
     assert lock.step == case.steps and sorted(sums[0].sums) == checkpoints  # every checkpoint measured
+
+
+def test_strided_inputs_are_views_into_one_buffer_per_step_with_the_streams_values():
+    case, _ = _case(regime="strided", state_dtype="fp16", rounding="nearest", steps=9, trials=1, batch="3")
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    window = lockstep.StepWindow(problem)
+    window.load(5)
+    step, drawn = window.inputs(), problem.host_inputs(4, 1)
+    width = 2 * 8 + 2 + 2 * 1 * 16  # x, dt per head, B and C of one row
+    for name, view in step.given():
+        assert torch.equal(view, getattr(drawn, name)[0]), name
+        assert view.stride(0) == width and view.untyped_storage().data_ptr() == step.x.untyped_storage().data_ptr()
+    assert step.dt.stride() == (width, 1, 0)  # per head, expanded over headdim

@@ -38,9 +38,9 @@ def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, 
     ref, baseline: float64 states, advanced in place (the baseline rounded into `dtype` per `rounding`,
     against `uniform`'s draws when stochastic); before, after: the kernel's state before and after its
     call; out: the kernel's output; x, dt, B, C, z: the step's inputs (any float dtype; z, the output's
-    gate, may be None); A, D, dt_bias: float64 parameters; sums: the running store-error sums (stats.error_sums' layout), added to in
-    place; tripped: a bool flag, set where the kernel's state or output is non-finite and the reference's
-    is finite.
+    gate, may be None); A, D, dt_bias: float64 parameters; sums: the running store-error sums
+    (stats.error_sums' layout), added to in place; tripped: a bool flag, set where the kernel's state or
+    output is non-finite and the reference's is finite.
     """
     new, outs = state_update_step(torch.stack([ref, baseline, before.double()]), x.double(), dt.double(), A,
                                   B.double(), C.double(), D=D, z=None if z is None else z.double(), dt_bias=dt_bias,

@@ -50,7 +50,18 @@ class StepWindow:
         stored = self._stored(first)
         per_step = sum(t.numel() * t.element_size() for _, t in stored.given())
         self.size = max(1, min(problem.nsteps, WINDOW_BYTES // per_step))
-        self.buffers = stored.map(lambda _, t: torch.empty((self.size, *t.shape), dtype=t.dtype, device=problem.device))
+        self.columns: dict[str, tuple[int, int, torch.Size]] = {}  # a fused problem's: name -> (start, stop, shape)
+        if problem.fused:
+            # One buffer per step: each batch row holds every input's values side by side, as a serving
+            # engine's conv output holds x, B and C; a step's inputs are views into it (`inputs`).
+            start = 0
+            for name, t in stored.given():
+                self.columns[name] = (start, start + t[0].numel(), t.shape[1:])
+                start += t[0].numel()
+            self.fused = torch.empty((self.size, first.x.shape[0], start), dtype=first.x.dtype, device=problem.device)
+        else:
+            self.buffers = stored.map(lambda _, t: torch.empty((self.size, *t.shape), dtype=t.dtype,
+                                                               device=problem.device))
         self.counter = torch.zeros(1, dtype=torch.int64, device=problem.device)
         self.start = -1  # the window holds steps start + 1 .. start + count (numbered from 1)
         self.count = 0
@@ -69,13 +80,22 @@ class StepWindow:
             start = step - 1
             count = min(self.size, self.problem.nsteps - start)
             for name, values in self._stored(self.problem.host_inputs(start, count)).given():
-                getattr(self.buffers, name)[:count].copy_(values)
+                if self.columns:
+                    lo, hi, _ = self.columns[name]
+                    self.fused[:count, :, lo:hi].copy_(values.flatten(2))
+                else:
+                    getattr(self.buffers, name)[:count].copy_(values)
             self.start, self.count = start, count
         self.counter.fill_(step - 1 - self.start)
 
     def inputs(self) -> StepInputs:
         """The current step's inputs, read at the counter (device operations only)."""
-        step = self.buffers.map(lambda _, t: t.index_select(0, self.counter)[0])
+        if self.columns:
+            row = self.fused.index_select(0, self.counter)[0]
+            step = StepInputs(**{name: row[:, lo:hi].unflatten(-1, shape) for name, (lo, hi, shape)
+                                 in self.columns.items()})
+        else:
+            step = self.buffers.map(lambda _, t: t.index_select(0, self.counter)[0])
         return replace(step, dt=step.dt[..., None].expand(step.x.shape)) if self.dt_per_head else step
 
 

@@ -18,7 +18,10 @@ Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
 serving code gates after the state update, in its norm). The `untied` regime calls the
 state update as Mamba1's decode does: every parameter whole, a value per channel (and per
 state index for A), and a gate z per channel. A kernel that reads only one value per head,
-or gates the output wrongly, passes every other regime and fails this one.
+or gates the output wrongly, passes every other regime and fails this one. The `strided`
+regime draws normal's values and hands them over as a serving engine does: x, B and C (and
+dt) as views into one buffer per step, each batch row a whole buffer row apart (the window in
+drift.lockstep lays them out); the others pass whole, contiguous step inputs.
 
 Some regimes are scaled to the storage dtype: stagnation to its ulp,
 overflow to its largest finite value.
@@ -44,6 +47,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
     "untied": "normal's ranges with A, dt, D and dt_bias per channel (A per state index too), whole tensors "
     "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call)",
+    "strided": "normal's values as vLLM's decode passes them: x, B and C views into one buffer per step (the "
+    "conv output, [x | B | C], with dt's columns after them), so a row's inputs start a whole buffer row apart",
 }
 
 LONG_STEPS_FACTOR = 4
@@ -93,6 +98,8 @@ class DecodeProblem:
     draw_steps: Callable[[torch.Generator, int], StepInputs]
     stream_seed: int
     device: str
+    # The kernel gets x, dt, B, C as views into one buffer per step (drift.lockstep.StepWindow), not whole tensors.
+    fused: bool = False
 
     def steps(self) -> Iterator[StepInputs]:
         """The run's step inputs, on the device; the same stream on every call."""
@@ -143,6 +150,7 @@ def make_problem(
         draw_steps=params.draw_steps,
         stream_seed=seed + 1,
         device=device,
+        fused=regime == "strided",
     )
 
 
@@ -327,5 +335,6 @@ def _overflow(shape, state_dtype, nsteps, generator):
     return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_steps)
 
 
-_BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied}
+_BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
+             "strided": _normal}  # strided: normal's values, laid out by the step window
 assert set(_BUILDERS) == set(DRIFT_REGIMES)
