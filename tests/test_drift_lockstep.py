@@ -153,3 +153,6 @@ def test_strided_inputs_are_views_into_one_buffer_per_step_with_the_streams_valu
         assert torch.equal(view, getattr(drawn, name)[0]), name
         assert view.stride(0) == width and view.untyped_storage().data_ptr() == step.x.untyped_storage().data_ptr()
     assert step.dt.stride() == (width, 1, 0)  # per head, expanded over headdim
+    # [x | B | C | dt] in each row, as vLLM's decode splits its conv output and takes dt beside it
+    offsets = [t.storage_offset() - step.x.storage_offset() for t in (step.x, step.B, step.C, step.dt)]
+    assert offsets == [0, 2 * 8, 2 * 8 + 16, 2 * 8 + 32]

@@ -38,6 +38,10 @@ from ssmcheck.drift.stats import SignedErrorMoments
 WINDOW_BYTES = 64 << 20
 
 
+# A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt.
+FUSED_ORDER = ("x", "B", "C", "dt", "z")
+
+
 class StepWindow:
     """Consecutive steps' inputs stacked on the device, and the counter a step reads them at.
 
@@ -55,7 +59,7 @@ class StepWindow:
             # One buffer per step: each batch row holds every input's values side by side, as a serving
             # engine's conv output holds x, B and C; a step's inputs are views into it (`inputs`).
             start = 0
-            for name, t in stored.given():
+            for name, t in sorted(stored.given(), key=lambda item: FUSED_ORDER.index(item[0])):
                 self.columns[name] = (start, start + t[0].numel(), t.shape[1:])
                 start += t[0].numel()
             self.fused = torch.empty((self.size, first.x.shape[0], start), dtype=first.x.dtype, device=problem.device)
