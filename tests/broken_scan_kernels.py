@@ -4,7 +4,7 @@ Each wraps the same-precision baseline (a correct kernel) and breaks it the way
 real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:NAME`.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,6 +16,8 @@ NAN_OFFSET = 2
 NAN_HEAD = 1
 # whole_dstate_blocks' block of state columns.
 DSTATE_BLOCK = 16
+# one_headdim_block's block of channels.
+HEADDIM_BLOCK = 64
 
 
 def _mamba_result(y, out, return_final_states, return_varlen_states):
@@ -90,6 +92,21 @@ def initial_state_of_row_0(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=N
         initial_states = initial_states[:1].expand_as(initial_states)
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def one_headdim_block(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                      seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                      return_final_states=False, return_varlen_states=False):
+    """Channel c's y and states are those of channel c % HEADDIM_BLOCK: every block of channels computes the
+    first one (a program's channel offset, pid * BLOCK, left out). Right while headdim fits one block."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    channel = torch.arange(x.shape[-1], device=x.device) % HEADDIM_BLOCK
+
+    def first_block(states):
+        return None if states is None else states[..., channel, :]
+
+    out = replace(out, final_states=first_block(out.final_states), varlen_states=first_block(out.varlen_states))
+    return _mamba_result(out.y[..., channel], out, return_final_states, return_varlen_states)
 
 
 def slightly_inaccurate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,

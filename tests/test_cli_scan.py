@@ -421,6 +421,17 @@ def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_
     assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)  # wrong from the start
 
 
+def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):
+    """A kernel whose every block of 64 channels computes the first one passes every case of headdim <= 64, and
+    fails the default preset's 128-channel heads in every dtype."""
+    _, report = scan("--kernel", f"{BROKEN}:one_headdim_block", "--preset", "default", json_path=tmp_path / "h.json")
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    wide = [c for c in ran if c["params"]["headdim"] > 64]
+    assert all(c["status"] == "pass" for c in ran if c not in wide)
+    assert sorted(c["params"]["dtype"] for c in wide) == ["bf16", "fp16", "fp32"]
+    assert all(c["status"] == "fail" for c in wide)
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")
