@@ -398,38 +398,35 @@ def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp
 def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_a_chunk(tmp_path):
     """A kernel that resets the carried state only where seq_idx changes inside a chunk passes every case whose
     sequence boundaries fall mid-chunk (ragged's, and every batch-mode case), and fails the default preset's
-    `aligned` cases in every dtype and both chunk sizes, located at chunk 0 of the sequence it leaks into."""
+    `aligned` cases at both chunk sizes, located at chunk 0 of the sequence it leaks into."""
     _, report = scan("--kernel", f"{BROKEN}:no_reset_at_chunk_start", "--preset", "default",
                      json_path=tmp_path / "a.json")
     ran = [c for c in report["cases"] if c["status"] != "skipped"]
     aligned = [c for c in ran if c["params"]["regime"] == "aligned"]
     assert all(c["status"] == "pass" for c in ran if c not in aligned)
-    assert {(c["params"]["dtype"], c["params"]["chunk_size"]) for c in aligned} == {
-        (dtype, chunk) for dtype in ("fp32", "bf16", "fp16") for chunk in (64, 256)}
+    assert sorted(c["params"]["chunk_size"] for c in aligned) == [64, 256]
     assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in aligned)
 
 
 def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_state(tmp_path):
     """A kernel that starts every batch row from the first row's initial state passes every varlen and one-row
-    case, and fails the default preset's `long` cases of 3 rows in every dtype."""
+    case, and fails the default preset's `long` case of 2 rows."""
     _, report = scan("--kernel", f"{BROKEN}:initial_state_of_row_0", "--preset", "default",
                      json_path=tmp_path / "i.json")
     ran = [c for c in report["cases"] if c["status"] != "skipped"]
     rows = [c for c in ran if c["params"]["regime"] == "long" and c["params"]["batch"] > 1]
     assert all(c["status"] == "pass" for c in ran if c not in rows)
-    assert sorted(c["params"]["dtype"] for c in rows) == ["bf16", "fp16", "fp32"]
-    assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)  # wrong from the start
+    assert len(rows) == 1 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)  # wrong from the start
 
 
 def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):
     """A kernel whose every block of 64 channels computes the first one passes every case of headdim <= 64, and
-    fails the default preset's 128-channel heads in every dtype."""
+    fails the default preset's 128-channel heads."""
     _, report = scan("--kernel", f"{BROKEN}:one_headdim_block", "--preset", "default", json_path=tmp_path / "h.json")
     ran = [c for c in report["cases"] if c["status"] != "skipped"]
     wide = [c for c in ran if c["params"]["headdim"] > 64]
     assert all(c["status"] == "pass" for c in ran if c not in wide)
-    assert sorted(c["params"]["dtype"] for c in wide) == ["bf16", "fp16", "fp32"]
-    assert all(c["status"] == "fail" for c in wide)
+    assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
 
 
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
