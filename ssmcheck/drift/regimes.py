@@ -189,14 +189,15 @@ def _representable(state: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return state.to(torch.float32).to(dtype)
 
 
-def _dt_stream(shape: DecodeShape, dt_bias_head: torch.Tensor, sample_dt) -> Callable:
-    """N steps' raw dt, (N, batch, nheads) expanded over headdim, such that softplus(dt + dt_bias) is
-    `sample_dt(generator, N)` (the regime's distribution of the processed dt, (N, batch, nheads))."""
+def _dt_stream(shape: DecodeShape, dt_bias: torch.Tensor, sample_dt) -> Callable:
+    """N steps' raw dt, (N, batch, nheads, headdim), such that softplus(dt + dt_bias) is `sample_dt(generator, N)`
+    (the regime's distribution of the processed dt): per head, (N, batch, nheads) expanded over headdim, with a
+    (nheads,) dt_bias; per channel, whole, with a (nheads, headdim) one."""
 
     def draw(generator, count):
         target = sample_dt(generator, count)  # float64
-        raw = (_inverse_softplus(target) - dt_bias_head.double()).float()
-        return raw[..., None].expand(count, shape.batch, shape.nheads, shape.headdim)
+        raw = (_inverse_softplus(target) - dt_bias.double()).float()
+        return raw if raw.dim() == 4 else raw[..., None].expand(count, shape.batch, shape.nheads, shape.headdim)
 
     return draw
 
@@ -243,12 +244,13 @@ def _untied(shape, state_dtype, nsteps, generator):
                                 * _uniform(generator, (s.nheads, s.headdim), 0.5, 2.0)).float()
     D = _uniform(generator, (s.nheads, s.headdim), 0.5, 1.5).float()
     initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
+    dt_draw = _dt_stream(s, dt_bias, lambda g, n: _log_uniform(g, (n, s.batch, s.nheads, s.headdim), dt_lo, dt_hi))
 
     def draw_steps(g, n):
-        target = _log_uniform(g, (n, s.batch, s.nheads, s.headdim), dt_lo, dt_hi)  # dt after softplus
+        dt = dt_draw(g, n)  # first, as the stream has always drawn it
         return StepInputs(
             x=torch.randn((n, s.batch, s.nheads, s.headdim), generator=g),
-            dt=(_inverse_softplus(target) - dt_bias.double()).float(),
+            dt=dt,
             B=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
             C=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
             z=torch.randn((n, s.batch, s.nheads, s.headdim), generator=g),
