@@ -26,3 +26,13 @@ def assert_usage_error(result, named: str) -> None:
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and lines[0].startswith("Error:"), result.stderr
+
+
+def planted_bug_cases(report: dict, reached) -> list[dict]:
+    """The cases that ran and that `reached(params)` names, after asserting that every other case that ran
+    passed: a planted bug must show in the cases built to reach it and nowhere else."""
+    ran = [c for c in report["cases"] if c["status"] != "skipped"]
+    chosen = [c for c in ran if reached(c["params"])]
+    elsewhere = [c["id"] for c in ran if c not in chosen and c["status"] != "pass"]
+    assert not elsewhere, elsewhere
+    return chosen

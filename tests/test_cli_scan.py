@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_invoke import assert_usage_error, invoke
+from cli_invoke import assert_usage_error, invoke, planted_bug_cases
 
 from ssmcheck.core import runtime
 from ssmcheck.drift.regimes import DRIFT_REGIMES
@@ -401,9 +401,7 @@ def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_
     `aligned` cases at both chunk sizes, located at chunk 0 of the sequence it leaks into."""
     _, report = scan("--kernel", f"{BROKEN}:no_reset_at_chunk_start", "--preset", "default",
                      json_path=tmp_path / "a.json")
-    ran = [c for c in report["cases"] if c["status"] != "skipped"]
-    aligned = [c for c in ran if c["params"]["regime"] == "aligned"]
-    assert all(c["status"] == "pass" for c in ran if c not in aligned)
+    aligned = planted_bug_cases(report, lambda p: p["regime"] == "aligned")
     assert sorted(c["params"]["chunk_size"] for c in aligned) == [64, 256]
     assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in aligned)
 
@@ -413,19 +411,16 @@ def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_
     case, and fails the default preset's `long` case of 2 rows."""
     _, report = scan("--kernel", f"{BROKEN}:initial_state_of_row_0", "--preset", "default",
                      json_path=tmp_path / "i.json")
-    ran = [c for c in report["cases"] if c["status"] != "skipped"]
-    rows = [c for c in ran if c["params"]["regime"] == "long" and c["params"]["batch"] > 1]
-    assert all(c["status"] == "pass" for c in ran if c not in rows)
-    assert len(rows) == 1 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)  # wrong from the start
+    rows = planted_bug_cases(report, lambda p: p["regime"] == "long" and p["batch"] > 1)
+    # wrong from the row's first chunk
+    assert len(rows) == 1 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)
 
 
 def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):
     """A kernel whose every block of 64 channels computes the first one passes every case of headdim <= 64, and
     fails the default preset's 128-channel heads."""
     _, report = scan("--kernel", f"{BROKEN}:one_headdim_block", "--preset", "default", json_path=tmp_path / "h.json")
-    ran = [c for c in report["cases"] if c["status"] != "skipped"]
-    wide = [c for c in ran if c["params"]["headdim"] > 64]
-    assert all(c["status"] == "pass" for c in ran if c not in wide)
+    wide = planted_bug_cases(report, lambda p: p["headdim"] > 64)
     assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
 
 
