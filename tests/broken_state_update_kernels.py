@@ -4,7 +4,7 @@ Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
-whole_dstate_blocks, per_head_parameters, interleaved_groups, skip_after_gate, inputs_of_row_0 and
+whole_dstate_blocks, dstate_capped_at_128, per_head_parameters, interleaved_groups, skip_after_gate, inputs_of_row_0 and
 contiguous_inputs, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -112,6 +112,8 @@ SKIPPED_STORE_STEP = 11
 INF_STEP, INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX = 7, 2, 1, 3, 5
 # whole_dstate_blocks' block of state columns.
 DSTATE_BLOCK = 16
+# dstate_capped_at_128's largest block of state columns.
+DSTATE_CAP = 128
 
 
 def _step_number(state) -> int:
@@ -138,10 +140,22 @@ def whole_dstate_blocks(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     """Its loop over state columns runs dstate // DSTATE_BLOCK blocks instead of cdiv (a bound right only when
     dstate is a multiple of the block): the columns of a partial last block are never advanced, stored or read
     into the output. Both rounding modes, as `_store` does, so that this is its only bug."""
-    whole = state.shape[-1] // DSTATE_BLOCK * DSTATE_BLOCK
-    new, out = _fp32_step(state[..., :whole], x, dt, A[..., :whole], B[..., :whole], C[..., :whole], D, z, dt_bias,
-                          dt_softplus)
-    _store(state[..., :whole], new, rounding, seed)
+    return _first_state_columns(state.shape[-1] // DSTATE_BLOCK * DSTATE_BLOCK, state, x, dt, A, B, C, D, z, dt_bias,
+                                dt_softplus, rounding, seed)
+
+
+def dstate_capped_at_128(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                         rounding="nearest", seed=0):
+    """Its block of state columns is min(next_power_of_2(dstate), DSTATE_CAP), with no loop past it: right up to
+    dstate 128; beyond it the columns past the first block are never advanced, stored or read into the output.
+    Both rounding modes, as `_store` does, so that this is its only bug."""
+    return _first_state_columns(DSTATE_CAP, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+
+
+def _first_state_columns(n, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed):
+    """One step over state columns [0, n) only, the rest left as they are and out of the output."""
+    new, out = _fp32_step(state[..., :n], x, dt, A[..., :n], B[..., :n], C[..., :n], D, z, dt_bias, dt_softplus)
+    _store(state[..., :n], new, rounding, seed)
     return out
 
 

@@ -424,6 +424,14 @@ def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tm
     assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
 
 
+def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
+    """A kernel whose block of state indices stops at 128, with no loop past it, passes every case of dstate <= 128
+    and fails the default preset's case of dstate 256."""
+    _, report = scan("--kernel", f"{BROKEN}:dstate_capped_at_128", "--preset", "default", json_path=tmp_path / "d.json")
+    wide = planted_bug_cases(report, lambda p: p["dstate"] > 128)
+    assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")

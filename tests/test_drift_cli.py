@@ -33,6 +33,15 @@ def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp
         (dtype, rounding) for dtype in ("fp16", "bf16") for rounding in ("nearest", "stochastic")}
 
 
+def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
+    """A state update whose block of state columns stops at 128, with no loop past it, passes every case of
+    dstate <= 128 and fails the default preset's cases of dstate 256, in both rounding modes."""
+    _, report = drift("--kernel", f"{BROKEN}:dstate_capped_at_128", "--preset", "default", json_path=tmp_path / "d.json")
+    wide = planted_bug_cases(report, lambda p: p["dstate"] > 128)
+    assert {c["params"]["rounding"] for c in wide} == {"nearest", "stochastic"}
+    assert all(c["status"] == "fail" for c in wide)
+
+
 def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(tmp_path):
     """A state update that takes A, dt, D and dt_bias at channel 0 of each head (right for Mamba2's stride-0
     views) passes every regime but `untied`, and fails that one in every state dtype and rounding mode."""
