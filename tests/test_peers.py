@@ -230,6 +230,28 @@ def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     assert _ints(ragged["cu_chunk_seqlens"]) == _metadata(cu, 16)[0]
 
 
+def test_an_element_of_out_vllm_leaves_unwritten_is_nan(fakes, monkeypatch):
+    """vLLM writes y into the `out` it is given: the wrapper gives it NaN-filled, so a kernel that leaves the
+    last token unwritten is non-finite there, not whatever the allocator's memory held."""
+    fake = fakes(VARLEN_SCAN)
+    real = fake.mamba_chunk_scan_combined_varlen
+
+    def skips_the_last_token(*args, out, **kwargs):
+        written = torch.zeros_like(out)
+        states = real(*args, out=written, **kwargs)
+        out[:-1] = written[:-1]
+        return states
+
+    monkeypatch.setattr(fake, "mamba_chunk_scan_combined_varlen", skips_the_last_token)
+    report = api.scan(kernel="vllm", regime="normal,ragged", **SMALL)
+    assert report.cases and {c.status for c in report.cases} == {"nonfinite"}
+    for case in report.cases:
+        # The last sequence's last token (ragged's last sequence is one token long), every head and channel.
+        where = case.data["first_nonfinite"]
+        last = case.params["seqlen"] - 1 if case.params["regime"] == "normal" else 0
+        assert (where["sequence"], where["token"], where["tokens"], where["count"]) == (2, last, 1, 2 * 4), where
+
+
 @pytest.mark.parametrize("state_dtype", [None, "fp16"])
 def test_vllm_continues_from_initial_states_as_its_cache_holds_them(fakes, state_dtype):
     """vLLM takes initial states only in the dtype it stores states in: each case hands it states of

@@ -119,7 +119,7 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
     Batch mode (no cu_seqlens): each of the `batch` rows is one sequence. Varlen (batch 1 with
     cu_seqlens): the row's sequences; seq_idx is implied by cu_seqlens and not read. The tokens
     are flattened into vLLM's (tokens, ...) layout (views of contiguous inputs), `out` is
-    allocated in x's dtype, `state_dtype` is passed through (None: vLLM stores the states in C's
+    allocated in x's dtype (NaN-filled), `state_dtype` is passed through (None: vLLM stores the states in C's
     dtype), and initial_states are cast to that storage dtype, as vLLM's model code passes them
     from its state cache (its kernel takes them in no other dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
     the varlen states in varlen mode (the final states of a varlen row are its last sequence's).
@@ -138,10 +138,11 @@ def varlen_arguments(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, i
                      cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf), return_final_states=False,
                      return_varlen_states=False, state_dtype=None) -> tuple[tuple, dict]:
     """The (positional, keyword) arguments of `mamba_chunk_scan_combined_varlen` for a call with our signature
-    (the return flags are ours alone: vLLM returns every sequence's state); `out` is allocated, y's buffer."""
+    (the return flags are ours alone: vLLM returns every sequence's state); `out`, y's buffer, is allocated
+    NaN-filled, so that an element vLLM leaves unwritten shows as NaN, not as stale memory."""
     layout = _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype)
     flat, meta = layout.flat, layout.meta
-    out = torch.empty((layout.tokens, *x.shape[2:]), dtype=x.dtype, device=x.device)
+    out = torch.full((layout.tokens, *x.shape[2:]), math.nan, dtype=x.dtype, device=x.device)
     return (flat(x), flat(dt), A, flat(B), flat(C), chunk_size), dict(
         cu_seqlens=layout.cu_seqlens, cu_chunk_seqlens=meta.cu_chunk_seqlens,
         last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx, out=out, D=D, z=flat(z), dt_bias=dt_bias,
