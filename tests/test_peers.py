@@ -316,6 +316,27 @@ def test_drift_kernel_vllm_runs_as_a_declared_round_to_nearest_kernel(fakes, tmp
     assert any(call["null_block_id"] == 0 and call["state_batch_indices"] is not None for call in fake.CALLS)
 
 
+def test_an_element_of_out_the_vllm_state_update_leaves_unwritten_is_nan(fakes, monkeypatch):
+    """Without an `out` of the caller's, the vLLM wrapper gives vLLM a NaN-filled one: a step that leaves the last
+    channel unwritten is non-finite there from the first step, not whatever the allocator's memory held."""
+    fake = fakes(VLLM_SSU)
+    real = fake.selective_state_update
+
+    def skips_the_last_channel(state, x, *args, out, state_batch_indices=None, **kwargs):
+        if state_batch_indices is not None:  # the slot check: NaN-fills its own out
+            return real(state, x, *args, out=out, state_batch_indices=state_batch_indices, **kwargs)
+        written = torch.zeros_like(out)
+        real(state, x, *args, out=written, **kwargs)
+        out[..., :-1] = written[..., :-1]
+
+    monkeypatch.setattr(fake, "selective_state_update", skips_the_last_channel)
+    report = api.drift(kernel="vllm", preset="smoke")
+    assert report.cases and {c.status for c in report.cases} == {"nonfinite"}
+    for case in report.cases:
+        where = case.data["first_nonfinite"]
+        assert (where["output"], where["step"], where["channel"]) == ("out", 1, case.params["headdim"] - 1), where
+
+
 def test_drift_kernel_mamba_ssm_runs(fakes, tmp_path):
     fake = fakes(MAMBA_SSU)
     result, report = invoke("drift", "--kernel", "mamba_ssm", "--preset", "smoke", json_path=tmp_path / "r.json")

@@ -243,7 +243,7 @@ def state_update() -> Callable:
 def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                       state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None):
     """One decode step through vLLM's `selective_state_update`: state (batch, nheads, headdim,
-    dstate) updated in place, y returned in `out` (a new tensor like x when None).
+    dstate) updated in place, y returned in `out` (a new NaN-filled tensor like x when None).
 
     vLLM requires D and dt_bias; a missing one is zeros of shape (nheads, headdim) with stride 0,
     which adds nothing (but x·0 for an infinite x is NaN where "no D" would leave none). With
@@ -253,7 +253,7 @@ def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, d
     """
     nheads, headdim = state.shape[1], state.shape[2]
     zeros = torch.zeros((), dtype=torch.float32, device=x.device).expand(nheads, headdim)
-    out = torch.empty_like(x) if out is None else out
+    out = torch.full_like(x, math.nan) if out is None else out  # NaN-filled: what vLLM leaves unwritten shows
     # By keyword: the CPU implementation vLLM swaps in without CUDA orders them (D, z, dt_bias).
     update(state, x, dt, A, B, C, D=zeros if D is None else D, dt_bias=zeros if dt_bias is None else dt_bias,
            z=z, dt_softplus=dt_softplus, state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=out)
