@@ -221,6 +221,21 @@ def dstate_capped_at_128(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def heads_in_pairs(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                   cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                   return_varlen_states=False):
+    """Its programs take heads two at a time, nheads // 2 of them (floor, not cdiv): with an odd head count the
+    last head is never computed, its y and states left as zeros (what fresh device memory holds)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    computed = x.shape[2] // 2 * 2
+    y = out.y.clone()
+    y[:, :, computed:] = 0
+    for states in (out.final_states, out.varlen_states):
+        if states is not None:
+            states[:, computed:] = 0
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
 def ssm_part_1pct(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
                   cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
                   return_varlen_states=False):

@@ -432,6 +432,14 @@ def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
     assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
 
 
+def test_the_default_preset_catches_heads_taken_in_pairs(tmp_path):
+    """A kernel whose programs take heads two at a time (nheads // 2 programs) never computes the last of an odd
+    head count: it passes every case of an even count and fails the default preset's case of 3 heads."""
+    _, report = scan("--kernel", f"{BROKEN}:heads_in_pairs", "--preset", "default", json_path=tmp_path / "p.json")
+    odd = planted_bug_cases(report, lambda p: p["nheads"] % 2)
+    assert len(odd) == 1 and all(c["status"] == "fail" and " head 2 " in c["message"] for c in odd)
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")
