@@ -4,8 +4,8 @@ Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
-whole_dstate_blocks, dstate_capped_at_128, per_head_parameters, interleaved_groups, skip_after_gate, inputs_of_row_0 and
-contiguous_inputs, which implement both modes
+whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
+interleaved_groups, skip_after_gate, inputs_of_row_0 and contiguous_inputs, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -156,6 +156,18 @@ def _first_state_columns(n, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, r
     """One step over state columns [0, n) only, the rest left as they are and out of the output."""
     new, out = _fp32_step(state[..., :n], x, dt, A[..., :n], B[..., :n], C[..., :n], D, z, dt_bias, dt_softplus)
     _store(state[..., :n], new, rounding, seed)
+    return out
+
+
+def softplus_without_threshold(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                               rounding="nearest", seed=0):
+    """softplus as log1p(exp(dt + dt_bias)) in fp32 with no linear branch past 20: right wherever dt + dt_bias stays
+    below 88.7, where exp overflows, dt becomes inf and so does the state. Both rounding modes, as `_store` does."""
+    if dt_softplus:
+        dt = torch.log1p(torch.exp(dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)))
+        dt_bias, dt_softplus = None, False
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
     return out
 
 

@@ -36,10 +36,20 @@ def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp
 def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
     """A state update whose block of state columns stops at 128, with no loop past it, passes every case of
     dstate <= 128 and fails the default preset's cases of dstate 256, in both rounding modes."""
-    _, report = drift("--kernel", f"{BROKEN}:dstate_capped_at_128", "--preset", "default", json_path=tmp_path / "d.json")
+    _, report = drift("--kernel", f"{BROKEN}:dstate_capped_at_128", "--preset", "default",
+                      json_path=tmp_path / "d.json")
     wide = planted_bug_cases(report, lambda p: p["dstate"] > 128)
     assert {c["params"]["rounding"] for c in wide} == {"nearest", "stochastic"}
     assert all(c["status"] == "fail" for c in wide)
+
+
+def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
+    """A state update whose softplus is log1p(exp(.)) with no linear branch past 20 passes every regime whose dt stays
+    below exp's overflow, and is non-finite in `dt-extreme` in every state dtype and rounding mode."""
+    _, report = drift("--kernel", f"{BROKEN}:softplus_without_threshold", "--preset", "default",
+                      json_path=tmp_path / "s.json")
+    extreme = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme")
+    assert len(extreme) == 4 and all(c["status"] == "nonfinite" for c in extreme)
 
 
 def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(tmp_path):

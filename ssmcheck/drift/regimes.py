@@ -24,7 +24,7 @@ dt) as views into one buffer per step, each batch row a whole buffer row apart (
 drift.lockstep lays them out); the others pass whole, contiguous step inputs.
 
 Some regimes are scaled to the storage dtype: stagnation to its ulp,
-overflow to its largest finite value.
+overflow to its largest finite value. `dt-extreme` takes dt past every point where a softplus goes wrong.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ DRIFT_REGIMES: dict[str, str] = {
     "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call)",
     "strided": "normal's values as vLLM's decode passes them: x, B and C views into one buffer per step (the "
     "conv output, [x | B | C], with dt's columns after them), so a row's inputs start a whole buffer row apart",
+    "dt-extreme": "each step's dt after softplus either 8..100 (past fp16's exp overflow at 11.1, softplus's "
+    "threshold at 20 and fp32's exp overflow at 88.7), wiping the state and writing dt*x*B over it, or "
+    "e^-40..e^-23, leaving it as it is; dt_bias -4..4",
 }
 
 LONG_STEPS_FACTOR = 4
@@ -218,6 +221,11 @@ def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: flo
     D_head = _uniform(generator, (s.nheads,), 0.5, 1.5).float()
     initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
     dt_draw = _dt_stream(s, dt_bias_head, lambda g, n: _log_uniform(g, (n, s.batch, s.nheads), dt_lo, dt_hi))
+    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw))
+
+
+def _unit_steps(s: DecodeShape, dt_draw) -> Callable:
+    """draw_steps of unit-normal x, B and C around `dt_draw`'s dt (in the order the stream has always drawn them)."""
 
     def draw_steps(g, n):
         return StepInputs(
@@ -227,7 +235,7 @@ def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: flo
             C=torch.randn((n, s.batch, s.ngroups, s.dstate), generator=g),
         )
 
-    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, draw_steps)
+    return draw_steps
 
 
 def _long(shape, state_dtype, nsteps, generator):
@@ -257,6 +265,34 @@ def _untied(shape, state_dtype, nsteps, generator):
         )
 
     return _RegimeParams(initial, A.float(), D, dt_bias, draw_steps)
+
+
+# dt-extreme: a step's processed dt is large or tiny, with equal odds. Large ones cross every point where a
+# softplus goes wrong: an exp taken in fp16 overflows past 11.1, the usual threshold (dt itself past 20) takes
+# over at 20, and an exp in fp32 without that threshold overflows past 88.7. exp(A*dt) <= e^-8 there: the
+# state is wiped and dt*x*B (a few thousand at most: fp16 holds it) written in its place. Tiny ones change nothing
+# a storage format can hold, so the state waits for the next large one.
+_DT_EXTREME_LARGE = (8.0, 100.0)
+_DT_EXTREME_LOG_TINY = (-40.0, -23.0)
+
+
+def _dt_extreme(shape, state_dtype, nsteps, generator):
+    s = shape
+    A_head = -torch.exp(_uniform(generator, (s.nheads,), 0.0, math.log(16.0)))
+    # The processed dt is drawn, raw dt = its inverse softplus less the bias: a kernel whose linear branch past 20
+    # returns dt without the bias computes another dt (the normal regimes never take that branch).
+    dt_bias_head = _uniform(generator, (s.nheads,), -4.0, 4.0).float()
+    D_head = _uniform(generator, (s.nheads,), 0.5, 1.5).float()
+    initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
+
+    def sample_dt(g, n):
+        where = (n, s.batch, s.nheads)
+        large = _uniform(g, where, *_DT_EXTREME_LARGE)
+        tiny = torch.exp(_uniform(g, where, *_DT_EXTREME_LOG_TINY))
+        return torch.where(torch.rand(where, generator=g, dtype=torch.float64) < 0.5, large, tiny)
+
+    dt_draw = _dt_stream(s, dt_bias_head, sample_dt)
+    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw))
 
 
 # Stagnation, in units of eps = the ulp of 1.0 in the storage dtype. The state
@@ -330,13 +366,17 @@ def _overflow(shape, state_dtype, nsteps, generator):
             x=jitter(g, n, x_mag).float(),
             dt=dt_draw(g, n),
             B=jitter(g, n, b_mag).float(),
-            # |C| sums to at most 1 over dstate, so |C . h| stays below the peak too
-            C=(_uniform(g, (n, s.batch, s.ngroups, s.dstate), -1.0, 1.0) / s.dstate).float(),
+            # |C| sums to at most 1 over dstate, so |C . h| stays below the peak too. C >= 0: h's signs are x's per
+            # channel (B > 0), so C . h adds terms of one sign and out is as well-conditioned as the state. (A signed
+            # C cancelled: out's error grew hundreds of times the state's, and a correct fp32 kernel's reached 2-6x
+            # the baseline's at 4 of 300 seeds, a failure that measured only the cancellation.)
+            C=(_uniform(g, (n, s.batch, s.ngroups, s.dstate), 0.0, 1.0) / s.dstate).float(),
         )
 
     return _RegimeParams(initial, A_head.float(), torch.ones(s.nheads), dt_bias_head, draw_steps)
 
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
-             "strided": _normal}  # strided: normal's values, laid out by the step window
+             "strided": _normal,  # normal's values, laid out by the step window
+             "dt-extreme": _dt_extreme}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)
