@@ -236,6 +236,18 @@ def heads_in_pairs(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, ini
     return _mamba_result(y, out, return_final_states, return_varlen_states)
 
 
+def softplus_without_threshold(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """softplus as log1p(exp(dt + dt_bias)) in fp32 with no linear branch past 20: right wherever dt + dt_bias stays
+    below 88.7, where exp overflows and dt is inf."""
+    if dt_softplus:
+        dt = torch.log1p(torch.exp(dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)))
+        dt_bias, dt_softplus = None, False
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def ssm_part_1pct(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
                   cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
                   return_varlen_states=False):

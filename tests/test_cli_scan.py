@@ -440,6 +440,15 @@ def test_the_default_preset_catches_heads_taken_in_pairs(tmp_path):
     assert len(odd) == 1 and all(c["status"] == "fail" and " head 2 " in c["message"] for c in odd)
 
 
+def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
+    """A kernel whose softplus is log1p(exp(.)) with no linear branch past 20 passes every regime whose raw dt stays
+    below exp's overflow, and is non-finite in `dt-extreme` in every dtype."""
+    _, report = scan("--kernel", f"{BROKEN}:softplus_without_threshold", "--preset", "default",
+                     json_path=tmp_path / "s.json")
+    extreme = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme")
+    assert len(extreme) == 3 and all(c["status"] == "nonfinite" for c in extreme)
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")

@@ -250,7 +250,8 @@ def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
 
 
 def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    """Raw dt of 21..40 (softplus is the identity there) or -40..-23 (dt ~ 1e-10..1e-18), integers.
+    """Raw dt of 21..100 (softplus is the identity there; past 88.7 an exp in fp32 overflows, so a softplus without
+    its linear branch is inf) or -40..-23 (dt ~ 1e-10..1e-18), integers (exact in fp16 and bf16).
 
     With A in -1..-16 (powers of two) a large dt gives an exact integer log-decay,
     and a whole chunk of tiny ones sums to under half an ulp of any nonzero
@@ -261,10 +262,11 @@ def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: tor
     rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
     u = _unit_inputs(g, shape, rows, seqlen)
     large = torch.rand((rows, seqlen, nheads), generator=g) < 0.5
-    dt = torch.where(large, _integers(g, (rows, seqlen, nheads), 21, 40), -_integers(g, (rows, seqlen, nheads), 23, 40))
+    dt = torch.where(large, _integers(g, (rows, seqlen, nheads), 21, 100),
+                     -_integers(g, (rows, seqlen, nheads), 23, 40))
     A = -torch.exp2(_integers(g, nheads, 0, 4))
     return _finish(
-        dtype, "raw dt = 21..40 or -40..-23 through softplus, A in -1..-16", dt=dt, A=A,
+        dtype, "raw dt = 21..100 or -40..-23 through softplus, A in -1..-16", dt=dt, A=A,
         D=_normal(g, nheads), dt_softplus=True, **u,
     )
 
@@ -418,8 +420,8 @@ REGIMES: dict[str, Regime] = {
                "(batch 1: a lone sequence)", initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
                "1e4..1e9, exact-zero dt padding", decay_extreme),
-        Regime("dt-extreme", "raw dt of 21..40, past softplus's linear threshold (20), or -40..-23, "
-               "very negative (dt ~ 1e-10..1e-18)", dt_extreme),
+        Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
+               "(88.7), or -40..-23, very negative (dt ~ 1e-10..1e-18)", dt_extreme),
         Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
