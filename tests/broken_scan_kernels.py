@@ -285,3 +285,14 @@ def racy_partial_read(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, 
     if _LAUNCHES[0] % 3 == 0 and x.shape[1] > chunk_size:
         y[:, chunk_size, 0] = (y[:, chunk_size, 0].float() * (1 + 2**-6)).to(y.dtype)
     return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def unwritten_last_token(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                         return_final_states=False, return_varlen_states=False):
+    """Allocates y itself (torch.empty) and never writes each row's last token: y there is whatever the
+    memory held (NaN, as ssmcheck's guard has torch fill uninitialised allocations)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    y = torch.empty_like(out.y)
+    y[:, :-1] = out.y[:, :-1]
+    return _mamba_result(y, out, return_final_states, return_varlen_states)

@@ -75,6 +75,16 @@ def skips_last_head_store(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, d
     return out
 
 
+def unwritten_last_channel(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Allocates out itself (torch.empty_like) and never writes each head's last channel: out there is whatever
+    the memory held (NaN, as ssmcheck's guard has torch fill uninitialised allocations)."""
+    new, full = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(new.to(state.dtype))
+    out = torch.empty_like(x)
+    out[..., :-1] = full[..., :-1]
+    return out
+
+
 def forgets_decay(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
     """Never applies exp(dt * A): the state only accumulates, and a growing one overflows to inf."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=False)

@@ -1,6 +1,7 @@
 """Calling a kernel under test so that it cannot end the run, fake its verdict or write into the report.
 
-What it prints goes to a transcript (core.capture). SystemExit and KeyboardInterrupt raised inside
+What it prints goes to a transcript (core.capture); what it allocates uninitialised is NaN-filled
+(core.poison), so that an element it never writes shows. SystemExit and KeyboardInterrupt raised inside
 the call become KernelExit, the case's own failure: exactly these two beyond Exception, not
 BaseException, because a user's Ctrl-C arrives as core.execution.Interrupted and must end the
 sweep, not this case. Both commands' adapters call their kernels through here.
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.core.poison import uninitialised_as_nan
 from ssmcheck.core.tensors import same_bits
 
 
@@ -66,10 +68,10 @@ def _importable(filename: str) -> str:
 
 
 def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript | None):
-    """fn(*args, **kwargs), its printing kept in `transcript` (discarded without one). Raises what the
-    kernel raised, or KernelExit."""
+    """fn(*args, **kwargs), its printing kept in `transcript` (discarded without one) and its uninitialised
+    allocations NaN. Raises what the kernel raised, or KernelExit."""
     try:
-        with captured_stdout(transcript if transcript is not None else Transcript()):
+        with captured_stdout(transcript if transcript is not None else Transcript()), uninitialised_as_nan():
             return fn(*args, **kwargs)
     except SystemExit as exc:
         raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc

@@ -15,8 +15,8 @@ the live rows on a random permutation of them, the regime's own states and input
 - pad_out: the pad rows' out, NaN-filled (a NaN with its own payload) before the call where the kernel
   takes `out`: wholly written with finite values (zeros, as mamba_ssm and the built-in kernel write,
   or other values, as vLLM's step from a zero state gives) or wholly left (reported as not written,
-  which passes); partly written or non-finite fails. A kernel that allocates out itself cannot be
-  poisoned: its non-finite pad outputs are reported as undetermined.
+  which passes); partly written or non-finite fails. A kernel that allocates out itself gets it NaN-filled
+  (core.poison) but without the payload: its non-finite pad outputs are reported as undetermined.
 
 How they combine with the case (`combine`): as scan's invariance checks, the case's status is the most
 severe of its own and the checks', and its message adds one clause per check that did not pass.

@@ -1,0 +1,42 @@
+"""NaN in every tensor a kernel under test allocates uninitialised, so that an element it never writes shows.
+
+ssmcheck fills the outputs it passes a kernel (vLLM's `out`, the state update's `out`) with NaN itself. A
+kernel that allocates its own (torch.empty and kin) gets whatever the memory held: zeros, an earlier tensor,
+or its own previous call's output, which hides an element it leaves unwritten (and, under --repeat, one it
+writes only sometimes); an intermediate it reads before writing goes unseen the same way. PyTorch fills
+torch.empty, empty_like, empty_strided, empty_permuted and the new elements of resize_ with NaN (integers:
+their maximum, booleans: True) while deterministic algorithms are on and
+torch.utils.deterministic.fill_uninitialized_memory is set. `uninitialised_as_nan` sets both for the call
+and restores them after. Deterministic mode is set warn_only, so that torch operations without a
+deterministic implementation still run (their warnings dropped); torch operations in the kernel's Python
+wrapper take their deterministic implementations where they have one, Triton code is unaffected. On the CPU
+and on CUDA alike, and inside CUDA graph capture (the fill is captured with the allocation).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.utils.deterministic
+
+
+@contextmanager
+def uninitialised_as_nan() -> Iterator[None]:
+    """Within: tensors allocated uninitialised are NaN-filled; on leaving, the caller's settings are back."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            # "... does not have a deterministic implementation, but you set ... warn_only=True" and cuBLAS's
+            # "... this operation is not deterministic because it uses CuBLAS": the kernel's own business.
+            warnings.filterwarnings("ignore", message="(?s).*deterministic", category=UserWarning)
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
