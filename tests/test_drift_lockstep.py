@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssmcheck.core import sweep
+from ssmcheck.core import runtime, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
@@ -42,9 +42,9 @@ def test_a_run_in_windows_of_a_few_steps_is_the_run_in_one_window(monkeypatch, r
     assert windowed.run.store_errors == whole.run.store_errors and whole.run.store_errors.count > 0
 
 
-def _lock(case, kernel, trial_seed: int) -> lockstep.Lockstep:
-    """Trial 0 of `case` on the CPU."""
-    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+def _lock(case, kernel, trial_seed: int, device: str = "cpu") -> lockstep.Lockstep:
+    """Trial 0 of `case` on `device`."""
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
     return lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, trial_seed, Transcript(),
                              SignedErrorMoments())
 
@@ -102,10 +102,10 @@ def test_the_eager_loop_reads_every_step_when_there_is_no_graph():
     assert result.run.decode_loop == "eager"
 
 
-def test_a_saved_position_comes_back_bit_for_bit():
+def test_a_saved_position_comes_back_bit_for_bit(device):
     case, _ = _case(regime="normal", state_dtype="bf16", rounding="stochastic", steps=16, trials=1, seed=2)
-    kernel = resolve_kernel("builtin", 10, "software", True)
-    lock = _lock(case, kernel, 99)
+    kernel = resolve_kernel("builtin", 10, "software", runtime.environment().interpreter)
+    lock = _lock(case, kernel, 99, device)  # the built-in kernel runs where the session's Triton does
     for _ in range(3):
         lock.advance()
     saved = lock.saved()

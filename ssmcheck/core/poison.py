@@ -9,8 +9,9 @@ their maximum, booleans: True) while deterministic algorithms are on and
 torch.utils.deterministic.fill_uninitialized_memory is set. `uninitialised_as_nan` sets both for the call
 and restores them after. Deterministic mode is set warn_only, so that torch operations without a
 deterministic implementation still run (their warnings dropped); torch operations in the kernel's Python
-wrapper take their deterministic implementations where they have one, Triton code is unaffected. On the CPU
-and on CUDA alike, and inside CUDA graph capture (the fill is captured with the allocation).
+wrapper take their deterministic implementations where they have one, Triton code is unaffected (and so is
+code torch.compile made: inductor keeps its own flag, left alone here). On the CPU and on CUDA alike, and
+inside CUDA graph capture (the fill is captured with the allocation).
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def uninitialised_as_nan() -> Iterator[None]:
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch._C's setter, not torch.use_deterministic_algorithms: that one first imports torch._inductor.config
+    # (all of torch._dynamo and inductor, 2 s a process on a 2-core CPU) to set a flag that only
+    # torch.compile'd code reads, where the fill is all this needs.
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
@@ -38,5 +42,5 @@ def uninitialised_as_nan() -> Iterator[None]:
             warnings.filterwarnings("ignore", message="(?s).*deterministic", category=UserWarning)
             yield
     finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
