@@ -296,3 +296,43 @@ def unwritten_last_token(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
     y = torch.empty_like(out.y)
     y[:, :-1] = out.y[:, :-1]
     return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def _past_the_end(t: torch.Tensor, count: int) -> torch.Tensor:
+    """The `count` elements of t's storage right after t (contiguous t): memory the kernel does not own. Past
+    the storage's end, zeros stand in for whatever memory lies there (finite, as it most often is)."""
+    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    start = t.storage_offset() + t.numel()
+    read = flat[start:start + count]
+    return torch.cat([read, read.new_zeros(count - read.numel())])
+
+
+def unmasked_last_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                        cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                        return_varlen_states=False):
+    """Its chunk-state stage loads x for a whole chunk, the tokens past seqlen of a partial last chunk too (no
+    mask on the token axis), and weights them by dt loaded with its mask (0): harmless while the memory read
+    is finite, as it is inside the batch (the next row's tokens); the last row's read goes past x, and NaN
+    there makes its final state NaN (0 * NaN)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    seqlen = x.shape[1]
+    if cu_seqlens is not None or not return_final_states or seqlen % chunk_size == 0:
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    beyond = (chunk_size - seqlen % chunk_size) * x.shape[2] * x.shape[3]
+    extra = _past_the_end(x.contiguous() if not x.is_contiguous() else x, beyond).view(-1, *x.shape[2:]).float()
+    states = out.final_states.clone()
+    states[-1] += (0.0 * extra).sum(0)[..., None].to(states.dtype)  # dt = 0 past seqlen: 0 * x * B
+    return _mamba_result(out.y, replace(out, final_states=states), return_final_states, return_varlen_states)
+
+
+def writes_past_x(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                  cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                  return_varlen_states=False):
+    """Right results, and a store one element past x's end (a scratch write with the wrong bound), where the
+    storage has room for it (beside a buffer, in a serving engine, it lands in someone else's tensor)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage())
+    end = x.storage_offset() + x.numel()
+    if end < flat.numel():
+        flat[end] = 0.0
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

@@ -11,11 +11,11 @@ the output's range demands care. Used as `--kernel tests/layout_kernels.py:NAME`
   x 16, dstate 8, 1 group) reach token 100, as Mamba2-2.7B's (10576 per token) pass 2**31 at token
   203,053. Below the limit it reads every element where a correct kernel does; past it the offset
   wraps two's-complement-wise to a negative one, and the element read is the one that far before the
-  view's start (another row, another column block): wrong values, finite ones, as memory beside a
-  buffer holds. An offset before the buffer's first element reads, as a stand-in for memory outside
-  the buffer, the element at that offset taken modulo the buffer's size, so the values stay finite
-  and of the inputs' own scale, the harder case to catch. Contiguous inputs of the same case keep
-  their offsets under the limit (32 elements per token) and read right.
+  view's start (another row, another column block). An offset before the first element of the
+  kernel's storage reads the element at that offset taken modulo the storage's size: under ssmcheck
+  the storage is a copy with a NaN fence either side (core.fences), so that read returns NaN, as it
+  would return whatever memory lies before a buffer in a serving engine. Contiguous inputs of the same
+  case keep their offsets under the limit (32 elements per token) and read right.
 - `unsaturated_fp16_output`: computes y in fp32 and narrows it with a plain cast, as `acc.to(fp16)`
   does: a finite y past 65504 is stored as inf.
 """

@@ -13,7 +13,8 @@ The adapter owns:
   (core.capture), and a kernel calling sys.exit or raising KeyboardInterrupt raises
   KernelExit, one case's error rather than the end of the tool;
 - output validation: a tuple (out, states) of the promised shapes, dtypes and
-  device, and the inputs unchanged after the call. Anything else raises
+  device, and the inputs unchanged after the call, their NaN fences too (core.fences: each call gets
+  copies of the inputs between NaN, so that a read past one shows as NaN). Anything else raises
   KernelOutputError with one line saying what was expected and what came back;
 - the kernel's SSD stages, where it offers them (`stages`: the built-in kernel's
   `chunk_scan_stages`, the peers' stage functions composed in ssmcheck.peers, or a
@@ -30,7 +31,8 @@ import torch
 from ssmcheck.core.callables import kernel_name, keywords, load_callable
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
-from ssmcheck.core.guard import changed_input, guarded_call, snapshot
+from ssmcheck.core.fences import Fenced
+from ssmcheck.core.guard import guarded_call
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.padding import PaddedCall, padded
 from ssmcheck.scan.regimes import REGIMES
@@ -159,20 +161,26 @@ class ScanAdapter:
         kernel raised, core.guard.KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
         """
         storage, why = self._storage(inputs, case)[1:]
-        sent = padded(inputs) if inputs.pad_after is not None else None
-        called = sent.inputs if sent else inputs
-        tensors = {name: getattr(called, name) for name in _INPUTS}
-        before = snapshot(tensors)
-        result = guarded_call(self.fn, *self._arguments(inputs, case, True, sent), transcript)
+        result, sent, fenced = self._fenced_call(self.fn, inputs, case, True, transcript)
         y, states = _unpack(result)
-        x = called.x
+        x = fenced.originals["x"]
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
         _check_tensor("states", states, state_shape, storage, x.device, why)
-        changed = changed_input(before, tensors)
-        if changed is not None:
-            raise KernelOutputError(f"the kernel wrote into its input {changed}: inputs must be left unchanged")
+        _check_inputs(fenced)
         return (sent.case_y(y) if sent else y), states
+
+    def _fenced_call(self, fn: Callable, inputs: ScanInputs, case: ScanCase, returns: bool,
+                     transcript: Transcript | None) -> tuple[object, PaddedCall | None, Fenced]:
+        """fn's guarded call on fenced copies of `inputs` (core.fences; a padded case's with its pad tokens):
+        (what it returned, the padded call or None, the copies)."""
+        sent = padded(inputs) if inputs.pad_after is not None else None
+        called = sent.inputs if sent else inputs
+        fenced = Fenced({name: getattr(called, name) for name in _INPUTS})
+        given = replace(called, **fenced.tensors)
+        sent_given = replace(sent, inputs=given) if sent else None
+        result = guarded_call(fn, *self._arguments(inputs if sent else given, case, returns, sent_given), transcript)
+        return result, sent, fenced
 
     def arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool = True) -> tuple[tuple, dict]:
         """(positional, keyword) arguments of the kernel's call on `inputs` (a padded case's with its pad
@@ -189,13 +197,13 @@ class ScanAdapter:
     def call_stages(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> dict:
         """The kernel's SSD stages on `inputs` (STAGE_NAMES, in the built-in kernel's layout; y on the case's
         own tokens), checked for presence and device. Raises what the kernel raises, KernelOutputError."""
-        sent = padded(inputs) if inputs.pad_after is not None else None
-        stages = guarded_call(self.stages, *self._arguments(inputs, case, False, sent), transcript)
+        stages, sent, fenced = self._fenced_call(self.stages, inputs, case, False, transcript)
         if not isinstance(stages, dict) or set(STAGE_NAMES) - set(stages):
             raise KernelOutputError(f"the stages callable returned no dict of {', '.join(STAGE_NAMES)}")
         for name in STAGE_NAMES:
             if not isinstance(stages[name], torch.Tensor) or stages[name].device != inputs.x.device:
                 raise KernelOutputError(f"stage {name} is not a tensor on {inputs.x.device}")
+        _check_inputs(fenced)
         return {**stages, "y": sent.case_y(stages["y"])} if sent else stages
 
 
@@ -222,6 +230,17 @@ def _check_tensor(what: str, tensor: torch.Tensor, shape: tuple, dtypes: tuple, 
 
 
 _INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "cu_seqlens")
+
+
+def _check_inputs(fenced: Fenced) -> None:
+    """Raise KernelOutputError where the call wrote into an input, or past one (into its fences)."""
+    changed = fenced.changed()
+    if changed is not None:
+        raise KernelOutputError(f"the kernel wrote into its input {changed}: inputs must be left unchanged")
+    breached = fenced.breached()
+    if breached is not None:
+        raise KernelOutputError(f"the kernel wrote outside its input {breached}: into the NaN fence ssmcheck puts "
+                                "either side of each input's memory")
 
 
 def torch_kernel(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,

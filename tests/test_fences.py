@@ -1,0 +1,66 @@
+"""core.fences: a kernel's floating-point inputs between NaN, so that a read or a write past one shows."""
+
+import math
+from pathlib import Path
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck import api
+from ssmcheck.core.fences import ALIGN, Fenced
+
+BROKEN = Path(__file__).with_name("broken_scan_kernels.py")
+SMALL = dict(regime="normal", dtype="fp32", chunk_size="64", batch="2", nheads="2", headdim="16", dstate="16",
+             ngroups="1")
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 5), cols=st.integers(1, 40), offset=st.integers(0, 7), seed=st.integers(0, 2**31 - 1),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]))
+def test_copies_keep_values_strides_and_shared_storage_between_nan_fences(rows, cols, offset, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    buffer = torch.randn(offset + rows * (cols + 3), generator=g).to(dtype)
+    left = buffer[offset:].as_strided((rows, cols), (cols + 3, 1))  # views into one buffer, as `strided` builds
+    right = buffer[offset:].as_strided((rows, 3), (cols + 3, 1), offset + cols)
+    index = torch.arange(rows, dtype=torch.int32)
+    fenced = Fenced({"left": left, "right": right, "index": index, "none": None})
+    copies = fenced.tensors
+    for name, original in (("left", left), ("right", right)):
+        assert torch.equal(copies[name], original) and copies[name].stride() == original.stride()
+    assert copies["left"].untyped_storage().data_ptr() == copies["right"].untyped_storage().data_ptr()
+    assert copies["left"].untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+    assert torch.equal(copies["index"], index) and copies["index"].data_ptr() != index.data_ptr()
+    assert copies["none"] is None
+    whole = torch.empty(0, dtype=dtype).set_(copies["left"].untyped_storage())
+    fence = copies["left"].storage_offset() - left.storage_offset()
+    assert fence >= buffer.numel() and fence % ALIGN == 0 and whole.numel() == 2 * fence + buffer.numel()
+    assert whole[:fence].isnan().all() and whole[fence + buffer.numel():].isnan().all()
+    assert fenced.changed() is None and fenced.breached() is None
+
+
+def test_writes_into_an_input_and_into_its_fence_are_told_apart():
+    x = torch.randn(4, 8)
+    fenced = Fenced({"x": x, "y": torch.randn(3)})
+    fenced.tensors["x"][1, 2] += 1
+    assert (fenced.changed(), fenced.breached()) == ("x", None)
+    fenced = Fenced({"x": x, "y": torch.randn(3)})
+    torch.empty(0).set_(fenced.tensors["y"].untyped_storage())[0] = math.pi  # just before y
+    assert (fenced.changed(), fenced.breached()) == (None, "y")
+
+
+def test_a_chunk_state_that_reads_past_a_partial_last_chunk_makes_the_last_rows_state_nonfinite():
+    report = api.scan(kernel=f"{BROKEN}:unmasked_last_chunk", seqlen="200,256", **SMALL)
+    partial, whole = report.cases
+    assert whole.status == "pass", whole.message  # 256 = 4 chunks of 64: nothing read past x
+    assert partial.status == "nonfinite", partial.message
+    # y reads nothing past the sequence; the last row's read leaves x, row 0's lands in row 1 (finite)
+    where = partial.data["first_nonfinite"]
+    assert (where["output"], where["sequence"], where["count"], where["inputs_finite"]) == (
+        "final_states", 1, 2 * 16 * 16, True), where
+
+
+def test_a_kernel_that_writes_past_its_input_is_an_error():
+    report = api.scan(kernel=f"{BROKEN}:writes_past_x", seqlen="200", **SMALL)
+    [case] = report.cases
+    assert case.status == "error" and "wrote outside its input x" in case.message, case.message
