@@ -19,7 +19,8 @@ import math
 
 import torch
 
-from ssmcheck.core.tensors import bits, same_bits
+from ssmcheck.core.guard import changed_input
+from ssmcheck.core.tensors import bits
 
 # Elements of fence on each side of a storage: as many as the storage holds, at most FENCE_BYTES (a chunk of 256
 # tokens of Mamba2-2.7B's fused in_proj row in bf16 is 5.4 MB), rounded up to ALIGN elements so that the
@@ -54,8 +55,7 @@ class Fenced:
 
     def changed(self) -> str | None:
         """The first input whose copy the call changed (bit for bit), or None."""
-        return next((name for name, t in self.originals.items()
-                     if t is not None and not same_bits(t, self.tensors[name])), None)
+        return changed_input({name: t for name, t in self.originals.items() if t is not None}, self.tensors)
 
     def breached(self) -> str | None:
         """The first input (of those sharing a storage, the first named) whose fences the call wrote, or None."""
