@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ssmcheck import api
 from ssmcheck.core.fences import ALIGN, Fenced
+from ssmcheck.scan import outside
 
 BROKEN = Path(__file__).with_name("broken_scan_kernels.py")
 SMALL = dict(regime="normal", dtype="fp32", chunk_size="64", batch="2", nheads="2", headdim="16", dstate="16",
@@ -64,3 +65,44 @@ def test_a_kernel_that_writes_past_its_input_is_an_error():
     report = api.scan(kernel=f"{BROKEN}:writes_past_x", seqlen="200", **SMALL)
     [case] = report.cases
     assert case.status == "error" and "wrote outside its input x" in case.message, case.message
+
+
+def test_zero_fences_keep_their_value_and_report_writes_into_them():
+    x, y = torch.randn(4, 8), torch.randn(3)
+    fenced = Fenced({"x": x, "y": y}, nan_fences=("y",))
+    around = {name: torch.empty(0).set_(fenced.tensors[name].untyped_storage()) for name in ("x", "y")}
+    fence = fenced.tensors["x"].storage_offset()
+    assert (around["x"][:fence] == 0).all() and (around["x"][fence + x.numel():] == 0).all()
+    assert around["y"][:fence].isnan().all() and fenced.breached() is None
+    around["x"][-1] = 1.0
+    assert fenced.breached() == "x"
+
+
+def test_a_nonfinite_case_read_from_a_fence_names_the_input_read_past():
+    report = api.scan(kernel=f"{BROKEN}:unmasked_last_chunk", seqlen="200", **SMALL)
+    [case] = report.cases
+    assert case.status == "nonfinite" and "reads outside its input x:" in case.message, case.message
+    assert case.data["reads_outside"] == [["x"]]
+
+
+def test_nonfinite_values_a_kernel_makes_itself_are_not_blamed_on_the_fences():
+    report = api.scan(kernel=f"{BROKEN}:nan_in_partial_last_chunk", seqlen="200", **SMALL)
+    [case] = report.cases
+    assert case.status == "nonfinite" and case.data["reads_outside"] is None, case.message
+    assert "reads outside" not in case.message
+
+
+def test_reads_outside_names_each_storage_whose_nan_fences_alone_make_the_outputs_nonfinite():
+    storages = [("x", "B", "C", "dt"), ("A",), ("D",)]
+
+    def reads_past(*read):
+        def call(nan_fences):  # NaN where a storage it reads past keeps its NaN fences
+            bad = not set(nan_fences).isdisjoint(read)
+            return torch.full((2,), math.nan if bad else 1.0), torch.ones(3)
+        return call
+
+    assert outside.reads_outside(reads_past("B", "D"), storages) == [("x", "B", "C", "dt"), ("D",)]
+    assert "outside the buffer holding x/B/C/dt and its input D:" in outside.describe([("x", "B", "C", "dt"), ("D",)])
+    assert outside.reads_outside(lambda nan_fences: (torch.ones(2), torch.full((3,), math.inf)), storages) is None
+    assert outside.reads_outside(lambda nan_fences: (torch.ones(2), torch.ones(3)), storages) == []
+    assert "no single input's NaN fences" in outside.describe([])

@@ -11,11 +11,16 @@ slot indices) are copied without fences: there is no NaN to read, and a garbage 
 
 The originals stay as they were, so after the call they say whether the kernel wrote into an input
 (`changed`) and the fences whether it wrote past one (`breached`).
+
+A non-finite result is then either the kernel's own (an overflow, a division by zero) or a read past an
+input. Fences of zeros tell them apart: `nan_fences` names the inputs whose storages keep NaN fences, the
+others' are 0 (scan.outside reruns a non-finite case so).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 
@@ -29,28 +34,54 @@ FENCE_BYTES = 16 << 20
 ALIGN = 64
 
 
+def storages(tensors: dict[str, torch.Tensor | None]) -> list[tuple[str, ...]]:
+    """The names of the tensors that get fences, grouped by the storage they share (in `tensors`' order)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in tensors.items():
+        if _fenced(t):
+            groups.setdefault(_key(t), []).append(name)
+    return [tuple(names) for names in groups.values()]
+
+
+def _fenced(t: torch.Tensor | None) -> bool:
+    return t is not None and t.is_floating_point() and t.untyped_storage().nbytes() % t.element_size() == 0
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return t.untyped_storage().data_ptr(), t.dtype
+
+
 class Fenced:
-    """Fenced copies of a call's tensors (`tensors`: name -> copy, None kept) and the buffers that hold them."""
+    """Fenced copies of a call's tensors (`tensors`: name -> copy, None kept) and the buffers that hold them.
 
-    def __init__(self, originals: dict[str, torch.Tensor | None]):
+    `nan_fences`: the names whose storages are fenced with NaN (None: all); the other storages' fences are 0.
+    """
+
+    def __init__(self, originals: dict[str, torch.Tensor | None], nan_fences: Collection[str] | None = None):
         self.originals = originals
-        self._buffers: dict[tuple, tuple[torch.Tensor, int, str]] = {}  # (address, dtype) -> (buffer, fence, name)
-        self.tensors = {name: self._copy(name, t) for name, t in originals.items()}
+        # (address, dtype) -> (buffer, fence length, the names sharing it, the fence's value)
+        self._buffers: dict[tuple, tuple[torch.Tensor, int, tuple[str, ...], float]] = {}
+        for names in storages(originals):
+            t = originals[names[0]]
+            nan = nan_fences is None or not set(names).isdisjoint(nan_fences)
+            self._buffers[_key(t)] = self._buffer(t, names, math.nan if nan else 0.0)
+        self.tensors = {name: self._copy(t) for name, t in originals.items()}
 
-    def _copy(self, name: str, t: torch.Tensor | None) -> torch.Tensor | None:
+    @staticmethod
+    def _buffer(t: torch.Tensor, names: tuple[str, ...], value: float) -> tuple:
+        storage = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+        n = storage.numel()
+        fence = -(-min(n, FENCE_BYTES // t.element_size()) // ALIGN) * ALIGN
+        buffer = torch.full((fence + n + fence,), value, dtype=t.dtype, device=t.device)
+        buffer[fence:fence + n] = storage
+        return buffer, fence, names, value
+
+    def _copy(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
             return None
-        if not t.is_floating_point() or t.untyped_storage().nbytes() % t.element_size():
+        if not _fenced(t):
             return t.clone()
-        key = (t.untyped_storage().data_ptr(), t.dtype)
-        if key not in self._buffers:
-            storage = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
-            n = storage.numel()
-            fence = -(-min(n, FENCE_BYTES // t.element_size()) // ALIGN) * ALIGN
-            buffer = torch.full((fence + n + fence,), math.nan, dtype=t.dtype, device=t.device)
-            buffer[fence:fence + n] = storage
-            self._buffers[key] = (buffer, fence, name)
-        buffer, fence, _ = self._buffers[key]
+        buffer, fence, _, _ = self._buffers[_key(t)]
         return buffer.as_strided(t.shape, t.stride(), t.storage_offset() + fence)
 
     def changed(self) -> str | None:
@@ -59,9 +90,9 @@ class Fenced:
 
     def breached(self) -> str | None:
         """The first input (of those sharing a storage, the first named) whose fences the call wrote, or None."""
-        for buffer, fence, name in self._buffers.values():
-            nan = bits(torch.full((1,), math.nan, dtype=buffer.dtype, device=buffer.device))
+        for buffer, fence, names, value in self._buffers.values():
+            fill = bits(torch.full((1,), value, dtype=buffer.dtype, device=buffer.device))
             edges = torch.cat([buffer[:fence], buffer[buffer.numel() - fence:]])
-            if not bool((bits(edges) == nan).all()):
-                return name
+            if not bool((bits(edges) == fill).all()):
+                return names[0]
         return None

@@ -23,7 +23,7 @@ The adapter owns:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -31,7 +31,7 @@ import torch
 from ssmcheck.core.callables import kernel_name, keywords, load_callable
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name
-from ssmcheck.core.fences import Fenced
+from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.guard import guarded_call
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.padding import PaddedCall, padded
@@ -153,15 +153,17 @@ class ScanAdapter:
             return {"state_dtype": state_dtype}, (state_dtype,), "the requested --state-dtype"
         return {}, tuple(DTYPES.values()), "a storage format"
 
-    def call(self, inputs: ScanInputs, case: ScanCase,
-             transcript: Transcript | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def call(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None,
+             nan_fences: Collection[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the kernel on `inputs`; return (y, states): final states per row, or per sequence for varlen.
 
-        What the kernel prints goes to `transcript` (discarded without one). Raises what the
-        kernel raised, core.guard.KernelExit for SystemExit and KeyboardInterrupt, KernelOutputError.
+        What the kernel prints goes to `transcript` (discarded without one). The kernel gets copies of the
+        inputs between fences (core.fences), NaN around those `nan_fences` names (None: all), 0 around
+        the others. Raises what the kernel raised, core.guard.KernelExit for SystemExit and
+        KeyboardInterrupt, KernelOutputError.
         """
         storage, why = self._storage(inputs, case)[1:]
-        result, sent, fenced = self._fenced_call(self.fn, inputs, case, True, transcript)
+        result, sent, fenced = self._fenced_call(self.fn, inputs, case, True, transcript, nan_fences)
         y, states = _unpack(result)
         x = fenced.originals["x"]
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
@@ -170,13 +172,24 @@ class ScanAdapter:
         _check_inputs(fenced)
         return (sent.case_y(y) if sent else y), states
 
-    def _fenced_call(self, fn: Callable, inputs: ScanInputs, case: ScanCase, returns: bool,
-                     transcript: Transcript | None) -> tuple[object, PaddedCall | None, Fenced]:
-        """fn's guarded call on fenced copies of `inputs` (core.fences; a padded case's with its pad tokens):
-        (what it returned, the padded call or None, the copies)."""
+    def fenced_storages(self, inputs: ScanInputs) -> list[tuple[str, ...]]:
+        """The names of the inputs a call fences, grouped by the storage they share (core.fences.storages)."""
+        return storages(self._called(inputs)[1])
+
+    def _called(self, inputs: ScanInputs) -> tuple[PaddedCall | None, dict[str, torch.Tensor | None]]:
+        """(the padded call or None, the input tensors the kernel is called on, by name)."""
         sent = padded(inputs) if inputs.pad_after is not None else None
         called = sent.inputs if sent else inputs
-        fenced = Fenced({name: getattr(called, name) for name in _INPUTS})
+        return sent, {name: getattr(called, name) for name in _INPUTS}
+
+    def _fenced_call(self, fn: Callable, inputs: ScanInputs, case: ScanCase, returns: bool,
+                     transcript: Transcript | None,
+                     nan_fences: Collection[str] | None = None) -> tuple[object, PaddedCall | None, Fenced]:
+        """fn's guarded call on fenced copies of `inputs` (core.fences; a padded case's with its pad tokens):
+        (what it returned, the padded call or None, the copies)."""
+        sent, tensors = self._called(inputs)
+        called = sent.inputs if sent else inputs
+        fenced = Fenced(tensors, nan_fences)
         given = replace(called, **fenced.tensors)
         sent_given = replace(sent, inputs=given) if sent else None
         result = guarded_call(fn, *self._arguments(inputs if sent else given, case, returns, sent_given), transcript)

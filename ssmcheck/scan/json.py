@@ -9,6 +9,10 @@ null | {"stage", "label", "status", "sequence", "chunk", "head"}, "note", "figur
 `error_map` (fail and nonfinite cases only, else null) is {"chunk_size", "tokens", "per_chunk_head"}: the
 relative error of y per [chunk][head], each sequence chunked on its own, to 3 significant digits (a colour
 map's worth), and the longest sequence's length.
+`reads_outside` (nonfinite cases whose call came back non-finite, else null) lists the inputs, by the
+storage they share (e.g. [["x"]], [["x", "B", "C", "dt"]] for one fused buffer), whose NaN fences the
+non-finite values came from (scan.outside); [] when zero fences made the outputs finite but no single
+input's NaN fences made them non-finite again; null also when the values are the kernel's own.
 `invariance` (with --invariance, else null) is {"batch", "split", "prefill_decode"}: each check's own
 status, message and figures (scan.invariance; README, "Serving-shaped checks").
 """
@@ -55,6 +59,7 @@ def case_json(result: ScanResult) -> dict:
         },
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,
+        "reads_outside": None if result.reads_outside is None else [list(names) for names in result.reads_outside],
         "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
         "repeat": asdict(result.repeat) if result.repeat else None,
         "error_map": _error_map(result),

@@ -21,7 +21,7 @@ from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
+from ssmcheck.scan import invariance, measure, outside, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -222,6 +222,10 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     if result.status is Status.FAIL and not racy:  # a race is no question of precision
         result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, allow_tf32)
         result.message += f"; {note}"
+    if result.status is Status.NONFINITE and not all(bool(torch.isfinite(t).all()) for t in out):
+        result.reads_outside = _reads_outside(kernel, inputs, case, transcript, device)
+        if result.reads_outside is not None:
+            result.message += f"; {outside.describe(result.reads_outside)}"
     if result.status in (Status.FAIL, Status.NONFINITE):
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
                                     figures.kernel_groups.per_chunk_head())
@@ -306,6 +310,23 @@ def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, 
             outputs.append(kernel.call(inputs, case, transcript))
             _sync(device)
     return outputs
+
+
+def _reads_outside(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
+                   device: str) -> list[tuple[str, ...]] | None:
+    """scan.outside's answer for a call that came back non-finite; None also where a rerun raised (the
+    verdict stands as measured)."""
+    def call(nan_fences):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # as in _calls
+            outputs = kernel.call(inputs, case, transcript, nan_fences)
+        _sync(device)
+        return outputs
+
+    try:
+        return outside.reads_outside(call, kernel.fenced_storages(inputs))
+    except Exception:  # noqa: BLE001 (advisory, as _classify)
+        return None
 
 
 def _kernel_failed(case: ScanCase, exc: Exception, inputs: ScanInputs, transcript, which: str = "") -> ScanResult:
