@@ -16,9 +16,9 @@ def test_autotuners_are_found_through_the_modules_a_kernel_imports():
     assert autotune.described_text(autotune.describe(tuned.configs[1])) == "BLOCK=32, num_warps=2, num_stages=3"
 
 
-def test_pinning_runs_one_config_and_restores_the_list():
+def test_pinning_runs_one_config_and_restores_the_list(device):
     (tuned,) = autotune.find(entry.run)
-    x = torch.arange(40, dtype=torch.float32)
+    x = torch.arange(1, 41, dtype=torch.float32, device=device)
     with autotune.pinned({tuned: 0}):
         assert torch.equal(entry.run(x), x)
     with autotune.pinned({tuned: 1}):

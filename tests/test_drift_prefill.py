@@ -4,6 +4,7 @@ import pytest
 import torch
 from cli_invoke import assert_usage_error, invoke
 
+from ssmcheck.core import runtime
 from ssmcheck.core.capture import Transcript
 from ssmcheck.drift.prefill import _prefill_inputs, prefilled
 from ssmcheck.drift.regimes import make_problem
@@ -34,11 +35,11 @@ def test_the_builtin_kernels_pass_from_a_prefill_and_the_start_is_the_prefills(t
 
 @pytest.mark.parametrize("state_dtype", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("regime", ["normal", "stagnation", "overflow"])
-def test_the_prefilled_state_is_the_float64_recurrence_over_the_prefill_stored(regime, state_dtype):
+def test_the_prefilled_state_is_the_float64_recurrence_over_the_prefill_stored(regime, state_dtype, device):
     case = DriftCase("builtin", state_dtype, "nearest", regime, 8, 2, 2, 16, 16, 1, None, seed=1234 + len(regime),
                      trials=1, from_prefill=77)
-    problem = make_problem(regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
-    start = prefilled(problem, case, resolve("builtin", interpreter=True), Transcript()).initial_state
+    problem = make_problem(regime, case.shape(), case.dtype, case.steps, case.seed, device)
+    start = prefilled(problem, case, resolve("builtin", runtime.environment().interpreter), Transcript()).initial_state
     inputs = _prefill_inputs(problem, case)
     truth = scan_recurrent(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, **inputs.kwargs()).final_states
     assert start.dtype == case.dtype and bool(torch.isfinite(start).all())

@@ -12,7 +12,7 @@ from ssmcheck.scan.padding import PAD, padded
 from ssmcheck.scan.regimes import REGIMES
 
 KERNELS = "tests/slot_kernels.py"
-SMALL = dict(device="cpu", regime=["padded"], dtype=["fp32"], chunk_size=[16], seqlen=[40], batch=[3], nheads=[2],
+SMALL = dict(regime=["padded"], dtype=["fp32"], chunk_size=[16], seqlen=[40], batch=[3], nheads=[2],
              headdim=[8], dstate=[16], ngroups=[1])
 
 
@@ -34,15 +34,14 @@ def test_the_regime_puts_pad_tokens_after_every_sequence():
     assert all(call.seq_idx[0, b - 1] == PAD for b in cu[1:])  # each sequence's bounds hold its pads
 
 
-def test_builtin_pads_change_no_state_and_get_zero_out():
-    inputs = REGIMES["padded"].generate(ScanShape(3, 40, 2, 8, 16, 1, 16), torch.float32, 3)
+def test_builtin_pads_change_no_state_and_get_zero_out(device):
+    inputs = REGIMES["padded"].generate(ScanShape(3, 40, 2, 8, 16, 1, 16), torch.float32, 3).to(device)
     call = padded(inputs)
     row = call.inputs
     args = (row.x, row.dt, row.A, row.B, row.C, 16)
-    y, states = chunk_scan_combined(*args, **{**row.kwargs(), "seq_idx": call.seq_idx, "return_varlen_states": True},
-                                    interpret=True)
+    y, states = chunk_scan_combined(*args, **{**row.kwargs(), "seq_idx": call.seq_idx, "return_varlen_states": True})
     want_y, want_states = chunk_scan_combined(inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, 16,
-                                              **{**inputs.kwargs(), "return_varlen_states": True}, interpret=True)
+                                              **{**inputs.kwargs(), "return_varlen_states": True})
     # Chunks follow sequences and pads lie in none: the same arithmetic as without the pads, bit for bit.
     assert torch.equal(call.case_y(y), want_y) and torch.equal(states, want_states)
     assert torch.equal(y[0, call.seq_idx[0] == PAD], torch.zeros_like(y[0, call.seq_idx[0] == PAD]))

@@ -11,8 +11,8 @@ from ssmcheck.drift import adapter as drift_adapter
 from ssmcheck.drift.slots import PAD_ROWS, SPARE_SLOTS
 
 KERNELS = "tests/slot_kernels.py"
-# One regime, one short decode, a batch of 3 among 5 rows, on the CPU: seconds.
-SMALL = dict(preset="smoke", device="cpu", regime=["normal"], state_dtype=["fp16"], rounding=["nearest"], steps=2,
+# One regime, one short decode, a batch of 3 among 5 rows, on the session's device: seconds on the CPU.
+SMALL = dict(preset="smoke", regime=["normal"], state_dtype=["fp16"], rounding=["nearest"], steps=2,
              batch=[3], nheads=[2], headdim=[8], dstate=[16])
 
 
@@ -83,15 +83,15 @@ def test_slot_capabilities_come_from_the_signature():
     assert drift_adapter.resolve("builtin", 10, "software", True).pad_slot_id == -1
 
 
-def test_builtin_pad_rows_touch_no_state_and_get_zero_out():
+def test_builtin_pad_rows_touch_no_state_and_get_zero_out(device):
     from ssmcheck.ops.state_update.fused_recurrent import selective_state_update  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(7)
-    pool = torch.randn(4, 1, 4, 16, generator=g)
-    x, dt = torch.randn(2, 1, 4, generator=g), torch.rand(2, 1, 4, generator=g)
-    A = -torch.rand(1, 4, 16, generator=g)
-    B, C = torch.randn(2, 1, 16, generator=g), torch.randn(2, 1, 16, generator=g)
+    pool = torch.randn(4, 1, 4, 16, generator=g).to(device)
+    x, dt = torch.randn(2, 1, 4, generator=g).to(device), torch.rand(2, 1, 4, generator=g).to(device)
+    A = -torch.rand(1, 4, 16, generator=g).to(device)
+    B, C = torch.randn(2, 1, 16, generator=g).to(device), torch.randn(2, 1, 16, generator=g).to(device)
     updated = pool.clone()
-    out = selective_state_update(updated, x, dt, A, B, C, state_batch_indices=torch.tensor([-1, 2]), interpret=True)
+    out = selective_state_update(updated, x, dt, A, B, C, state_batch_indices=torch.tensor([-1, 2], device=device))
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isfinite(out[1]).all()
     assert torch.equal(updated[[0, 1, 3]], pool[[0, 1, 3]]) and not torch.equal(updated[2], pool[2])
