@@ -24,16 +24,20 @@ import torch
 import torch.utils.deterministic
 
 
+# torch._C's setter, not torch.use_deterministic_algorithms: that one first imports torch._inductor.config
+# (all of torch._dynamo and inductor, 2 s a process on a 2-core CPU) to set a flag that only torch.compile'd
+# code reads, where the fill is all this needs. The setter is private (in torch since 1.8): a torch without
+# it gets the public one, and its import once a process.
+_set_deterministic = getattr(torch._C, "_set_deterministic_algorithms", None) or torch.use_deterministic_algorithms
+
+
 @contextmanager
 def uninitialised_as_nan() -> Iterator[None]:
     """Within: tensors allocated uninitialised are NaN-filled; on leaving, the caller's settings are back."""
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
-    # torch._C's setter, not torch.use_deterministic_algorithms: that one first imports torch._inductor.config
-    # (all of torch._dynamo and inductor, 2 s a process on a 2-core CPU) to set a flag that only
-    # torch.compile'd code reads, where the fill is all this needs.
-    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    _set_deterministic(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
@@ -42,5 +46,5 @@ def uninitialised_as_nan() -> Iterator[None]:
             warnings.filterwarnings("ignore", message="(?s).*deterministic", category=UserWarning)
             yield
     finally:
-        torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
+        _set_deterministic(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
