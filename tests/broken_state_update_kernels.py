@@ -85,6 +85,34 @@ def unwritten_last_channel(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return out
 
 
+def unmasked_c_block(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Loads C in blocks of 16 state indices with no mask on the state axis, and weights each by the state
+    loaded with its mask (0 past dstate): harmless where the read lands in the next group's C (finite); past the
+    last row's last group it leaves C, and NaN there makes those heads' out NaN (0 * NaN). dstate 16k: no read."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(new.to(state.dtype))
+    beyond = -C.shape[-1] % 16
+    if beyond:
+        flat = torch.empty(0, dtype=C.dtype, device=C.device).set_(C.untyped_storage())
+        end = C.storage_offset() + C.numel()  # C is one step's tensor, contiguous
+        past = flat[end:end + beyond]  # past the storage's end: nothing read, as where memory reads finite
+        heads = state.shape[1] // C.shape[1]
+        out = out.clone()
+        out[-1, -heads:] += (0.0 * past.float()).sum().to(out.dtype)
+    return out
+
+
+def writes_past_x(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Right results, and a store one element past x's end where its storage has room (a scratch write with the
+    wrong bound; in a serving engine it lands in a neighbouring tensor)."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(new.to(state.dtype))
+    flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage())
+    if x.storage_offset() + x.numel() < flat.numel():
+        flat[x.storage_offset() + x.numel()] = 0.0
+    return out
+
+
 def forgets_decay(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
     """Never applies exp(dt * A): the state only accumulates, and a growing one overflows to inf."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=False)

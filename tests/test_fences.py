@@ -12,6 +12,7 @@ from ssmcheck.core.fences import ALIGN, Fenced
 from ssmcheck.scan import outside
 
 BROKEN = Path(__file__).with_name("broken_scan_kernels.py")
+BROKEN_UPDATE = Path(__file__).with_name("broken_state_update_kernels.py")
 SMALL = dict(regime="normal", dtype="fp32", chunk_size="64", batch="2", nheads="2", headdim="16", dstate="16",
              ngroups="1")
 
@@ -106,3 +107,22 @@ def test_reads_outside_names_each_storage_whose_nan_fences_alone_make_the_output
     assert outside.reads_outside(lambda nan_fences: (torch.ones(2), torch.full((3,), math.inf)), storages) is None
     assert outside.reads_outside(lambda nan_fences: (torch.ones(2), torch.ones(3)), storages) == []
     assert "no single input's NaN fences" in outside.describe([])
+
+
+def test_a_state_update_that_reads_past_c_is_nonfinite_at_its_first_step():
+    options = dict(regime="normal", state_dtype="fp16", batch="2", nheads="4", ngroups="2", headdim="8", steps=8,
+                   trials=1)
+    report = api.drift(kernel=f"{BROKEN_UPDATE}:unmasked_c_block", dstate="40,48", **options)
+    partial, whole = report.cases
+    assert whole.status == "pass", whole.message  # 48 = 3 blocks of 16: nothing read past C
+    assert partial.status == "nonfinite", partial.message
+    where = partial.data["first_nonfinite"]
+    # The first step's inputs are fenced: the last row's last group (heads 2 and 3) reads the fence.
+    assert (where["output"], where["step"], where["batch"], where["head"]) == ("out", 1, 1, 2), where
+
+
+def test_a_state_update_that_writes_past_an_input_is_an_error():
+    report = api.drift(kernel=f"{BROKEN_UPDATE}:writes_past_x", regime="normal", state_dtype="fp16", batch="2",
+                       nheads="2", headdim="8", dstate="16", steps=4, trials=1)
+    [case] = report.cases
+    assert case.status == "error" and "wrote outside its input x" in case.message, case.message

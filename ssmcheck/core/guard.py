@@ -79,11 +79,6 @@ def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript
         raise KernelExit("KeyboardInterrupt raised by the kernel") from exc
 
 
-def snapshot(inputs: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
-    """Copies of a call's tensor inputs, to check afterwards that the call left them unchanged."""
-    return {name: t.clone() for name, t in inputs.items() if t is not None}
-
-
 def changed_input(before: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor | None]) -> str | None:
     """The first input whose bits differ from its copy in `before`, or None."""
     return next((name for name, copy in before.items() if not same_bits(copy, inputs[name])), None)

@@ -34,7 +34,8 @@ import torch
 from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import dtype_name, saturate
-from ssmcheck.core.guard import KernelExit, changed_input, describe, guarded_call, snapshot
+from ssmcheck.core.fences import Fenced
+from ssmcheck.core.guard import KernelExit, describe, guarded_call
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -90,17 +91,26 @@ class DriftAdapter:
              where: str, check_inputs: bool = False, transcript: Transcript | None = None) -> torch.Tensor:
         """Run one step of `problem` on `state` in place; return out. Raises KernelRaised.
 
-        With `check_inputs`, also check that the call left its inputs unchanged (a copy per
-        input: the runner asks at the first step and the checkpoints, not every step). What
-        the kernel prints goes to `transcript` (discarded without one).
+        With `check_inputs` (the runner asks at the first step and the checkpoints, not every step: eager
+        steps, never a graph replay), the kernel gets copies of the inputs between NaN fences (core.fences): a
+        read past one is NaN in the step's results, a write into an input or past one raises. The state
+        is the runner's own tensor, unfenced: kernels may key what they keep on it. What the kernel prints
+        goes to `transcript` (discarded without one).
         """
         inputs = {**dict(step.given()), "A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}
-        before = snapshot(inputs) if check_inputs else {}
-        out = self.update(state, {"z": None, **inputs, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
+        fenced = Fenced(inputs) if check_inputs else None
+        given = fenced.tensors if fenced else inputs
+        out = self.update(state, {"z": None, **given, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
                           transcript)
-        changed = changed_input(before, inputs)
+        if fenced is None:
+            return out
+        changed = fenced.changed()
         if changed is not None:
             raise KernelRaised(f"the kernel wrote into its input {changed}: inputs must be left unchanged ({where})")
+        breached = fenced.breached()
+        if breached is not None:
+            raise KernelRaised(f"the kernel wrote outside its input {breached}: into the NaN fence ssmcheck puts "
+                               f"either side of each input's memory ({where})")
         return out
 
     def update_slots(self, pool: torch.Tensor, slots: torch.Tensor, arguments: dict, out: torch.Tensor,
