@@ -110,16 +110,22 @@ def test_token_inputs_depend_on_position_not_length(regime):
 def test_the_memory_estimate_and_the_refusal(monkeypatch):
     from ssmcheck import api
 
-    case = api.plan_scan(model="Mamba2-2.7B", dtype="bf16", regime="normal", chunk_size="256", seqlen="1048576",
-                         device="cpu").cases[0]
+    case = api.plan_scan(model="Mamba2-2.7B", dtype="bf16", regime="normal", chunk_size="256",
+                         seqlen="1048576").cases[0]
     need = memory.estimate(case)
     assert 20 * 2**30 < need.total < 139 * 2**30  # 1M tokens at Mamba2-2.7B widths fit in an H200
     assert need.segment < 16 * 2**30 and need.calls > 3 * 10 * 2**30  # bf16 x, z and y are 10 GiB each
-    assert "not checked on the CPU" in api.plan_scan(seqlen="64", device="cpu").memory
     monkeypatch.setattr(memory, "free_bytes", lambda device: 2**30)
     with pytest.raises(api.UsageError, match=r"needs about .* GiB of GPU memory, more than the 1.0 GiB free"):
-        api.plan_scan(model="Mamba2-2.7B", dtype="bf16", regime="normal", seqlen="262144", device="cpu")
-    assert "1.0 GiB free" in api.plan_scan(seqlen="64", device="cpu").memory  # a small sweep fits
+        api.plan_scan(model="Mamba2-2.7B", dtype="bf16", regime="normal", seqlen="262144")
+    assert "1.0 GiB free" in api.plan_scan(seqlen="64").memory  # a small sweep fits
+
+
+@pytest.mark.cpu
+def test_the_cpu_has_no_free_memory_to_check():
+    from ssmcheck import api
+
+    assert "not checked on the CPU" in api.plan_scan(seqlen="64", device="cpu").memory
 
 
 def test_invariance_checks_are_counted_in_the_memory_estimate(monkeypatch):
@@ -127,7 +133,7 @@ def test_invariance_checks_are_counted_in_the_memory_estimate(monkeypatch):
     from ssmcheck import api
 
     options = dict(model="Mamba2-2.7B", dtype="bf16", regime="normal", chunk_size="256", seqlen="262144",
-                   batch="1", device="cpu")
+                   batch="1")
     case = api.plan_scan(**options).cases[0]
     plain, checked = memory.estimate(case), memory.estimate(case, invariance=True)
     elements = 262144 * 80 * 64
