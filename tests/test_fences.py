@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ssmcheck import api
 from ssmcheck.core.fences import ALIGN, Fenced
-from ssmcheck.scan import outside
+from ssmcheck.core import outside
 
 BROKEN = Path(__file__).with_name("broken_scan_kernels.py")
 BROKEN_UPDATE = Path(__file__).with_name("broken_state_update_kernels.py")
@@ -96,17 +96,26 @@ def test_nonfinite_values_a_kernel_makes_itself_are_not_blamed_on_the_fences():
 def test_reads_outside_names_each_storage_whose_nan_fences_alone_make_the_outputs_nonfinite():
     storages = [("x", "B", "C", "dt"), ("A",), ("D",)]
 
-    def reads_past(*read):
-        def call(nan_fences):  # NaN where a storage it reads past keeps its NaN fences
-            bad = not set(nan_fences).isdisjoint(read)
+    def reads_past(*read, together=False):
+        def call(nan_fences):  # NaN where the storages it reads past keep their NaN fences (None: all do)
+            fenced = {n for names in storages for n in names} if nan_fences is None else set(nan_fences)
+            bad = set(read) <= fenced if together else not fenced.isdisjoint(read)
             return torch.full((2,), math.nan if bad else 1.0), torch.ones(3)
         return call
 
     assert outside.reads_outside(reads_past("B", "D"), storages) == [("x", "B", "C", "dt"), ("D",)]
     assert "outside the buffer holding x/B/C/dt and its input D:" in outside.describe([("x", "B", "C", "dt"), ("D",)])
-    assert outside.reads_outside(lambda nan_fences: (torch.ones(2), torch.full((3,), math.inf)), storages) is None
-    assert outside.reads_outside(lambda nan_fences: (torch.ones(2), torch.ones(3)), storages) == []
+    assert outside.reads_outside(reads_past("A", "D", together=True), storages) == []  # NaN only with both fenced
     assert "no single input's NaN fences" in outside.describe([])
+    own = lambda nan_fences: (torch.ones(2), torch.full((3,), math.inf))  # noqa: E731 (non-finite with any fences)
+    assert outside.reads_outside(own, storages) is None
+    calls = []
+
+    def once(nan_fences):  # non-finite the first time only: not reproduced, so not attributed
+        calls.append(nan_fences)
+        return torch.ones(2), torch.ones(3)
+
+    assert outside.reads_outside(once, storages) is None and calls == [None]
 
 
 def test_a_state_update_that_reads_past_c_is_nonfinite_at_its_first_step():
@@ -119,6 +128,16 @@ def test_a_state_update_that_reads_past_c_is_nonfinite_at_its_first_step():
     where = partial.data["first_nonfinite"]
     # The first step's inputs are fenced: the last row's last group (heads 2 and 3) reads the fence.
     assert (where["output"], where["step"], where["batch"], where["head"]) == ("out", 1, 1, 2), where
+    assert where["reads_outside"] == [["C"]] and "reads outside its input C:" in partial.message, partial.message
+
+
+def test_a_state_update_whose_own_values_overflow_is_not_blamed_on_the_fences():
+    # Step 7 (fenced: runs of 16 steps or fewer check every step) stores inf in the state: the kernel's own.
+    report = api.drift(kernel=f"{BROKEN_UPDATE}:inf_at_one_element", regime="normal", state_dtype="fp16",
+                       rounding="nearest", batch="3", nheads="2", headdim="8", dstate="16", steps=8, trials=1)
+    [case] = report.cases
+    assert case.status == "nonfinite", case.message
+    assert case.data["first_nonfinite"]["reads_outside"] is None and "reads outside" not in case.message
 
 
 def test_a_state_update_that_writes_past_an_input_is_an_error():

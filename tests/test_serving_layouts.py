@@ -91,7 +91,7 @@ def test_a_kernel_with_32_bit_token_offsets_fails_strided_and_passes_contiguous(
     where = strided["first_nonfinite"]
     assert strided["status"] == "nonfinite" and (where["sequence"], where["chunk"]) == (0, 3), where
     assert "chunk 3" in strided["message"] and "inputs finite" in strided["message"]
-    # With zeros in the fences y is finite: the NaN is read from before the fused buffer (scan.outside).
+    # With zeros in the fences y is finite: the NaN is read from before the fused buffer (core.outside).
     assert strided["reads_outside"] == [["x", "dt", "B", "C", "z"]], strided["message"]
 
 

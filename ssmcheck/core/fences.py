@@ -14,7 +14,7 @@ The originals stay as they were, so after the call they say whether the kernel w
 
 A non-finite result is then either the kernel's own (an overflow, a division by zero) or a read past an
 input. Fences of zeros tell them apart: `nan_fences` names the inputs whose storages keep NaN fences, the
-others' are 0 (scan.outside reruns a non-finite case so).
+others' are 0 (core.outside makes a non-finite call again so).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ The adapter owns:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -34,7 +34,7 @@ import torch
 from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import dtype_name, saturate
-from ssmcheck.core.fences import Fenced
+from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.guard import KernelExit, describe, guarded_call
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
@@ -88,17 +88,19 @@ class DriftAdapter:
 
     def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str,
              seed: int | torch.Tensor,
-             where: str, check_inputs: bool = False, transcript: Transcript | None = None) -> torch.Tensor:
+             where: str, check_inputs: bool = False, transcript: Transcript | None = None,
+             nan_fences: Collection[str] | None = None) -> torch.Tensor:
         """Run one step of `problem` on `state` in place; return out. Raises KernelRaised.
 
         With `check_inputs` (the runner asks at the first step and the checkpoints, not every step: eager
         steps, never a graph replay), the kernel gets copies of the inputs between NaN fences (core.fences): a
-        read past one is NaN in the step's results, a write into an input or past one raises. The state
+        read past one is NaN in the step's results, a write into an input or past one raises (`nan_fences`:
+        the inputs fenced with NaN, None for all; the others' fences are 0, as core.outside asks). The state
         is the runner's own tensor, unfenced: kernels may key what they keep on it. What the kernel prints
         goes to `transcript` (discarded without one).
         """
-        inputs = {**dict(step.given()), "A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}
-        fenced = Fenced(inputs) if check_inputs else None
+        inputs = _inputs(problem, step)
+        fenced = Fenced(inputs, nan_fences) if check_inputs else None
         given = fenced.tensors if fenced else inputs
         out = self.update(state, {"z": None, **given, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
                           transcript)
@@ -112,6 +114,10 @@ class DriftAdapter:
             raise KernelRaised(f"the kernel wrote outside its input {breached}: into the NaN fence ssmcheck puts "
                                f"either side of each input's memory ({where})")
         return out
+
+    def fenced_storages(self, problem: DecodeProblem, step: StepInputs) -> list[tuple[str, ...]]:
+        """The names of the inputs a checked step fences, grouped by the storage they share."""
+        return storages(_inputs(problem, step))
 
     def update_slots(self, pool: torch.Tensor, slots: torch.Tensor, arguments: dict, out: torch.Tensor,
                      rounding: str, seed: int, where: str, transcript: Transcript | None = None) -> torch.Tensor:
@@ -142,6 +148,11 @@ class DriftAdapter:
             raise KernelRaised(f"{describe(exc)} ({where})") from exc
         _check_out(out, arguments["x"], where)
         return out
+
+
+def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor | None]:
+    """A step's tensor inputs by name (z only where there is one)."""
+    return {**dict(step.given()), "A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}
 
 
 # selective_state_update's arguments after the state, in order.

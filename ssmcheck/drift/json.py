@@ -10,7 +10,7 @@ JSON case keys (always present; figures a case did not produce are null):
     baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,
-    first_nonfinite {output, step, trial, batch, head, channel, state_index},
+    first_nonfinite {output, step, trial, batch, head, channel, state_index, reads_outside},
     repeat {runs, identical, max_abs, run, output, trial, step, batch, head, channel}   with --repeat K > 1,
     decode_loop                                      "graph" (the steps ran as CUDA graph replays), "eager",
                                                      or "eager: " and why no graph (null: no steps ran);
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from ssmcheck.drift.results import DriftResult
+from ssmcheck.drift.results import DriftResult, NonfiniteStep
 
 
 def case_json(result: DriftResult) -> dict:
@@ -47,10 +47,15 @@ def case_json(result: DriftResult) -> dict:
         "ratio": v.ratio,
         "crossing_step": v.crossing_step,
         "crossing_observed": v.crossing_observed,
-        "first_nonfinite": asdict(run.first_nonfinite) if run and run.first_nonfinite else None,
+        "first_nonfinite": _nonfinite(run.first_nonfinite) if run and run.first_nonfinite else None,
         "repeat": asdict(run.repeat) if run and run.repeat else None,
         "decode_loop": run.decode_loop if run else None,
         "slots": {**result.slot_layout, **{c.name: {"status": c.status.value, "message": c.message, **c.figures}
                                            for c in result.slots}} if result.slot_layout else None,
         "stdout": result.stdout,
     }
+
+
+def _nonfinite(where: NonfiniteStep) -> dict:
+    reads = where.reads_outside
+    return {**asdict(where), "reads_outside": None if reads is None else [list(names) for names in reads]}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ssmcheck.core import sweep
+from ssmcheck.core import outside, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter
@@ -142,6 +142,7 @@ class Lockstep:
         window.load(1)  # the counter back at the first step (the window may hold it from an earlier trial)
         self._graph_outputs = None
         self._seeds_start = None
+        self._checked = None  # the last step whose inputs were fenced: (step, state before it, inputs, seed)
 
     @property
     def decode_loop(self) -> str:
@@ -186,6 +187,7 @@ class Lockstep:
         out = self.kernel.call(self.state, self.problem, step, self.case.rounding, seed,
                                f"trial {self.trial}, step {n}", check_inputs=check_inputs,
                                transcript=self.transcript)
+        self._checked = (n, before, step, seed) if check_inputs else None
         for run in range(2, self.repeat + 1):  # the same call again, from the same state, inputs and seed
             self._compare_run(run, n, before, step, seed, out)
         uniform = None
@@ -198,6 +200,25 @@ class Lockstep:
             dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
         self.window.counter.add_(1)
         return out, ref_out, baseline_out
+
+    def reads_outside(self) -> list[tuple[str, ...]] | None:
+        """For the step just run, non-finite: the inputs whose NaN fences its non-finite values came from
+        (core.outside: the call made again from the state before it); None where that step's inputs were
+        not fenced, the values are the kernel's own, or a call again raised."""
+        if self._checked is None or self._checked[0] != self.step:
+            return None
+        n, before, step, seed = self._checked
+
+        def call(nan_fences):
+            state = before.clone()
+            out = self.kernel.call(state, self.problem, step, self.case.rounding, seed, f"trial {self.trial}, "
+                                   f"step {n}, fences", check_inputs=True, nan_fences=nan_fences)
+            return out, state
+
+        try:
+            return outside.reads_outside(call, self.kernel.fenced_storages(self.problem, step))
+        except Exception:  # noqa: BLE001 (advisory: the verdict stands as measured)
+            return None
 
     def _compare_run(self, run: int, n: int, saved: torch.Tensor, step: StepInputs, seed, out: torch.Tensor) -> None:
         again = saved.clone()

@@ -30,6 +30,9 @@ class NonfiniteStep:
     head: int
     channel: int
     state_index: int | None  # None for out
+    # At a step whose inputs were fenced: the inputs (by storage) whose NaN fences the non-finite values came
+    # from (core.outside); None when the values are the kernel's own, or the step was not fenced.
+    reads_outside: list[tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -174,7 +174,7 @@ def _localise(lock: Lockstep, saved, checkpoint: int, kernel_sums: CheckpointSum
     the checkpoint measured, when none goes non-finite this time)."""
     lock.restore(saved)
     while lock.step < checkpoint:
-        lock.advance()
+        lock.advance(check_inputs=lock.step + 1 == checkpoint)  # fenced where _trial fenced it
         if bool(lock.tripped):
             return _located(lock, kernel_sums, baseline_sums)
     _measure(lock, kernel_sums, baseline_sums)
@@ -185,7 +185,8 @@ def _located(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: Checkpo
     """Where the step just run went non-finite, measured like a checkpoint."""
     out, ref_out, _ = lock.outputs
     _measure(lock, kernel_sums, baseline_sums)
-    return first_nonfinite(lock.state.double(), out, lock.ref, ref_out, lock.step, lock.trial)
+    found = first_nonfinite(lock.state.double(), out, lock.ref, ref_out, lock.step, lock.trial)
+    return found and replace(found, reads_outside=lock.reads_outside())
 
 
 def _measure(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: CheckpointSums) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from ssmcheck.core import outside
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
@@ -77,6 +78,8 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
         if where.state_index is not None:
             index += f", state index {where.state_index}"
         message = f"non-finite {where.output} at step {where.step} (trial {where.trial}, {index})"
+        if where.reads_outside is not None:
+            message += f"; {outside.describe(where.reads_outside)}"
         return DriftVerdict(Status.NONFINITE, message, **figures)
 
     problems = []

@@ -149,7 +149,7 @@ class ScanResult:
     first_nonfinite: NonfiniteToken | None = None  # in y, else in the final states
     first_nonfinite_state: NonfiniteToken | None = None
     # For a non-finite case: the inputs (by storage) whose NaN fences its non-finite values came from
-    # (scan.outside), [] when no single one's, None when they are the kernel's own or not asked.
+    # (core.outside), [] when no single one's, None when they are the kernel's own or not asked.
     reads_outside: list[tuple[str, ...]] | None = None
     per_chunk: list[float] = field(default_factory=list)
     growth: float | None = None

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from ssmcheck.core import autotune
+from ssmcheck.core import autotune, outside
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import invariance, measure, outside, precision, repro, segments, stages, streamed
+from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -314,7 +314,7 @@ def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, 
 
 def _reads_outside(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
                    device: str) -> list[tuple[str, ...]] | None:
-    """scan.outside's answer for a call that came back non-finite; None also where a rerun raised (the
+    """core.outside's answer for a call that came back non-finite; None also where a rerun raised (the
     verdict stands as measured)."""
     def call(nan_fences):
         with warnings.catch_warnings():
