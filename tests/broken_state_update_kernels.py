@@ -102,15 +102,43 @@ def unmasked_c_block(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_sof
     return out
 
 
+def unmasked_state_tail(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Loads the state in blocks of 16 state indices with no mask, weighted by C loaded with its mask (0 past
+    dstate): inside the state the read lands in the next channel's state (finite); past the last row's last
+    channel it leaves the state, and NaN there makes that head's out NaN (0 * NaN). dstate 16k: no read."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    beyond = -state.shape[-1] % 16
+    flat = torch.empty(0, dtype=state.dtype, device=state.device).set_(state.untyped_storage())
+    end = state.storage_offset() + state.numel()  # the runner's state is contiguous
+    past = flat[end:end + beyond].float()  # past the storage's end: nothing read, as where memory reads finite
+    state.copy_(new.to(state.dtype))
+    out = out.clone()
+    out[-1, -1] += (0.0 * past).sum().to(out.dtype)
+    return out
+
+
+def writes_past_state(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Right results, and a store one element past the state's end where its storage has room."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(new.to(state.dtype))
+    _store_past_the_end(state)
+    return out
+
+
 def writes_past_x(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
     """Right results, and a store one element past x's end where its storage has room (a scratch write with the
     wrong bound; in a serving engine it lands in a neighbouring tensor)."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     state.copy_(new.to(state.dtype))
-    flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage())
-    if x.storage_offset() + x.numel() < flat.numel():
-        flat[x.storage_offset() + x.numel()] = 0.0
+    _store_past_the_end(x)
     return out
+
+
+def _store_past_the_end(t: torch.Tensor) -> None:
+    """0 into the element right after contiguous t, where t's storage holds one."""
+    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    if t.storage_offset() + t.numel() < flat.numel():
+        flat[t.storage_offset() + t.numel()] = 0.0
 
 
 def forgets_decay(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):

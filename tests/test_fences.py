@@ -145,3 +145,17 @@ def test_a_state_update_that_writes_past_an_input_is_an_error():
                        nheads="2", headdim="8", dstate="16", steps=4, trials=1)
     [case] = report.cases
     assert case.status == "error" and "wrote outside its input x" in case.message, case.message
+
+
+def test_a_state_update_that_reads_past_its_state_is_nonfinite_and_one_writing_past_it_an_error():
+    options = dict(regime="normal", state_dtype="fp16", rounding="nearest", batch="2", nheads="2", headdim="8",
+                   steps=8, trials=1)
+    partial, whole = api.drift(kernel=f"{BROKEN_UPDATE}:unmasked_state_tail", dstate="40,48", **options).cases
+    assert whole.status == "pass", whole.message
+    assert partial.status == "nonfinite", partial.message
+    where = partial.data["first_nonfinite"]
+    assert (where["output"], where["step"], where["batch"], where["head"]) == ("out", 1, 1, 1), where
+    assert where["reads_outside"] == [["state"]], partial.message
+    [case] = api.drift(kernel=f"{BROKEN_UPDATE}:writes_past_state", dstate="16", **options).cases
+    assert case.status == "error" and "wrote outside its state" in case.message, case.message
+

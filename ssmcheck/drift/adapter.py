@@ -96,8 +96,8 @@ class DriftAdapter:
         steps, never a graph replay), the kernel gets copies of the inputs between NaN fences (core.fences): a
         read past one is NaN in the step's results, a write into an input or past one raises (`nan_fences`:
         the inputs fenced with NaN, None for all; the others' fences are 0, as core.outside asks). The state
-        is the runner's own tensor, unfenced: kernels may key what they keep on it. What the kernel prints
-        goes to `transcript` (discarded without one).
+        is the caller's tensor (drift.lockstep keeps it between fences of its own for the whole trial: a
+        kernel may key what it keeps on the tensor). What the kernel prints goes to `transcript`.
         """
         inputs = _inputs(problem, step)
         fenced = Fenced(inputs, nan_fences) if check_inputs else None

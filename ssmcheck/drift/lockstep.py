@@ -27,8 +27,9 @@ import torch
 
 from ssmcheck.core import outside, sweep
 from ssmcheck.core.capture import Transcript
+from ssmcheck.core.fences import Fenced
 from ssmcheck.core.tensors import bits
-from ssmcheck.drift.adapter import DriftAdapter
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.follow import Follower
 from ssmcheck.drift.measure import first_difference
@@ -123,7 +124,10 @@ class Lockstep:
         self.case, self.problem, self.window, self.kernel = case, problem, window, kernel
         self.trial, self.trial_seed, self.transcript = trial, trial_seed, transcript
         device = problem.device
-        self.state = problem.initial_state.clone()
+        # The state lives between NaN fences for the whole trial (core.fences), one tensor from step to step:
+        # a read past it is NaN in the step's results, a write past it is seen at the checked steps.
+        self._state_fences = Fenced({"state": problem.initial_state})
+        self.state = self._state_fences.tensors["state"]
         self.ref = self.state.double()
         self.baseline = self.ref.clone()
         self.bits = torch.Generator(device=device).manual_seed(trial_seed)  # the baseline's SR draws
@@ -188,6 +192,9 @@ class Lockstep:
                                f"trial {self.trial}, step {n}", check_inputs=check_inputs,
                                transcript=self.transcript)
         self._checked = (n, before, step, seed) if check_inputs else None
+        if check_inputs and self._state_fences.breached() is not None:
+            raise KernelRaised(f"the kernel wrote outside its state: into the NaN fence ssmcheck puts either side of "
+                               f"the state's memory (trial {self.trial}, step {n})")
         for run in range(2, self.repeat + 1):  # the same call again, from the same state, inputs and seed
             self._compare_run(run, n, before, step, seed, out)
         uniform = None
@@ -210,13 +217,13 @@ class Lockstep:
         n, before, step, seed = self._checked
 
         def call(nan_fences):
-            state = before.clone()
+            state = Fenced({"state": before}, nan_fences).tensors["state"]
             out = self.kernel.call(state, self.problem, step, self.case.rounding, seed, f"trial {self.trial}, "
                                    f"step {n}, fences", check_inputs=True, nan_fences=nan_fences)
             return out, state
 
         try:
-            return outside.reads_outside(call, self.kernel.fenced_storages(self.problem, step))
+            return outside.reads_outside(call, [*self.kernel.fenced_storages(self.problem, step), ("state",)])
         except Exception:  # noqa: BLE001 (advisory: the verdict stands as measured)
             return None
 
