@@ -86,6 +86,15 @@ def test_a_nonfinite_case_read_from_a_fence_names_the_input_read_past():
     assert case.data["reads_outside"] == [["x"]]
 
 
+def test_a_read_past_x_in_the_call_without_d_is_nonfinite_in_the_ssm_part_and_attributed():
+    report = api.scan(kernel=f"{BROKEN}:unmasked_without_d", seqlen="200", **SMALL)
+    [case] = report.cases
+    assert case.status == "nonfinite", case.message  # a NaN in the SSM part is no finite error of it
+    where = case.data["first_nonfinite"]
+    assert (where["output"], where["sequence"], where["token"], where["inputs_finite"]) == ("ssm_y", 1, 199, True)
+    assert case.data["reads_outside"] == [["x"]] and "the SSM part C·h" in case.message, case.message
+
+
 def test_nonfinite_values_a_kernel_makes_itself_are_not_blamed_on_the_fences():
     report = api.scan(kernel=f"{BROKEN}:nan_in_partial_last_chunk", seqlen="200", **SMALL)
     [case] = report.cases

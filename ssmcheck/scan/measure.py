@@ -105,15 +105,15 @@ class FirstNonfinite:
             self.first = (first_order, row, token, head, channel)
         return self
 
-    def locate(self, tokens: TokenMap, inputs) -> NonfiniteToken | None:
-        """The first one as a NonfiniteToken (`tokens`: the whole case's map; `inputs`: its ScanInputs, for
-        whether the inputs at that token were finite), or None."""
+    def locate(self, tokens: TokenMap, inputs, output: str = "y") -> NonfiniteToken | None:
+        """The first one as a NonfiniteToken of `output` (`tokens`: the whole case's map; `inputs`: its
+        ScanInputs, for whether the inputs at that token were finite), or None."""
         if self.first is None:
             return None
         _, row, token, head, channel = self.first
         position = int(tokens.position[row, token])
         return NonfiniteToken(
-            output="y", sequence=int(tokens.sequence[row, token]), token=position, chunk=position // self.chunk_size,
+            output=output, sequence=int(tokens.sequence[row, token]), token=position, chunk=position // self.chunk_size,
             head=head, channel=channel, state_index=None, count=self.elements, tokens=self.tokens,
             chunks=self.chunks, inputs_finite=inputs.finite_at(row, token, head),
         )

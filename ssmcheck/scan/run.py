@@ -212,7 +212,9 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         first_nonfinite_state=measure.locate_nonfinite_states(out[1], figures.reference_states, inputs),
         per_chunk=figures.kernel_groups.per_chunk(),
     )
-    result.first_nonfinite = figures.first_nonfinite.locate(tokens, inputs) or result.first_nonfinite_state
+    ssm_nonfinite = figures.first_nonfinite_ssm and figures.first_nonfinite_ssm.locate(tokens, inputs, "ssm_y")
+    result.first_nonfinite = (figures.first_nonfinite.locate(tokens, inputs) or result.first_nonfinite_state
+                              or ssm_nonfinite)
     result.growth = measure.growth(result.per_chunk)
     result.repeat = measure.repeat_spread(out, again, tokens) if again else None
     verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group,
@@ -222,8 +224,11 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     if result.status is Status.FAIL and not racy:  # a race is no question of precision
         result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, allow_tf32)
         result.message += f"; {note}"
-    if result.status is Status.NONFINITE and not all(bool(torch.isfinite(t).all()) for t in out):
-        result.reads_outside = _reads_outside(kernel, inputs, case, transcript, device)
+    if result.status is Status.NONFINITE:
+        # The call that came back non-finite: the case's, else the one without D and z.
+        called = None if _finite([ssm_kernel]) else replace(inputs, D=None, z=None)
+        called = inputs if not _finite(out) else called
+        result.reads_outside = None if called is None else _reads_outside(kernel, called, case, transcript, device)
         if result.reads_outside is not None:
             result.message += f"; {outside.describe(result.reads_outside)}"
     if result.status in (Status.FAIL, Status.NONFINITE):
@@ -310,6 +315,10 @@ def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, 
             outputs.append(kernel.call(inputs, case, transcript))
             _sync(device)
     return outputs
+
+
+def _finite(tensors) -> bool:
+    return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _reads_outside(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,

@@ -75,6 +75,7 @@ class Streamed:
     kernel_groups: measure.GroupSums
     baseline_groups: list[measure.GroupSums]  # one per baseline stream
     first_nonfinite: measure.FirstNonfinite
+    first_nonfinite_ssm: measure.FirstNonfinite | None  # in the SSM part (the call without D and z)
     reference_states: torch.Tensor
     baseline_states: torch.Tensor
 
@@ -92,6 +93,7 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
     k_groups = measure.GroupSums(tokens, chunk_size, shape[2])
     b_groups = [measure.GroupSums(tokens, chunk_size, shape[2]) for _ in baselines]
     nonfinite = measure.FirstNonfinite(shape[1], chunk_size)
+    nonfinite_ssm = None if flat_ssm is None else measure.FirstNonfinite(shape[1], chunk_size)
     for f0, f1 in segments:
         ref_y, ref_ssm = reference.segment(f0, f1)
         where, offset = tokens.segment(f0, f1), f0 * per_token
@@ -101,6 +103,7 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
         nonfinite.add(y, ref_y, where, f0)
         if flat_ssm is not None:
             k_ssm.add(flat_ssm[f0:f1], ref_ssm, offset)
+            nonfinite_ssm.add(flat_ssm[f0:f1], ref_ssm, where, f0)
         for k, stream in enumerate(baselines):
             base_y, base_ssm = stream.segment(f0, f1)
             b_groups[k].add(base_y, ref_y, where)
@@ -110,7 +113,8 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
                     b_ssm.add(saturate(base_ssm, dtype).to(dtype), ref_ssm, offset)
     has_ssm = flat_ssm is not None
     return Streamed(k_y.stats(), k_ssm.stats() if has_ssm else None, b_y.stats(), b_ssm.stats() if has_ssm else None,
-                    k_groups, b_groups, nonfinite, states(reference, inputs), states(baselines[0], inputs))
+                    k_groups, b_groups, nonfinite, nonfinite_ssm, states(reference, inputs),
+                    states(baselines[0], inputs))
 
 
 def relative_errors(inputs: ScanInputs, segments: list[tuple[int, int]], reference, streams: dict,

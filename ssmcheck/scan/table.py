@@ -37,8 +37,9 @@ def _location(result: ScanResult) -> str:
     where = result.first_nonfinite
     if where is None:
         return ""
-    if where.output == "y":
+    if where.output in ("y", "ssm_y"):
         text = f"s{where.sequence} t{where.token} c{where.chunk} h{where.head} p{where.channel}"
+        text = text if where.output == "y" else f"C·h {text}"
     else:
         text = f"state s{where.sequence} h{where.head} p{where.channel} n{where.state_index}"
     return text + ("" if where.inputs_finite else " (inputs!)")

@@ -58,9 +58,10 @@ def nondeterminism_message(spread: RepeatSpread) -> str:
 
 def nonfinite_message(where: NonfiniteToken) -> str:
     inputs = "inputs finite" if where.inputs_finite else "inputs NOT finite"
-    if where.output == "y":
+    if where.output in ("y", "ssm_y"):
+        what = "y" if where.output == "y" else "the SSM part C·h (the call without D and z)"
         return (
-            f"y non-finite from sequence {where.sequence} token {where.token} (chunk {where.chunk}) head "
+            f"{what} non-finite from sequence {where.sequence} token {where.token} (chunk {where.chunk}) head "
             f"{where.head} channel {where.channel}, {inputs}; spread: {where.count} elements, "
             f"{where.tokens} tokens, {where.chunks} chunks"
         )
