@@ -37,7 +37,9 @@ DRIFT_HELP = "\n\n".join([
     "(stored minus the exact update of the previous stored state, in ulps, along the exact value's sign) "
     f"is statistically nonzero (|z| > {BIAS_Z_LIMIT:g}) and above {BIAS_FLOOR_ULP:.2g} ulp. NaN/Inf in the state "
     "or output is 'nonfinite' "
-    "(with the first step, batch, head, channel and state index); a kernel that raises gives 'error'.",
+    "(with the first step, batch, head, channel and state index); a kernel that raises gives 'error'. The "
+    "state and, at the first step and the checkpoints, the inputs lie between NaN fences: a load past one is "
+    "'nonfinite' (named: 'it reads outside its input C'), a store past one 'error'.",
     "Kernels without a `rounding` keyword are judged against what --rounding declares; torch's generator is "
     "seeded at every trial, so kernels drawing random bits from it are reproducible.",
     "With no options the 'default' preset (configs/default.toml) runs; an option given replaces the preset's "

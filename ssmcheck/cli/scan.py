@@ -22,6 +22,8 @@ SCAN_HELP = "\n\n".join([
     "--tol-factor x the error of the same math in plain PyTorch in the kernel's dtype (the baseline) "
     "+ --floor; with --rtol, when it is at most rtol. NaN/Inf where the reference is finite is 'nonfinite'; "
     "a kernel that raises gives 'error'; impossible combinations are 'skipped' with the reason.",
+    "The kernel gets copies of its inputs between NaN fences and NaN where it allocates uninitialised memory: "
+    "a load past an input is 'nonfinite' (named: 'it reads outside its input x'), a store past one 'error'.",
     "Sweep axes take comma-separated lists; their cartesian product is the set of cases. With no options "
     "the 'default' preset (configs/default.toml) runs; an option given replaces the preset's axis.",
     "Regimes:\n\n" + "\n\n".join(regime_lines({n: r.explanation for n, r in REGIMES.items()})),
