@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import torch
+from cli_invoke import invoke
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +85,9 @@ def test_a_nonfinite_case_read_from_a_fence_names_the_input_read_past():
     [case] = report.cases
     assert case.status == "nonfinite" and "reads outside its input x:" in case.message, case.message
     assert case.data["reads_outside"] == [["x"]]
+    result, _ = invoke("scan", "--kernel", f"{BROKEN}:unmasked_last_chunk", "--seqlen", "200",
+                       *[f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()], terminal_width=200)
+    assert result.exit_code == 3 and "state s1 h0 p0 n0 (past x)" in result.output, result.output
 
 
 def test_a_read_past_x_in_the_call_without_d_is_nonfinite_in_the_ssm_part_and_attributed():

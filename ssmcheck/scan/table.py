@@ -42,6 +42,8 @@ def _location(result: ScanResult) -> str:
         text = text if where.output == "y" else f"C·h {text}"
     else:
         text = f"state s{where.sequence} h{where.head} p{where.channel} n{where.state_index}"
+    if result.reads_outside:  # read from the fence past these inputs (core.outside)
+        text += f" (past {', '.join(names[0] for names in result.reads_outside)})"
     return text + ("" if where.inputs_finite else " (inputs!)")
 
 
