@@ -88,6 +88,18 @@ class Fenced:
         """The first input whose copy the call changed (bit for bit), or None."""
         return changed_input({name: t for name, t in self.originals.items() if t is not None}, self.tensors)
 
+    def violation(self) -> str | None:
+        """What the call did to its inputs that it must not, in one line (a write into one, or past one), or
+        None."""
+        changed = self.changed()
+        if changed is not None:
+            return f"the kernel wrote into its input {changed}: inputs must be left unchanged"
+        breached = self.breached()
+        if breached is not None:
+            return (f"the kernel wrote outside its input {breached}: into the NaN fence ssmcheck puts either side of "
+                    "each input's memory")
+        return None
+
     def breached(self) -> str | None:
         """The first input (of those sharing a storage, the first named) whose fences the call wrote, or None."""
         for buffer, fence, names, value in self._buffers.values():

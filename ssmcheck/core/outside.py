@@ -29,9 +29,9 @@ def reads_outside(call: FencedCall, storages: list[tuple[str, ...]]) -> list[tup
     kernel's own non-finite values); [] when no one storage's NaN fences alone make it non-finite (reads
     past several inputs at once). Raises what the call raises.
     """
-    if _finite(call(None)) or not _finite(call(())):
+    if finite(call(None)) or not finite(call(())):
         return None
-    return [names for names in storages if not _finite(call(names))]
+    return [names for names in storages if not finite(call(names))]
 
 
 def describe(storages: list[tuple[str, ...]]) -> str:
@@ -46,5 +46,11 @@ def describe(storages: list[tuple[str, ...]]) -> str:
             "either side of each input's memory (with zeros there the outputs are finite), a load past the bounds")
 
 
-def _finite(outputs: tuple[torch.Tensor, ...]) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in outputs)
+def as_json(storages: list[tuple[str, ...]] | None) -> list[list[str]] | None:
+    """reads_outside's answer as a report's JSON holds it."""
+    return None if storages is None else [list(names) for names in storages]
+
+
+def finite(outputs) -> bool:
+    """Whether every tensor of `outputs` (None among them: no output) is finite."""
+    return all(t is None or bool(torch.isfinite(t).all()) for t in outputs)

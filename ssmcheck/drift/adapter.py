@@ -106,13 +106,9 @@ class DriftAdapter:
                           transcript)
         if fenced is None:
             return out
-        changed = fenced.changed()
-        if changed is not None:
-            raise KernelRaised(f"the kernel wrote into its input {changed}: inputs must be left unchanged ({where})")
-        breached = fenced.breached()
-        if breached is not None:
-            raise KernelRaised(f"the kernel wrote outside its input {breached}: into the NaN fence ssmcheck puts "
-                               f"either side of each input's memory ({where})")
+        violation = fenced.violation()
+        if violation is not None:
+            raise KernelRaised(f"{violation} ({where})")
         return out
 
     def fenced_storages(self, problem: DecodeProblem, step: StepInputs) -> list[tuple[str, ...]]:

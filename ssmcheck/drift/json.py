@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from ssmcheck.core import outside
 from ssmcheck.drift.results import DriftResult, NonfiniteStep
 
 
@@ -57,5 +58,4 @@ def case_json(result: DriftResult) -> dict:
 
 
 def _nonfinite(where: NonfiniteStep) -> dict:
-    reads = where.reads_outside
-    return {**asdict(where), "reads_outside": None if reads is None else [list(names) for names in reads]}
+    return {**asdict(where), "reads_outside": outside.as_json(where.reads_outside)}

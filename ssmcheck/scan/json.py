@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from ssmcheck.core import outside
 from ssmcheck.scan.results import ScanResult
 
 
@@ -59,7 +60,7 @@ def case_json(result: ScanResult) -> dict:
         },
         "first_nonfinite": result.first_nonfinite.as_dict() if result.first_nonfinite else None,
         "first_nonfinite_state": result.first_nonfinite_state.as_dict() if result.first_nonfinite_state else None,
-        "reads_outside": None if result.reads_outside is None else [list(names) for names in result.reads_outside],
+        "reads_outside": outside.as_json(result.reads_outside),
         "drift": {"per_chunk": result.per_chunk, "growth": result.growth},
         "repeat": asdict(result.repeat) if result.repeat else None,
         "error_map": _error_map(result),

@@ -226,9 +226,10 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         result.message += f"; {note}"
     if result.status is Status.NONFINITE:
         # The call that came back non-finite: the case's, else the one without D and z.
-        called = None if _finite([ssm_kernel]) else replace(inputs, D=None, z=None)
-        called = inputs if not _finite(out) else called
-        result.reads_outside = None if called is None else _reads_outside(kernel, called, case, transcript, device)
+        if not outside.finite(out):
+            result.reads_outside = _reads_outside(kernel, inputs, case, transcript, device)
+        elif not outside.finite([ssm_kernel]):
+            result.reads_outside = _reads_outside(kernel, replace(inputs, D=None, z=None), case, transcript, device)
         if result.reads_outside is not None:
             result.message += f"; {outside.describe(result.reads_outside)}"
     if result.status in (Status.FAIL, Status.NONFINITE):
@@ -303,22 +304,19 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     return time.perf_counter() - start
 
 
-def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str,
-           count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`count` calls of the kernel on `inputs`, each waited for. Raises what the kernel raises."""
+def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str, count: int,
+           nan_fences=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` calls of the kernel on `inputs`, each waited for (`nan_fences`: ScanAdapter.call's). Raises
+    what the kernel raises."""
     with warnings.catch_warnings():
         # numpy's warnings from Triton's interpreter (e.g. exp overflow in masked lanes) say
         # nothing about the results, which are judged afterwards.
         warnings.simplefilter("ignore", RuntimeWarning)
         outputs = []
         for _ in range(count):
-            outputs.append(kernel.call(inputs, case, transcript))
+            outputs.append(kernel.call(inputs, case, transcript, nan_fences))
             _sync(device)
     return outputs
-
-
-def _finite(tensors) -> bool:
-    return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _reads_outside(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
@@ -326,11 +324,7 @@ def _reads_outside(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, tran
     """core.outside's answer for a call that came back non-finite; None also where a rerun raised (the
     verdict stands as measured)."""
     def call(nan_fences):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # as in _calls
-            outputs = kernel.call(inputs, case, transcript, nan_fences)
-        _sync(device)
-        return outputs
+        return _calls(kernel, inputs, case, transcript, device, 1, nan_fences)[0]
 
     try:
         return outside.reads_outside(call, kernel.fenced_storages(inputs))
