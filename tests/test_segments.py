@@ -45,8 +45,8 @@ def test_streamed_figures_are_the_whole_computations(monkeypatch, regime, batch,
     kernel = resolve("torch", interpreter=True)
     real_call = kernel.call
 
-    def poisoned(inputs, case, transcript=None):  # a token mid-sequence made NaN, another one 1% off
-        y, states = real_call(inputs, case, transcript)
+    def poisoned(inputs, case, transcript=None, nan_fences=None):  # a token mid-sequence NaN, another 1% off
+        y, states = real_call(inputs, case, transcript, nan_fences)
         y = y.clone()
         y[0, y.shape[1] // 2, 1, 3] = float("nan")
         y[-1, 7] *= 1.01
