@@ -5,7 +5,8 @@ ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_ke
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
-interleaved_groups, skip_after_gate, inputs_of_row_0 and contiguous_inputs, which implement both modes
+interleaved_groups, skip_after_gate, inputs_of_row_0, contiguous_inputs, softplus_regardless and
+bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -232,6 +233,26 @@ def softplus_without_threshold(state, x, dt, A, B, C, D=None, z=None, dt_bias=No
     if dt_softplus:
         dt = torch.log1p(torch.exp(dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)))
         dt_bias, dt_softplus = None, False
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def softplus_regardless(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                        rounding="nearest", seed=0):
+    """Takes softplus(dt + dt_bias) whether dt_softplus asks for it or not (the flag fixed at True): right for
+    every serving engine's call, which asks for it, and wrong for a dt passed already processed."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, True)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def bias_only_with_softplus(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                            rounding="nearest", seed=0):
+    """Adds dt_bias inside the softplus branch only (softplus(dt + dt_bias), else dt as given): right wherever a
+    softplus is asked for, as serving engines ask."""
+    if not dt_softplus:
+        dt_bias = None
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out

@@ -7,6 +7,8 @@ Chunk scans with pad tokens (seq_idx -1), for the `padded` scan regime: the buil
 lets pads into the state of the sequence before them.
 """
 
+import torch
+
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
 from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
 
@@ -46,6 +48,20 @@ def pad_rows_write_nan(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_s
                            out=out)
     out[state_batch_indices == pad_slot_id] = float("nan")
     return out
+
+
+def out_stored_in_blocks_of_4_rows(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                   state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: right, but out is stored a block of 4 batch rows at a time without a mask on the last block: the
+    rows past the batch get zeros, in whatever lies after out."""
+    result = selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                    pad_slot_id, out=out)
+    if out is not None:
+        flat = torch.empty(0, dtype=out.dtype, device=out.device).set_(out.untyped_storage())
+        row, end = out[0].numel(), out.storage_offset() + out.numel()
+        past = min(-(-out.shape[0] // 4) * 4 * row + out.storage_offset(), flat.numel())
+        flat[end:past] = 0.0
+    return result
 
 
 # ---------------------------------------------------------------------------- chunk scans with pad tokens

@@ -60,6 +60,16 @@ def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(t
     assert len(untied) == 4 and all(c["status"] == "fail" for c in untied)
 
 
+@pytest.mark.parametrize("kernel", ["softplus_regardless", "bias_only_with_softplus"])
+def test_the_default_preset_catches_a_kernel_wrong_without_a_softplus(tmp_path, kernel):
+    """A state update that takes a softplus dt_softplus did not ask for, or adds dt_bias only inside one, is right
+    wherever a serving engine calls it (a softplus asked for): it passes every regime but `no-softplus`, and fails
+    that one in every state dtype and rounding mode."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "s.json")
+    plain = planted_bug_cases(report, lambda p: p["regime"] == "no-softplus")
+    assert len(plain) == 4 and all(c["status"] == "fail" for c in plain), [c["message"] for c in plain]
+
+
 def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(tmp_path):
     """A state update that computes C . state * silu(z) + D * x (the skip outside the gate) is right without a
     gate, so it passes every regime but `untied`, the one that passes z, and fails that one in every state dtype

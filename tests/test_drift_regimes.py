@@ -38,7 +38,8 @@ def _truth(problem):
 
 
 def test_every_regime_is_named_and_explained_in_one_line():
-    assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme"}
+    assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
+                                  "no-softplus"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 
@@ -67,6 +68,28 @@ def test_inputs_have_mamba2_shapes_strides_and_replay(regime, shape, seed):
             assert getattr(a, name).dtype == torch.float32
             assert torch.equal(getattr(a, name), getattr(b, name))
     assert not torch.equal(first[0].x, first[1].x)  # a stream, not one step repeated
+
+
+def test_tied_parameters_stay_stride_0_views_on_another_device():
+    # Moving an expanded view to another device copies it whole: the regimes expand after the move. ("meta" stands
+    # for the GPU here: a device the parameters are not drawn on.)
+    problem = make_problem("normal", DecodeShape(1, 2, 3, 4, 1), torch.float16, 3, 0, "meta")
+    assert problem.A.device.type == "meta"
+    assert problem.A.stride()[1:] == (0, 0) and problem.D.stride()[1:] == problem.dt_bias.stride()[1:] == (0,)
+
+
+@settings(max_examples=5, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_no_softplus_passes_dt_processed_but_for_its_bias(shape, seed):
+    problem = make_problem("no-softplus", shape, torch.float16, 3, seed, "cpu")
+    assert problem.dt_softplus is False
+    assert all(make_problem(r, shape, torch.float16, 3, seed, "cpu").dt_softplus for r in DRIFT_REGIMES
+               if r != "no-softplus")
+    for step in problem.steps():
+        dt = step.dt + problem.dt_bias  # the step's dt as the kernel is to take it: no softplus
+        assert (step.dt > 0).all() and (dt >= 0.011 - 1e-6).all() and (dt <= 0.1 + 1e-6).all()
+        # a softplus taken anyway would give 0.69 or more: seven times the largest dt
+        assert (torch.nn.functional.softplus(dt) > 0.69).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

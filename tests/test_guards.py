@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ssmcheck import api
 from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.drift import run as drift_run
 from tests.cli_invoke import invoke
 
 KERNELS = Path(__file__).parent / "misbehaving_kernels.py"
@@ -138,3 +140,21 @@ def test_an_exception_without_a_message_is_described_by_where_it_was_raised(tmp_
     assert describe(raised.value) == "AssertionError at peerpkg/ops.py:2: assert n == 1"
     assert describe(ValueError("bad shape\n")) == "ValueError: bad shape"
     assert describe(KeyError()) == "KeyError"  # never raised: no traceback to name
+
+
+def test_a_drift_case_our_side_fails_to_measure_is_that_case_error_and_the_sweep_goes_on(monkeypatch):
+    make_problem = drift_run.make_problem
+
+    def failing_in_stagnation(regime, *args, **kwargs):
+        if regime == "stagnation":
+            raise RuntimeError("a planted failure of ssmcheck's own")
+        return make_problem(regime, *args, **kwargs)
+
+    monkeypatch.setattr(drift_run, "make_problem", failing_in_stagnation)
+    report = api.drift(kernel="torch", preset="smoke")
+    by_regime = {}
+    for case in report.cases:
+        by_regime.setdefault(case.params["regime"], set()).add((case.status, case.message))
+    assert by_regime["stagnation"] == {("error", "measuring the case raised RuntimeError: a planted failure of "
+                                                 "ssmcheck's own")}
+    assert {status for status, _ in by_regime["normal"]} == {"pass"}

@@ -33,6 +33,7 @@ def test_a_correct_kernel_with_slots_passes_every_slot_check():
     assert len(set(live)) == 3 and slots["live"]["rows"] == 3
     assert slots["pad_out"]["outputs"] == "zeros"
     assert slots["untouched"]["changed"] == [] and slots["untouched"]["checked"] == slots["pool"] + 2 - 3
+    assert slots["untouched"]["past_out"] == []
 
 
 def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named():
@@ -64,6 +65,16 @@ def test_pad_rows_written_with_garbage_fail():
     case = _case(f"{KERNELS}:pad_rows_write_nan")
     assert case["status"] == "fail"
     assert "pad rows' out: written non-finite" in case["message"]
+
+
+def test_a_store_past_out_is_caught_and_the_row_named():
+    # 3 live rows and 2 pad rows: the last block of 4 rows stores rows 5..7, and row 5 is the guard after out.
+    case = _case(f"{KERNELS}:out_stored_in_blocks_of_4_rows")
+    untouched = case["slots"]["untouched"]
+    assert case["status"] == "fail" and untouched["status"] == "fail"
+    assert untouched["past_out"] == [5] and untouched["changed"] == []
+    assert "slots untouched: the step wrote out row 5 (past out's 5 rows)" in case["message"], case["message"]
+    assert case["slots"]["live"]["status"] == case["slots"]["pad_out"]["status"] == "pass"
 
 
 def test_a_kernel_without_slot_indices_gets_no_slot_check():

@@ -52,6 +52,9 @@ DRIFT_REGIMES: dict[str, str] = {
     "dt-extreme": "each step's dt after softplus either 8..100 (past fp16's exp overflow at 11.1, softplus's "
     "threshold at 20 and fp32's exp overflow at 88.7), wiping the state and writing dt*x*B over it, or "
     "e^-40..e^-23, leaving it as it is; dt_bias -4..4; B and C >= 0",
+    "no-softplus": "normal's ranges with dt_softplus off: raw dt 1e-3..0.05 + dt_bias 0.01..0.05 is the step's dt, "
+    "as a caller that takes its own softplus passes it; a kernel that takes a softplus "
+    "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
 }
 
 LONG_STEPS_FACTOR = 4
@@ -146,10 +149,10 @@ def make_problem(
         regime=regime,
         nsteps=nsteps,
         initial_state=_representable(params.initial_state, state_dtype).to(device),
-        A=_per_head(params.A, (s.nheads, s.headdim, s.dstate)).to(device),
-        D=_per_head(params.D, (s.nheads, s.headdim)).to(device),
-        dt_bias=_per_head(params.dt_bias, (s.nheads, s.headdim)).to(device),
-        dt_softplus=True,
+        A=_per_head(params.A, (s.nheads, s.headdim, s.dstate), device),
+        D=_per_head(params.D, (s.nheads, s.headdim), device),
+        dt_bias=_per_head(params.dt_bias, (s.nheads, s.headdim), device),
+        dt_softplus=params.dt_softplus,
         draw_steps=params.draw_steps,
         stream_seed=seed + 1,
         device=device,
@@ -157,8 +160,11 @@ def make_problem(
     )
 
 
-def _per_head(value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """A (nheads,) parameter expanded to `shape` by a stride-0 view, as Mamba2 passes it; a whole one as it is."""
+def _per_head(value: torch.Tensor, shape: tuple[int, ...], device: str) -> torch.Tensor:
+    """A (nheads,) parameter on `device` expanded to `shape` by a stride-0 view, as Mamba2 passes it; a whole one
+    as it is. Moved before it is expanded: moving an expanded view to another device copies it whole, with no
+    stride-0 axis left."""
+    value = value.to(device)
     return value.reshape(-1, *[1] * (len(shape) - 1)).expand(shape) if value.dim() == 1 else value
 
 
@@ -169,6 +175,7 @@ class _RegimeParams:
     D: torch.Tensor  # (nheads,) float32, or (nheads, headdim)
     dt_bias: torch.Tensor  # (nheads,) float32, or (nheads, headdim)
     draw_steps: Callable[[torch.Generator, int], StepInputs]
+    dt_softplus: bool = True  # the steps' dt is raw, softplus(dt + dt_bias) the processed one; else processed
 
 
 def _uniform(generator, shape, lo, hi) -> torch.Tensor:
@@ -236,6 +243,24 @@ def _unit_steps(s: DecodeShape, dt_draw) -> Callable:
         )
 
     return draw_steps
+
+
+def _no_softplus(shape, state_dtype, nsteps, generator):
+    """normal's A, x, B and C, passed with dt_softplus off: the step's dt is raw dt (log-uniform in 1e-3..0.05) +
+    dt_bias (0.01..0.05 a head), 0.011..0.1. softplus of it is 0.70..0.74, so a kernel that takes one anyway decays
+    the state 7x..70x too fast; one that drops the bias (adding it only with a softplus) takes a dt a half to
+    a fiftieth of the right one."""
+    s = shape
+    A_head = -torch.exp(_uniform(generator, (s.nheads,), 0.0, math.log(16.0)))
+    dt_bias_head = _uniform(generator, (s.nheads,), 0.01, 0.05).float()
+    D_head = _uniform(generator, (s.nheads,), 0.5, 1.5).float()
+    initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
+
+    def dt_draw(g, n):
+        raw = _log_uniform(g, (n, s.batch, s.nheads), 1e-3, 0.05).float()
+        return raw[..., None].expand(n, s.batch, s.nheads, s.headdim)
+
+    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw), dt_softplus=False)
 
 
 def _long(shape, state_dtype, nsteps, generator):
@@ -387,5 +412,5 @@ def _overflow(shape, state_dtype, nsteps, generator):
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
-             "dt-extreme": _dt_extreme}
+             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)

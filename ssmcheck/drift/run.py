@@ -32,6 +32,7 @@ import torch
 
 from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
+from ssmcheck.core.guard import describe
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.drift import slots
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
@@ -66,10 +67,17 @@ def run_case(
         run = decode(case, kernel, device, on_step, transcript, repeat, prefill)
     except KernelRaised as exc:
         return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
+    except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome, not the sweep's end)
+        return DriftResult(case, error_verdict(f"measuring the case raised {describe(exc)}"),
+                           time.perf_counter() - start, None, transcript.text)
     verdict = judge(case, run, tolerance, allow_nondeterministic)
     checks, layout = [], None
     if kernel.pad_slot_id is not None:  # a kernel that takes slot indices: the padded-slot check
-        checks, layout = slots.run_check(case, kernel, tolerance, device, transcript)
+        try:
+            checks, layout = slots.run_check(case, kernel, tolerance, device, transcript)
+        except Exception as exc:  # noqa: BLE001 (as above)
+            return DriftResult(case, error_verdict(f"the slot check raised {describe(exc)}"),
+                               time.perf_counter() - start, run, transcript.text)
         verdict = slots.combine(verdict, checks)
     return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout)
 

@@ -11,7 +11,8 @@ the live rows on a random permutation of them, the regime's own states and input
   step's output, within the tolerance rule (the baseline: the float64 step stored in the state dtype
   in the case's rounding mode; its output is the float64 one), judged slot by slot;
 - untouched: every other slot (the spares, the pad slot) and a guard slot on each side of the pool
-  (where an index of -1 or one past the end writes) keeps its bits;
+  (where an index of -1 or one past the end writes) keeps its bits, and so does a guard row on each side
+  of out where the kernel takes one (a store past the batch's last row, unmasked, lands there);
 - pad_out: the pad rows' out, NaN-filled (a NaN with its own payload) before the call where the kernel
   takes `out`: wholly written with finite values (zeros, as mamba_ssm and the built-in kernel write,
   or other values, as vLLM's step from a zero state gives) or wholly left (reported as not written,
@@ -66,7 +67,9 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     before = buffer.clone()
     pool = buffer[1:-1]
     slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
-    sent = _poisoned(arguments["x"])
+    # out between two guard rows, all NaN with a payload of ours: a write past either end of out lands in one.
+    out_buffer = _poisoned((rows + 2, *arguments["x"].shape[1:]), arguments["x"])
+    sent = out_buffer[1:-1]
     seed = sweep.case_seed(layout["seed"], {"step": 1})
     try:
         out = kernel.update_slots(pool, slots, arguments, sent, case.rounding, seed, "slot check", transcript)
@@ -75,7 +78,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     # Only the NaN-filled out the kernel wrote into shows what it left: one it allocated holds whatever it held.
     poisoned = kernel.takes_out and out.data_ptr() == sent.data_ptr()
     return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance),
-            _untouched(layout, before, buffer),
+            _untouched(layout, before, buffer, out_buffer if kernel.takes_out else None),
             _pad_out(layout, out, poisoned)], layout
 
 
@@ -95,8 +98,9 @@ def _layout(case: DriftCase, pad: int) -> dict:
     return {"seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots, "pad_rows": pad_rows}
 
 
-def _poisoned(x: torch.Tensor) -> torch.Tensor:
-    pattern = torch.full(x.shape, _POISON_BITS[x.dtype], dtype=bits(x).dtype, device=x.device)
+def _poisoned(shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
+    """A tensor of `shape` in x's dtype and device, every element the poison NaN."""
+    pattern = torch.full(shape, _POISON_BITS[x.dtype], dtype=bits(x).dtype, device=x.device)
     return pattern.view(x.dtype)
 
 
@@ -146,13 +150,17 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     return SlotCheck(LIVE, Status.PASS, "", result)
 
 
-def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
+def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: torch.Tensor | None) -> SlotCheck:
     live = {s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]}
     # Buffer index i is pool slot i - 1: the guards are slots -1 and pool.
     changed = [i - 1 for i in range(buffer.shape[0])
                if i - 1 not in live and not torch.equal(bits(before[i]), bits(buffer[i]))]
-    figures = {"checked": buffer.shape[0] - len(live), "changed": changed}
-    if not changed:
+    rows = len(layout["slots"])
+    # out_buffer index 0 and rows + 1 are its guards: out rows -1 and rows.
+    past_out = [] if out_buffer is None else [
+        i - 1 for i in (0, rows + 1) if not bool((bits(out_buffer[i]) == _POISON_BITS[out_buffer.dtype]).all())]
+    figures = {"checked": buffer.shape[0] - len(live), "changed": changed, "past_out": past_out}
+    if not changed and not past_out:
         return SlotCheck(UNTOUCHED, Status.PASS, "", figures)
     pool, pad = layout["pool"], layout["pad_slot_id"]
 
@@ -160,7 +168,8 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
         what = "outside the pool" if slot < 0 or slot >= pool else ("the pad slot" if slot == pad else "no row's")
         return f"slot {slot} ({what})"
 
-    return SlotCheck(UNTOUCHED, Status.FAIL, "slots untouched: the step wrote " + ", ".join(map(named, changed))
+    wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out)]
+    return SlotCheck(UNTOUCHED, Status.FAIL, "slots untouched: the step wrote " + ", ".join(wrote)
                      + f"; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
 
 
