@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from ssmcheck import api
 from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.core.guard import guarded_call
 from ssmcheck.drift import run as drift_run
 from tests.cli_invoke import invoke
 
@@ -158,3 +160,19 @@ def test_a_drift_case_our_side_fails_to_measure_is_that_case_error_and_the_sweep
     assert by_regime["stagnation"] == {("error", "measuring the case raised RuntimeError: a planted failure of "
                                                  "ssmcheck's own")}
     assert {status for status, _ in by_regime["normal"]} == {"pass"}
+
+
+def test_a_kernels_runtime_warnings_are_dropped_and_others_kept():
+    # numpy's RuntimeWarnings from Triton's interpreter (masked lanes: exp overflow, 0/0) flooded stderr in
+    # `drift --regime dt-extreme` on the CPU; a kernel's other warnings, and the caller's, still show.
+    def kernel():
+        warnings.warn("overflow encountered in exp", RuntimeWarning)
+        warnings.warn("a deprecated keyword", DeprecationWarning)
+        return 7
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert guarded_call(kernel, (), {}, None) == 7
+        warnings.warn("the caller's own", RuntimeWarning)
+    assert [(w.category, str(w.message)) for w in seen] == [(DeprecationWarning, "a deprecated keyword"),
+                                                             (RuntimeWarning, "the caller's own")]

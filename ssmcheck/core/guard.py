@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,10 +69,14 @@ def _importable(filename: str) -> str:
 
 
 def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript | None):
-    """fn(*args, **kwargs), its printing kept in `transcript` (discarded without one) and its uninitialised
-    allocations NaN. Raises what the kernel raised, or KernelExit."""
+    """fn(*args, **kwargs), its printing kept in `transcript` (discarded without one), its uninitialised
+    allocations NaN and its RuntimeWarnings dropped: numpy's, from Triton's interpreter evaluating masked
+    lanes (an exp that overflows, a division by zero), say nothing about the results, which are judged
+    afterwards. Raises what the kernel raised, or KernelExit."""
     try:
-        with captured_stdout(transcript if transcript is not None else Transcript()), uninitialised_as_nan():
+        with captured_stdout(transcript if transcript is not None else Transcript()), uninitialised_as_nan(), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             return fn(*args, **kwargs)
     except SystemExit as exc:
         raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc

@@ -8,7 +8,6 @@ rebuild the kernel's adapter and run cases itself.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,9 +108,7 @@ def localise_stages(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, sto
     from ssmcheck.ops.chunk_scan import naive  # noqa: PLC0415
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # as for _calls
-            found = kernel.call_stages(inputs, case, transcript)
+        found = kernel.call_stages(inputs, case, transcript)
     except Exception as exc:  # noqa: BLE001 (a kernel's failure is the report's)
         return StageReport(note=f"the kernel's stages raised {describe(exc)}")
     try:
@@ -308,14 +305,10 @@ def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, 
            nan_fences=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`count` calls of the kernel on `inputs`, each waited for (`nan_fences`: ScanAdapter.call's). Raises
     what the kernel raises."""
-    with warnings.catch_warnings():
-        # numpy's warnings from Triton's interpreter (e.g. exp overflow in masked lanes) say
-        # nothing about the results, which are judged afterwards.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        outputs = []
-        for _ in range(count):
-            outputs.append(kernel.call(inputs, case, transcript, nan_fences))
-            _sync(device)
+    outputs = []
+    for _ in range(count):
+        outputs.append(kernel.call(inputs, case, transcript, nan_fences))
+        _sync(device)
     return outputs
 
 
