@@ -15,6 +15,7 @@ from pathlib import Path
 from ssmcheck.core import autotune, config, runtime
 from ssmcheck.core import ranks as launch
 from ssmcheck.core.callables import KernelSpecError, kernel_name
+from ssmcheck.core.formats import DTYPES
 from ssmcheck.core.shard import parse_shard
 from ssmcheck.core.sweep import SweepError, parse_number
 from ssmcheck.core.workers import worker_devices
@@ -135,7 +136,7 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
         # A kernel without a rounding keyword stores its state one way only, which only the user can
         # declare (--rounding); a preset's list of modes declares nothing about this kernel.
         settings.axes["rounding"] = ["nearest"]
-    cases, autotuned = _configs(settings, runner, cases(name))
+    cases, autotuned = _configs(settings, runner, [_kernel_skip(case, under_test) for case in cases(name)])
     tol = settings.tolerance
     return _sharded(shard, Plan(
         "drift", env, name, settings, cases, runner, {
@@ -150,6 +151,14 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
             "prefill_kernel": None if runner.prefill_kernel is None else _name(runner.prefill_kernel),
         }, files, case_json, lambda c: 0 if c.skip_reason is not None else c.steps * c.trials,
     ))
+
+
+def _kernel_skip(case, under_test):
+    """The drift case, skipped where the kernel says it cannot run it here (DriftAdapter.skip_reason)."""
+    if case.skip_reason is not None:
+        return case
+    reason = under_test.skip_reason(DTYPES[case.state_dtype], case.rounding)
+    return case if reason is None else replace(case, skip_reason=reason)
 
 
 def _configs(settings, runner, cases: list) -> tuple[list, list[str]]:

@@ -315,15 +315,21 @@ def test_a_chunk_size_vllm_cannot_take_is_a_usage_error(fakes):
 # ---------------------------------------------------------------------------- drift
 
 
-def test_drift_kernel_vllm_runs_as_a_declared_round_to_nearest_kernel(fakes, tmp_path):
+def test_drift_kernel_vllm_runs_round_to_nearest_and_skips_its_stochastic_rounding_without_sm_100(fakes, tmp_path):
     fake = fakes(VLLM_SSU)
     result, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert report["summary"]["pass"] == 2 and report["settings"]["rounding"] == "declared"
-    assert {c["params"]["rounding"] for c in report["cases"]} == {"nearest"}
+    assert report["settings"]["rounding"] == "implemented by the kernel"
+    assert {(c["params"]["rounding"], c["status"]) for c in report["cases"]} == {("nearest", "pass"),
+                                                                                 ("stochastic", "skipped")}
+    assert report["summary"]["pass"] == report["summary"]["skipped"] == 2
+    # On this machine: no GPU of sm_100 (its PTX cvt.rs), so vLLM's stochastic rounding is never asked for.
+    assert all("vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_100 or newer" in c["message"]
+               for c in report["cases"] if c["status"] == "skipped")
+    assert not any(call["enable_stochastic_rounding"] for call in fake.CALLS)
     assert fake.CALLS and all(call["state_dtype"] == torch.float16 and call["z"] is None for call in fake.CALLS)
     # The padded-slot check: pad rows on vLLM's null block, slot 0, which no live row takes.
-    for case in report["cases"]:
+    for case in (c for c in report["cases"] if c["status"] != "skipped"):
         slots = case["slots"]
         assert slots["pad_slot_id"] == 0 and 0 not in [s for r, s in enumerate(slots["slots"])
                                                        if r not in slots["pad_rows"]]
@@ -345,11 +351,40 @@ def test_an_element_of_out_the_vllm_state_update_leaves_unwritten_is_nan(fakes, 
         out[..., :-1] = written[..., :-1]
 
     monkeypatch.setattr(fake, "selective_state_update", skips_the_last_channel)
-    report = api.drift(kernel="vllm", preset="smoke")
+    report = api.drift(kernel="vllm", preset="smoke", rounding=["nearest"])
     assert report.cases and {c.status for c in report.cases} == {"nonfinite"}
     for case in report.cases:
         where = case.data["first_nonfinite"]
         assert (where["output"], where["step"], where["channel"]) == ("out", 1, case.params["headdim"] - 1), where
+
+
+def test_drift_kernel_vllm_stochastic_rounding_is_asked_for_where_it_can_run(fakes, tmp_path, monkeypatch):
+    # As on a GPU of sm_100: the fp16 cases run with vLLM's enable_stochastic_rounding, judged as stochastic
+    # rounding (the fake rounds with torch's SR), and the bf16 ones are skipped: cvt.rs.f16x2 makes fp16 only.
+    fake = fakes(VLLM_SSU)
+    monkeypatch.setattr(vllm_peer, "_capability", lambda: (10, 0))
+    result, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--state-dtype", "fp16,bf16",
+                            "--rounding", "stochastic", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    by_dtype = {}
+    for case in report["cases"]:
+        by_dtype.setdefault(case["params"]["state_dtype"], set()).add((case["status"], case["message"]))
+    assert {status for status, _ in by_dtype["fp16"]} == {"pass"}
+    assert by_dtype["bf16"] == {("skipped", "vLLM's stochastic rounding stores fp16 states only, not bf16")}
+    assert fake.CALLS and all(call["enable_stochastic_rounding"] for call in fake.CALLS)
+
+
+@pytest.mark.parametrize(("has_sr", "dtype", "capability", "reason"), [
+    (True, torch.float16, (10, 0), None),
+    (True, torch.float16, (12, 0), None),
+    (True, torch.float16, (9, 0), "needs an NVIDIA GPU of sm_100 or newer; this one is sm_90"),
+    (True, torch.float16, None, "needs an NVIDIA GPU of sm_100 or newer: none here"),
+    (True, torch.bfloat16, (10, 0), "fp16 states only, not bf16"),
+    (False, torch.float16, (10, 0), "has no stochastic rounding (no enable_stochastic_rounding)"),
+])
+def test_where_vllm_stochastic_rounding_cannot_run(has_sr, dtype, capability, reason):
+    said = vllm_peer.stochastic_rounding_unavailable(has_sr, dtype, capability)
+    assert said is None if reason is None else reason in said
 
 
 def test_drift_kernel_mamba_ssm_runs(fakes, tmp_path):

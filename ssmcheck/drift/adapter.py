@@ -46,6 +46,9 @@ BUILTIN, TORCH = "builtin", "torch"
 PAD_SLOT_ID = -1
 # The peers, named: the installed packages' selective_state_update (ssmcheck.peers).
 MAMBA_SSM, VLLM = "mamba_ssm", "vllm"
+# A kernel that takes `rounding` may carry a function by this name, state dtype -> why it cannot round into it
+# stochastically here, or None: those cases are skipped with its reason (vLLM's: hardware SR, fp16 only).
+STOCHASTIC_UNAVAILABLE = "stochastic_rounding_unavailable"
 
 
 class KernelRaised(Exception):
@@ -85,6 +88,14 @@ class DriftAdapter:
     # on the host. A MODULE:FUNCTION kernel might (a call counter, a seed of its own), which a graph would
     # freeze at the captured call, so it runs eagerly.
     graphable: bool = False
+    # The kernel's STOCHASTIC_UNAVAILABLE function, where it has one.
+    stochastic_unavailable: Callable[[torch.dtype], str | None] | None = None
+
+    def skip_reason(self, state_dtype: torch.dtype, rounding: str) -> str | None:
+        """Why this kernel cannot run a case of `state_dtype` and `rounding` here, or None."""
+        if rounding != "stochastic" or not self.takes_rounding or self.stochastic_unavailable is None:
+            return None
+        return self.stochastic_unavailable(state_dtype)
 
     def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str,
              seed: int | torch.Tensor,
@@ -173,8 +184,8 @@ def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interp
     core.callables.KernelSpecError for a bad spec.
 
     `builtin` imports the Triton kernel (and so triton), `mamba_ssm` and `vllm` the peer's package
-    (KernelSpecError when it cannot be imported): configure the runtime first. The peers take no
-    rounding keyword: --rounding declares what they do.
+    (KernelSpecError when it cannot be imported): configure the runtime first. mamba_ssm takes no rounding
+    keyword (--rounding declares what it does); vLLM's wrapper does, where its ops have stochastic rounding.
     """
     if spec == BUILTIN:
         from ssmcheck.ops.state_update.fused_recurrent import selective_state_update  # noqa: PLC0415
@@ -198,7 +209,7 @@ def _discovered(name: str, fn: Callable) -> DriftAdapter:
     """The adapter of a kernel whose capabilities are the keywords its signature names."""
     named = keywords(fn)
     return DriftAdapter(name, fn, takes_rounding="rounding" in named, takes_seed="seed" in named,
-                        **_slot_capabilities(fn))
+                        stochastic_unavailable=getattr(fn, STOCHASTIC_UNAVAILABLE, None), **_slot_capabilities(fn))
 
 
 def _slot_capabilities(fn: Callable) -> dict:

@@ -37,6 +37,10 @@ from dataclasses import dataclass
 import torch
 
 from ssmcheck.core import autotune
+from ssmcheck.core.callables import keywords
+from ssmcheck.core.formats import dtype_name
+from ssmcheck.drift.adapter import STOCHASTIC_UNAVAILABLE
+from ssmcheck.ops.rounding.stochastic import HARDWARE_SR_CAPABILITY
 from ssmcheck.peers import import_ops
 
 NAME = "vllm"
@@ -227,21 +231,54 @@ def chunk_scan_stages() -> Callable:
 
 
 def state_update() -> Callable:
-    """vLLM's `selective_state_update` behind our signature. Raises KernelSpecError when vLLM's
-    ops cannot be imported."""
+    """vLLM's `selective_state_update` behind our signature, with a `rounding` keyword: "stochastic" is
+    vLLM's own stochastic rounding of the state (`enable_stochastic_rounding`, as vLLM's
+    `--enable-mamba-cache-stochastic-rounding` turns it on), which the wrapper's
+    `stochastic_rounding_unavailable` says where it cannot run. Raises KernelSpecError when vLLM's ops
+    cannot be imported."""
     update = import_ops(NAME, _WHAT, _STATE_UPDATE_MODULE).selective_state_update
+    has_sr = "enable_stochastic_rounding" in keywords(update)
 
     def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                          state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None):
+                          state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None, rounding="nearest"):
+        # Only asked for where it is wanted: a vLLM without stochastic rounding takes no such keyword.
+        extra = {"enable_stochastic_rounding": True} if rounding == "stochastic" else {}
         return call_state_update(update, state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                 state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out)
+                                 state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out, **extra)
+
+    def unavailable(state_dtype: torch.dtype) -> str | None:
+        return stochastic_rounding_unavailable(has_sr, state_dtype, _capability())
 
     setattr(vllm_state_update, autotune.ORIGIN, update)
+    setattr(vllm_state_update, STOCHASTIC_UNAVAILABLE, unavailable)
     return vllm_state_update
 
 
+def stochastic_rounding_unavailable(has_sr: bool, state_dtype: torch.dtype,
+                                    capability: tuple[int, int] | None) -> str | None:
+    """Why vLLM's stochastic rounding cannot store a state of `state_dtype` on a GPU of compute `capability`
+    (None: no CUDA GPU), or None where it can. `has_sr`: whether this vLLM's selective_state_update has it. It
+    is one PTX instruction, cvt.rs.f16x2.f32: fp16 states only, and sm_100 or newer."""
+    if not has_sr:
+        return "this vLLM's selective_state_update has no stochastic rounding (no enable_stochastic_rounding)"
+    if state_dtype != torch.float16:
+        return f"vLLM's stochastic rounding stores fp16 states only, not {dtype_name(state_dtype)}"
+    need = HARDWARE_SR_CAPABILITY
+    if capability is None:
+        return f"vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_{need[0]}{need[1]} or newer: none here"
+    if capability < need:
+        return (f"vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_{need[0]}{need[1]} or newer; "
+                f"this one is sm_{capability[0]}{capability[1]}")
+    return None
+
+
+def _capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability, or None without one."""
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
 def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                      state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None):
+                      state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None, **extra):
     """One decode step through vLLM's `selective_state_update`: state (batch, nheads, headdim,
     dstate) updated in place, y returned in `out` (a new NaN-filled tensor like x when None).
 
@@ -249,12 +286,13 @@ def call_state_update(update: Callable, state, x, dt, A, B, C, D=None, z=None, d
     which adds nothing (but x·0 for an infinite x is NaN where "no D" would leave none). With
     `state_batch_indices`, state is a pool and row i updates slot state_batch_indices[i]; a row whose
     index is `pad_slot_id` (vLLM's null_block_id, 0 by default: slot 0 of the pool is the null block
-    that pad rows point at) reads and writes no state.
+    that pad rows point at) reads and writes no state. `extra`: further keywords of vLLM's.
     """
     nheads, headdim = state.shape[1], state.shape[2]
     zeros = torch.zeros((), dtype=torch.float32, device=x.device).expand(nheads, headdim)
     out = torch.full_like(x, math.nan) if out is None else out  # NaN-filled: what vLLM leaves unwritten shows
     # By keyword: the CPU implementation vLLM swaps in without CUDA orders them (D, z, dt_bias).
     update(state, x, dt, A, B, C, D=zeros if D is None else D, dt_bias=zeros if dt_bias is None else dt_bias,
-           z=z, dt_softplus=dt_softplus, state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=out)
+           z=z, dt_softplus=dt_softplus, state_batch_indices=state_batch_indices, null_block_id=pad_slot_id, out=out,
+           **extra)
     return out

@@ -1,6 +1,7 @@
 """Fake `selective_state_update` with vLLM 0.33's signature: D and dt_bias positional and required,
 z after them, y written into a preallocated `out`, None returned, the state updated in place (stored
-in its own dtype, rounded to nearest). Computed with ssmcheck's torch step. Every call is recorded
+in its own dtype, rounded to nearest, or stochastically with `enable_stochastic_rounding`, from a seed drawn
+from torch's generator as vLLM draws its own). Computed with ssmcheck's torch step. Every call is recorded
 in CALLS (the keywords it was given)."""
 
 
@@ -24,12 +25,15 @@ def selective_state_update(
     assert x.shape == (batch, nheads, dim) and dt.shape == x.shape and A.shape == (nheads, dim, dstate)
     assert D.shape == (nheads, dim) and dt_bias.shape == (nheads, dim)
     assert (dst_state_batch_indices, num_accepted_tokens, cu_seqlens) == (None,) * 3, "not faked"
-    assert not enable_stochastic_rounding, "not faked"
+    assert not enable_stochastic_rounding or state.dtype == torch.float16, "vLLM's SR: fp16 states only"
     CALLS.append({"D": D, "dt_bias": dt_bias, "z": z, "dt_softplus": dt_softplus, "state_dtype": state.dtype,
-                  "state_batch_indices": state_batch_indices, "null_block_id": null_block_id})
+                  "state_batch_indices": state_batch_indices, "null_block_id": null_block_id,
+                  "enable_stochastic_rounding": enable_stochastic_rounding})
+    rounding = {"rounding": "stochastic", "seed": int(torch.randint(0, 2**31, (1,)))} \
+        if enable_stochastic_rounding else {}
     if state_batch_indices is None:
         assert state.shape[0] == batch
-        out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus))
+        out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, **rounding))
         return
     # As vLLM's kernel: row i on pool slot state_batch_indices[i]; a row on the null block reads a zero
     # state (its load is masked), writes its out and stores no state.
@@ -37,4 +41,4 @@ def selective_state_update(
         one = slice(row, row + 1)
         state_row = state[slot:slot + 1] if slot != null_block_id else torch.zeros_like(state[:1])
         out[one] = torch_state_update(state_row, x[one], dt[one], A, B[one], C[one], D,
-                                      None if z is None else z[one], dt_bias, dt_softplus)
+                                      None if z is None else z[one], dt_bias, dt_softplus, **rounding)
