@@ -374,6 +374,33 @@ def test_drift_kernel_vllm_stochastic_rounding_is_asked_for_where_it_can_run(fak
     assert fake.CALLS and all(call["enable_stochastic_rounding"] for call in fake.CALLS)
 
 
+def test_drift_kernel_vllm_configs_all_pins_each_launch_config_of_its_tables(fakes, tmp_path, monkeypatch):
+    # vLLM picks the state update's (BLOCK_SIZE_M, num_warps) by batch x heads; --configs all pins each through its
+    # own override hook, so a bug of one config shows at any batch: here the fake writes NaN under (32, 8).
+    fake = fakes(VLLM_SSU)
+    real = fake.selective_state_update
+
+    def nan_under_32_by_8(state, x, *args, out, **kwargs):
+        real(state, x, *args, out=out, **kwargs)
+        if fake._ssm_config_override == (32, 8):
+            out[..., 0] = float("nan")
+
+    monkeypatch.setattr(fake, "selective_state_update", nan_under_32_by_8)
+    result, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--regime", "normal", "--rounding",
+                            "nearest", "--configs", "all", json_path=tmp_path / "r.json")
+    assert result.exit_code == 3, result.output
+    cases = report["cases"]
+    assert len(cases) == len(vllm_peer.SSU_BLOCK_SIZE_M) * len(vllm_peer.SSU_NUM_WARPS)
+    pinned = {(c["params"]["config"]["kwargs"]["BLOCK_SIZE_M"], c["params"]["config"]["num_warps"]): c["status"]
+              for c in cases}
+    assert pinned == {(m, w): "nonfinite" if (m, w) == (32, 8) else "pass"
+                      for m in vllm_peer.SSU_BLOCK_SIZE_M for w in vllm_peer.SSU_NUM_WARPS}
+    assert "_selective_scan_update_kernel config 15 (BLOCK_SIZE_M=32, num_stages=3, num_warps=8): nonfinite in 1/1" \
+        in result.output
+    assert fake._ssm_config_override is None  # restored: vLLM picks again
+    assert {call["config"] for call in fake.CALLS} == set(pinned)
+
+
 @pytest.mark.parametrize(("has_sr", "dtype", "capability", "reason"), [
     (True, torch.float16, (10, 0), None),
     (True, torch.float16, (12, 0), None),

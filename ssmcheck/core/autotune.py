@@ -13,6 +13,10 @@ kernel under test is found:
 An autotuner with a single config runs it without benchmarking, so pinning a config is setting
 the autotuner's config list to that one config, and restoring the list afterwards. That is also
 how an autotuned kernel runs in Triton's interpreter, which has no driver to benchmark with.
+
+A kernel that picks its launch config another way (vLLM's state update reads tuned tables keyed by
+batch × heads) can be reached the same way: a wrapper names, in its LAUNCH_TABLES attribute, objects
+with a `configs` list that pinning sets and restores as it does an autotuner's (ssmcheck.peers.vllm).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from pathlib import Path
 # A wrapper that adapts another kernel's signature (ssmcheck.peers) names that kernel in this attribute:
 # the search starts from the wrapped kernel's module, not the wrapper's.
 ORIGIN = "autotune_origin"
+# A wrapper's list of Tuned whose "autotuner" is a launch-config table of its own (the module docstring).
+LAUNCH_TABLES = "launch_tables"
 # --configs: "auto", the autotuner's pick (the first config in the interpreter); "all", each in turn.
 CONFIGS = ("auto", "all")
 
@@ -66,14 +72,15 @@ def described_text(described: dict) -> str:
 
 def find(fn: Callable) -> list[Tuned]:
     """Every autotuner reachable from `fn`'s module (or its ORIGIN's) within its package, in a stable
-    order (by module, then by name), each once. Searched once per module and process: every case of a
-    sweep asks."""
+    order (by module, then by name), each once, then fn's LAUNCH_TABLES. Searched once per module and
+    process: every case of a sweep asks."""
+    tables = list(getattr(fn, LAUNCH_TABLES, []))
     start = inspect.getmodule(inspect.unwrap(getattr(fn, ORIGIN, fn)))
     if start is None:
-        return []
+        return tables
     if start.__name__ not in _FOUND:
         _FOUND[start.__name__] = _search(start)
-    return _FOUND[start.__name__]
+    return _FOUND[start.__name__] + tables
 
 
 _FOUND: dict[str, list[Tuned]] = {}

@@ -236,7 +236,8 @@ def state_update() -> Callable:
     `--enable-mamba-cache-stochastic-rounding` turns it on), which the wrapper's
     `stochastic_rounding_unavailable` says where it cannot run. Raises KernelSpecError when vLLM's ops
     cannot be imported."""
-    update = import_ops(NAME, _WHAT, _STATE_UPDATE_MODULE).selective_state_update
+    ops = import_ops(NAME, _WHAT, _STATE_UPDATE_MODULE)
+    update = ops.selective_state_update
     has_sr = "enable_stochastic_rounding" in keywords(update)
 
     def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -251,7 +252,40 @@ def state_update() -> Callable:
 
     setattr(vllm_state_update, autotune.ORIGIN, update)
     setattr(vllm_state_update, STOCHASTIC_UNAVAILABLE, unavailable)
+    if hasattr(ops, "_ssm_config_override"):
+        setattr(vllm_state_update, autotune.LAUNCH_TABLES,
+                [autotune.Tuned("_selective_scan_update_kernel", ops.__name__, LaunchTable(ops))])
     return vllm_state_update
+
+
+# The state update's launch configs: vLLM takes (BLOCK_SIZE_M, num_warps) from a tuned table keyed by batch ×
+# heads (try_get_optimal_ssm_config), or a heuristic by dstate, not from an autotuner. These are the values its
+# shipped tables and its heuristic use (H200's: 4/8/16 x 1/2/4 warps; the heuristic: 32 x 4, 4 x 8, ...).
+SSU_BLOCK_SIZE_M = (4, 8, 16, 32)
+SSU_NUM_WARPS = (1, 2, 4, 8)
+
+
+class LaunchTable:
+    """vLLM's state-update launch configs as core.autotune pins an autotuner's: `configs` set to one config makes it
+    vLLM's override (`_ssm_config_override`, its own hook for benchmarks); the whole list again, vLLM's own pick.
+    So `--configs all` runs every config at any batch, where vLLM picks one by batch × heads."""
+
+    def __init__(self, module):
+        import triton  # noqa: PLC0415 (vLLM's ops import it anyway)
+
+        self._module = module
+        self._configs = [triton.Config({"BLOCK_SIZE_M": m}, num_warps=w) for m in SSU_BLOCK_SIZE_M
+                         for w in SSU_NUM_WARPS]
+
+    @property
+    def configs(self) -> list:
+        return self._configs
+
+    @configs.setter
+    def configs(self, configs: list) -> None:
+        self._configs = list(configs)
+        one = self._configs[0] if len(self._configs) == 1 else None
+        self._module._ssm_config_override = None if one is None else (one.kwargs["BLOCK_SIZE_M"], one.num_warps)
 
 
 def stochastic_rounding_unavailable(has_sr: bool, state_dtype: torch.dtype,
@@ -263,12 +297,12 @@ def stochastic_rounding_unavailable(has_sr: bool, state_dtype: torch.dtype,
         return "this vLLM's selective_state_update has no stochastic rounding (no enable_stochastic_rounding)"
     if state_dtype != torch.float16:
         return f"vLLM's stochastic rounding stores fp16 states only, not {dtype_name(state_dtype)}"
-    need = HARDWARE_SR_CAPABILITY
+    major, minor = HARDWARE_SR_CAPABILITY
+    need = f"vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_{major}{minor}"
     if capability is None:
-        return f"vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_{need[0]}{need[1]} or newer: none here"
-    if capability < need:
-        return (f"vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_{need[0]}{need[1]} or newer; "
-                f"this one is sm_{capability[0]}{capability[1]}")
+        return f"{need} or newer: none here"
+    if capability < HARDWARE_SR_CAPABILITY:
+        return f"{need} or newer; this one is sm_{capability[0]}{capability[1]}"
     return None
 
 

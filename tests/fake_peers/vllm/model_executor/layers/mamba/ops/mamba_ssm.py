@@ -11,6 +11,8 @@ from ssmcheck.drift.adapter import torch_state_update
 
 NULL_BLOCK_ID = 0
 CALLS: list[dict] = []
+# vLLM's hook pinning the launch config (BLOCK_SIZE_M, num_warps) its tuned tables would pick: recorded per call.
+_ssm_config_override = None
 
 
 def selective_state_update(
@@ -28,7 +30,7 @@ def selective_state_update(
     assert not enable_stochastic_rounding or state.dtype == torch.float16, "vLLM's SR: fp16 states only"
     CALLS.append({"D": D, "dt_bias": dt_bias, "z": z, "dt_softplus": dt_softplus, "state_dtype": state.dtype,
                   "state_batch_indices": state_batch_indices, "null_block_id": null_block_id,
-                  "enable_stochastic_rounding": enable_stochastic_rounding})
+                  "enable_stochastic_rounding": enable_stochastic_rounding, "config": _ssm_config_override})
     rounding = {"rounding": "stochastic", "seed": int(torch.randint(0, 2**31, (1,)))} \
         if enable_stochastic_rounding else {}
     if state_batch_indices is None:
