@@ -401,6 +401,83 @@ def test_drift_kernel_vllm_configs_all_pins_each_launch_config_of_its_tables(fak
     assert {call["config"] for call in fake.CALLS} == set(pinned)
 
 
+def _draft_variant(fake, monkeypatch, variant):
+    """The fake vLLM with its speculative path replaced by `variant(real, **keywords)`."""
+    real = fake.selective_state_update
+
+    def update(*args, num_accepted_tokens=None, **kwargs):
+        if num_accepted_tokens is None:
+            return real(*args, **kwargs)
+        return variant(real, *args, num_accepted_tokens=num_accepted_tokens, **kwargs)
+
+    monkeypatch.setattr(fake, "selective_state_update", update)
+
+
+def _starts_from_the_first_source(real, *args, state_batch_indices, num_accepted_tokens, **kwargs):
+    # Planted: num_accepted_tokens read as 1, so every row starts from the slot of its first draft token.
+    return real(*args, state_batch_indices=state_batch_indices, num_accepted_tokens=torch.ones_like(
+        num_accepted_tokens), **kwargs)
+
+
+def _stores_the_last_token_only(real, state, *args, dst_state_batch_indices, **kwargs):
+    # Planted: every token's state goes to the null block but the last one's.
+    only_last = torch.zeros_like(dst_state_batch_indices)
+    only_last[:, -1] = dst_state_batch_indices[:, -1]
+    return real(state, *args, dst_state_batch_indices=only_last, **kwargs)
+
+
+def _writes_back_the_source(real, state, *args, state_batch_indices, dst_state_batch_indices, num_accepted_tokens,
+                            **kwargs):
+    # Planted: right, and then the last token's state is also stored over the row's source slot.
+    real(state, *args, state_batch_indices=state_batch_indices, dst_state_batch_indices=dst_state_batch_indices,
+         num_accepted_tokens=num_accepted_tokens, **kwargs)
+    rows = torch.arange(len(num_accepted_tokens))
+    sources = state_batch_indices[rows, (num_accepted_tokens - 1).long()].long()
+    state[sources] = state[dst_state_batch_indices[:, -1].long()]
+
+
+def _every_token_gets_the_first_tokens_out(real, state, x, *args, out, cu_seqlens, **kwargs):
+    # Planted: the states are right, but each row's out holds its first token's for every token.
+    real(state, x, *args, out=out, cu_seqlens=cu_seqlens, **kwargs)
+    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        out[start:end] = out[start]
+
+
+def test_drift_kernel_vllm_verifies_draft_tokens_as_speculative_decoding_does(fakes, tmp_path):
+    fake = fakes(VLLM_SSU)
+    result, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--rounding", "nearest",
+                            "--batch", "3", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    for case in report["cases"]:
+        spec = case["slots"]["speculative"]
+        assert case["slots"]["drafts"]["status"] == case["slots"]["kept"]["status"] == "pass"
+        assert spec["tokens"] == 3 and spec["accepted"] == [3, 2, 1]
+        slots = [s for row in spec["sources"] + spec["destinations"] for s in row]
+        assert len(set(slots)) == len(slots) == 18 and 0 not in slots  # the null block: no row's
+        assert case["slots"]["drafts"]["tokens"] == 9
+    verified = [call for call in fake.CALLS if call["num_accepted_tokens"] is not None]
+    assert len(verified) == len(report["cases"])
+
+
+@pytest.mark.parametrize(("variant", "check", "status", "words"), [
+    (_starts_from_the_first_source, "drafts", "fail", "draft tokens: row "),
+    (_stores_the_last_token_only, "drafts", "nonfinite", "non-finite (NaN where it was not written)"),
+    (_writes_back_the_source, "kept", "fail", "slots kept: the call wrote slot "),
+    (_every_token_gets_the_first_tokens_out, "drafts", "fail", "farther from C·(its stored state) than"),
+])
+def test_the_speculative_check_catches_a_planted_bug(fakes, tmp_path, monkeypatch, variant, check, status, words):
+    fake = fakes(VLLM_SSU)
+    _draft_variant(fake, monkeypatch, variant)
+    _, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--rounding", "nearest", "--batch", "3",
+                       "--regime", "normal", json_path=tmp_path / "r.json")
+    (case,) = report["cases"]
+    assert case["slots"]["speculative"]["accepted"] == [3, 2, 1]
+    assert case["status"] == status and case["slots"][check]["status"] == status
+    assert words in case["message"], case["message"]
+    others = {name: c["status"] for name, c in case["slots"].items() if isinstance(c, dict) and "status" in c}
+    assert {name for name, s in others.items() if s != "pass"} == {check}
+
+
 @pytest.mark.parametrize(("has_sr", "dtype", "capability", "reason"), [
     (True, torch.float16, (10, 0), None),
     (True, torch.float16, (12, 0), None),

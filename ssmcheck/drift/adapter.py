@@ -49,6 +49,8 @@ MAMBA_SSM, VLLM = "mamba_ssm", "vllm"
 # A kernel that takes `rounding` may carry a function by this name, state dtype -> why it cannot round into it
 # stochastically here, or None: those cases are skipped with its reason (vLLM's: hardware SR, fp16 only).
 STOCHASTIC_UNAVAILABLE = "stochastic_rounding_unavailable"
+# The keywords beyond slot indices of a kernel that verifies several tokens per row in one call (vLLM's).
+DRAFT_KEYWORDS = ("dst_state_batch_indices", "num_accepted_tokens", "cu_seqlens")
 
 
 class KernelRaised(Exception):
@@ -81,6 +83,8 @@ class DriftAdapter:
     pad_slot_id: int | None = None
     takes_pad_slot_id: bool = False  # is told pad_slot_id (a keyword of its own)
     takes_out: bool = False  # writes out into a preallocated `out` keyword (which the slot check NaN-fills)
+    # Verifies draft tokens in one call (DRAFT_KEYWORDS, vLLM's speculative decoding): drift.speculative checks it.
+    takes_draft_tokens: bool = False
     # Reads its seed from a one-element int64 tensor on the device when given one (a CUDA graph replay
     # then advances it: drift.lockstep); a kernel that takes an int is given an int.
     takes_seed_tensor: bool = False
@@ -219,7 +223,8 @@ def _slot_capabilities(fn: Callable) -> dict:
         return {}
     default = keyword_default(fn, "pad_slot_id")
     pad = default if isinstance(default, int) and not isinstance(default, bool) else PAD_SLOT_ID
-    return {"pad_slot_id": pad, "takes_pad_slot_id": "pad_slot_id" in named, "takes_out": "out" in named}
+    return {"pad_slot_id": pad, "takes_pad_slot_id": "pad_slot_id" in named, "takes_out": "out" in named,
+            "takes_draft_tokens": all(keyword in named for keyword in DRAFT_KEYWORDS)}
 
 
 def hardware_sr_unavailable(interpreter: bool) -> str | None:

@@ -18,6 +18,8 @@ JSON case keys (always present; figures a case did not produce are null):
                                                      compiled float64 side (drift.follow) was not used,
     slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
+                                                     and speculative, drafts, kept for one verifying draft
+                                                     tokens (drift.speculative),
     stdout                                           what the kernel printed over the steps ("" when nothing).
 """
 

@@ -34,7 +34,7 @@ from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.guard import describe
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.drift import slots
+from ssmcheck.drift import slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.lockstep import Lockstep, StepWindow
 from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
@@ -75,6 +75,9 @@ def run_case(
     if kernel.pad_slot_id is not None:  # a kernel that takes slot indices: the padded-slot check
         try:
             checks, layout = slots.run_check(case, kernel, tolerance, device, transcript)
+            if kernel.takes_draft_tokens:  # and the speculative-decoding check
+                drafts, layout["speculative"] = speculative.run_check(case, kernel, tolerance, device, transcript)
+                checks += drafts
         except Exception as exc:  # noqa: BLE001 (as above)
             return DriftResult(case, error_verdict(f"the slot check raised {describe(exc)}"),
                                time.perf_counter() - start, run, transcript.text)

@@ -68,7 +68,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     pool = buffer[1:-1]
     slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
     # out between two guard rows, all NaN with a payload of ours: a write past either end of out lands in one.
-    out_buffer = _poisoned((rows + 2, *arguments["x"].shape[1:]), arguments["x"])
+    out_buffer = nan_filled((rows + 2, *arguments["x"].shape[1:]), arguments["x"])
     sent = out_buffer[1:-1]
     seed = sweep.case_seed(layout["seed"], {"step": 1})
     try:
@@ -98,13 +98,14 @@ def _layout(case: DriftCase, pad: int) -> dict:
     return {"seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots, "pad_rows": pad_rows}
 
 
-def _poisoned(shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
+def nan_filled(shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
     """A tensor of `shape` in x's dtype and device, every element the poison NaN."""
     pattern = torch.full(shape, _POISON_BITS[x.dtype], dtype=bits(x).dtype, device=x.device)
     return pattern.view(x.dtype)
 
 
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref|| (a non-finite element of a counts as infinite)."""
     num = torch.linalg.vector_norm((a.double() - ref).nan_to_num(math.inf)).item()
     den = torch.linalg.vector_norm(ref).item()
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
@@ -125,8 +126,9 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     worst, failed, nonfinite = None, None, None
     for i, (row, slot) in enumerate(zip(rows, live)):
         got_state, got_out = pool[slot], out[row]
-        figures = {"row": row, "slot": slot, "state_rel": _rel(got_state, ref[i]), "out_rel": _rel(got_out, ref_out[i]),
-                   "baseline_state_rel": _rel(stored[i], ref[i])}
+        figures = {"row": row, "slot": slot, "state_rel": relative_error(got_state, ref[i]),
+                   "out_rel": relative_error(got_out, ref_out[i]),
+                   "baseline_state_rel": relative_error(stored[i], ref[i])}
         figures["limit"] = tolerance_limit(figures["baseline_state_rel"], *rule)
         if nonfinite is None and not (torch.isfinite(got_state).all() and torch.isfinite(got_out).all()):
             nonfinite = figures

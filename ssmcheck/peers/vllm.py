@@ -40,7 +40,6 @@ from ssmcheck.core import autotune
 from ssmcheck.core.callables import keywords
 from ssmcheck.core.formats import dtype_name
 from ssmcheck.drift.adapter import STOCHASTIC_UNAVAILABLE
-from ssmcheck.ops.rounding.stochastic import HARDWARE_SR_CAPABILITY
 from ssmcheck.peers import import_ops
 
 NAME = "vllm"
@@ -241,9 +240,13 @@ def state_update() -> Callable:
     has_sr = "enable_stochastic_rounding" in keywords(update)
 
     def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                          state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None, rounding="nearest"):
+                          state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None, rounding="nearest",
+                          dst_state_batch_indices=None, num_accepted_tokens=None, cu_seqlens=None):
         # Only asked for where it is wanted: a vLLM without stochastic rounding takes no such keyword.
         extra = {"enable_stochastic_rounding": True} if rounding == "stochastic" else {}
+        drafts = {"dst_state_batch_indices": dst_state_batch_indices, "num_accepted_tokens": num_accepted_tokens,
+                  "cu_seqlens": cu_seqlens}  # speculative decoding: several tokens per row (drift.speculative)
+        extra.update({name: value for name, value in drafts.items() if value is not None})
         return call_state_update(update, state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                  state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out, **extra)
 
@@ -297,6 +300,8 @@ def stochastic_rounding_unavailable(has_sr: bool, state_dtype: torch.dtype,
         return "this vLLM's selective_state_update has no stochastic rounding (no enable_stochastic_rounding)"
     if state_dtype != torch.float16:
         return f"vLLM's stochastic rounding stores fp16 states only, not {dtype_name(state_dtype)}"
+    from ssmcheck.ops.rounding.stochastic import HARDWARE_SR_CAPABILITY  # noqa: PLC0415 (imports triton)
+
     major, minor = HARDWARE_SR_CAPABILITY
     need = f"vLLM's stochastic rounding (PTX cvt.rs) needs an NVIDIA GPU of sm_{major}{minor}"
     if capability is None:

@@ -26,13 +26,19 @@ def selective_state_update(
     batch = x.shape[0]
     assert x.shape == (batch, nheads, dim) and dt.shape == x.shape and A.shape == (nheads, dim, dstate)
     assert D.shape == (nheads, dim) and dt_bias.shape == (nheads, dim)
-    assert (dst_state_batch_indices, num_accepted_tokens, cu_seqlens) == (None,) * 3, "not faked"
+    drafts = (dst_state_batch_indices, num_accepted_tokens, cu_seqlens)
+    assert drafts == (None,) * 3 or None not in drafts, "speculative decoding: all three or none"
     assert not enable_stochastic_rounding or state.dtype == torch.float16, "vLLM's SR: fp16 states only"
     CALLS.append({"D": D, "dt_bias": dt_bias, "z": z, "dt_softplus": dt_softplus, "state_dtype": state.dtype,
                   "state_batch_indices": state_batch_indices, "null_block_id": null_block_id,
-                  "enable_stochastic_rounding": enable_stochastic_rounding, "config": _ssm_config_override})
+                  "enable_stochastic_rounding": enable_stochastic_rounding, "config": _ssm_config_override,
+                  "num_accepted_tokens": num_accepted_tokens})
     rounding = {"rounding": "stochastic", "seed": int(torch.randint(0, 2**31, (1,)))} \
         if enable_stochastic_rounding else {}
+    if num_accepted_tokens is not None:
+        _verify_drafts(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                       dst_state_batch_indices, null_block_id, out, num_accepted_tokens, cu_seqlens, rounding)
+        return
     if state_batch_indices is None:
         assert state.shape[0] == batch
         out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, **rounding))
@@ -44,3 +50,22 @@ def selective_state_update(
         state_row = state[slot:slot + 1] if slot != null_block_id else torch.zeros_like(state[:1])
         out[one] = torch_state_update(state_row, x[one], dt[one], A, B[one], C[one], D,
                                       None if z is None else z[one], dt_bias, dt_softplus, **rounding)
+
+
+def _verify_drafts(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dst_state_batch_indices,
+                   null_block_id, out, num_accepted_tokens, cu_seqlens, rounding):
+    """As vLLM's speculative path: row b's tokens cu_seqlens[b]..cu_seqlens[b + 1] from the state in slot
+    state_batch_indices[b, max(accepted - 1, 0)], the state after its token t stored in slot
+    dst_state_batch_indices[b, t] (one step at a time here, each stored and continued from)."""
+    assert state_batch_indices.dim() == dst_state_batch_indices.dim() == 2
+    cu = cu_seqlens.tolist()
+    for b, accepted in enumerate(num_accepted_tokens.tolist()):
+        source = int(state_batch_indices[b, max(accepted - 1, 0)])
+        current = state[source:source + 1].clone() if source != null_block_id else torch.zeros_like(state[:1])
+        for t, token in enumerate(range(cu[b], cu[b + 1])):
+            one = slice(token, token + 1)
+            out[one] = torch_state_update(current, x[one], dt[one], A, B[one], C[one], D,
+                                          None if z is None else z[one], dt_bias, dt_softplus, **rounding)
+            destination = int(dst_state_batch_indices[b, t])
+            if destination != null_block_id:
+                state[destination] = current[0]

@@ -1,0 +1,201 @@
+"""The speculative-decoding check of a drift case: one state-update call verifying draft tokens, as vLLM runs it.
+
+With speculative decoding (MTP, EAGLE) an engine proposes several tokens per sequence and verifies them in one
+state-update call: x, dt, B and C hold every row's tokens packed (`cu_seqlens`), a row starts from the state in
+the slot of its last accepted token (`state_batch_indices[b, num_accepted_tokens[b] - 1]`), and the state after
+each of its tokens t goes to slot `dst_state_batch_indices[b, t]`, so that the next step can start from
+whichever token the verifier accepts. For a kernel that takes these keywords (vLLM's), each case runs one such
+call: its rows, TOKENS tokens each, from a pool whose source slots hold the regime's states (the one at the
+accepted index is the row's; the others are decoys, other states), each token's destination slot NaN-filled (a
+NaN with ssmcheck's payload: unwritten shows), and a guard slot on each side of the pool. Two verdicts:
+
+- drafts: the state after each token, in its destination slot, within the tolerance rule against the float64
+  recurrence from the row's source state (the baseline: each token's float64 state stored in the state dtype in
+  the case's rounding mode, the next token's step taken from it, as a decode of one token per call does;
+  stochastically, the rms over BASELINE_DRAWS draws), and each token's out within what that stored state's
+  rounding allows of C·h + D·x (`_out_beyond_storage`);
+- kept: every slot that is no token's destination (the sources, the decoys, the pad slot) and both guards keep
+  their bits.
+
+They fold into the case as the padded-slot checks do (drift.slots.combine).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from ssmcheck.core import sweep
+from ssmcheck.core.capture import Transcript
+from ssmcheck.core.formats import ulp
+from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import bits
+from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.results import SlotCheck
+from ssmcheck.drift.slots import nan_filled, relative_error
+from ssmcheck.drift.spec import DriftCase
+from ssmcheck.ops.naive import heads_of_groups, skip_and_gate
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.state_update.naive import state_update_step
+
+DRAFTS, KEPT = "drafts", "kept"
+TITLES = {DRAFTS: "draft tokens", KEPT: "slots kept"}
+TOKENS = 3  # draft tokens per row
+BASELINE_DRAWS = 8  # stochastic baselines drawn
+
+
+def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
+              transcript: Transcript) -> tuple[list[SlotCheck], dict]:
+    """The two verdicts of `case` for `kernel` (which takes draft tokens: DriftAdapter.takes_draft_tokens), and
+    the layout they ran."""
+    layout = _layout(case, kernel.pad_slot_id)
+    rows, tokens = case.batch, case.batch * TOKENS
+    # One row per (row, token): its initial state a source or a decoy, its step-1 inputs the token's.
+    problem = make_problem(case.regime, replace(case.shape(), batch=tokens), case.dtype, 1, layout["seed"], device)
+    step = next(problem.steps())
+    buffer = nan_filled((layout["pool"] + 2, *problem.initial_state.shape[1:]), problem.initial_state)
+    sources = torch.tensor(layout["sources"], device=device).flatten()
+    buffer[1:-1][sources] = problem.initial_state  # source (b, t) holds state row b * TOKENS + t
+    before = buffer.clone()
+    pool = buffer[1:-1]
+    arguments = {"z": None, **dict(step.given()), "A": problem.A, "D": problem.D,
+                 "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
+    out = nan_filled(tuple(arguments["x"].shape), arguments["x"])
+    extra = {"state_batch_indices": _int32(layout["sources"], device),
+             "dst_state_batch_indices": _int32(layout["destinations"], device),
+             "num_accepted_tokens": _int32(layout["accepted"], device),
+             "cu_seqlens": _int32([TOKENS * b for b in range(rows + 1)], device)}
+    if kernel.takes_pad_slot_id:
+        extra["pad_slot_id"] = kernel.pad_slot_id
+    if kernel.takes_out:
+        extra["out"] = out
+    seed = sweep.case_seed(layout["seed"], {"step": 1})
+    try:
+        out = kernel.update(pool, arguments, case.rounding, seed, "speculative check", transcript, extra)
+    except KernelRaised as exc:
+        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
+    return [_drafts(layout, problem.initial_state, pool, out, arguments, case, tolerance),
+            _kept(layout, before, buffer)], layout
+
+
+def _int32(values, device: str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _layout(case: DriftCase, pad: int) -> dict:
+    """The pool: the pad slot where it is one (vLLM's null block, 0), each row's TOKENS source slots and TOKENS
+    destination slots, all distinct and shuffled (drawn from the case's seed); each row's accepted count."""
+    seed = sweep.case_seed(case.seed, {"check": "speculative"})
+    generator = torch.Generator().manual_seed(seed)
+    count = 2 * case.batch * TOKENS
+    pool = count + (1 if 0 <= pad <= count else 0)
+    usable = [s for s in range(pool) if s != pad]
+    order = [usable[i] for i in torch.randperm(len(usable), generator=generator).tolist()]
+    sources = [order[b * TOKENS:(b + 1) * TOKENS] for b in range(case.batch)]
+    rest = order[case.batch * TOKENS:]
+    destinations = [rest[b * TOKENS:(b + 1) * TOKENS] for b in range(case.batch)]
+    # Row 0 accepted every draft token (its source the last, the farthest from a kernel that reads the first),
+    # the next rows one fewer each, round again: every count where there are TOKENS rows or more.
+    accepted = [TOKENS - b % TOKENS for b in range(case.batch)]
+    return {"seed": seed, "pool": pool, "pad_slot_id": pad, "tokens": TOKENS, "sources": sources,
+            "destinations": destinations, "accepted": accepted}
+
+
+def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: Tolerance) -> SlotCheck:
+    rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
+    rows = len(layout["accepted"])
+    # Row b starts from source (b, accepted - 1): state row b * TOKENS + accepted - 1. The baseline stores each
+    # token's state in the state dtype and goes on from it, as a decode of one token per call does; rounded
+    # stochastically, in BASELINE_DRAWS draws, whose rms error is its figure (one draw's is noise at small widths).
+    exact = torch.stack([states[b * TOKENS + layout["accepted"][b] - 1] for b in range(rows)]).double()
+    draws = BASELINE_DRAWS if case.rounding == "stochastic" else 1
+    base = exact.expand(draws, *exact.shape).clone()
+    generator = torch.Generator(device=pool.device).manual_seed(layout["seed"])
+    fixed = {"A": arguments["A"].double(), "D": arguments["D"].double(), "dt_bias": arguments["dt_bias"].double(),
+             "dt_softplus": arguments["dt_softplus"]}
+    worst, failed, nonfinite = None, None, None
+    for t in range(TOKENS):
+        tokens = [b * TOKENS + t for b in range(rows)]
+        x, dt, B, C = (arguments[k][tokens].double() for k in ("x", "dt", "B", "C"))
+        z = None if arguments["z"] is None else arguments["z"][tokens].double()
+        new, _ = state_update_step(torch.cat([exact[None], base]), x, dt, fixed["A"], B, C, D=fixed["D"], z=z,
+                                   dt_bias=fixed["dt_bias"], dt_softplus=fixed["dt_softplus"])
+        exact, base = new[0], round_to(new[1:], case.dtype, case.rounding, generator).double()
+        stored = pool[[layout["destinations"][b][t] for b in range(rows)]].double()
+        beyond = _out_beyond_storage(stored, out[tokens].double(), C, x, z, fixed["D"], case.dtype)
+        for b in range(rows):
+            slot = layout["destinations"][b][t]
+            figures = {"row": b, "token": t, "slot": slot, "state_rel": relative_error(stored[b], exact[b]),
+                       "baseline_state_rel": _rms([relative_error(d[b], exact[b]) for d in base]),
+                       "out_beyond_state": beyond[b]}
+            where = f"row {b} token {t} (slot {slot}, {layout['accepted'][b]} accepted)"
+            if nonfinite is None and not (torch.isfinite(stored[b]).all() and torch.isfinite(out[tokens[b]]).all()):
+                what = "its state" if not torch.isfinite(stored[b]).all() else "its out"
+                nonfinite = f"{where}: {what} non-finite (NaN where it was not written)"
+            over = []
+            if not within_tolerance(figures["state_rel"], figures["baseline_state_rel"], *rule):
+                limit = tolerance_limit(figures["baseline_state_rel"], *rule)
+                over.append(f"state error {figures['state_rel']:.3g} > limit {limit:.3g} ({tolerance_rule(tolerance)})")
+            if not beyond[b] <= 1.0:
+                over.append(f"out {beyond[b]:.3g}x farther from C·(its stored state) than that state's rounding "
+                            "allows")
+            if failed is None and over:
+                failed = f"{where}: {'; '.join(over)}"
+            if worst is None or figures["state_rel"] > worst["state_rel"]:
+                worst = figures
+    result = {"tokens": rows * TOKENS, "worst": worst}
+    if nonfinite is not None:
+        return SlotCheck(DRAFTS, Status.NONFINITE, f"draft tokens: {nonfinite}", result)
+    if failed is not None:
+        return SlotCheck(DRAFTS, Status.FAIL, f"draft tokens: {failed}", result)
+    return SlotCheck(DRAFTS, Status.PASS, "", result)
+
+
+def _rms(values: list[float]) -> float:
+    return math.sqrt(sum(v * v for v in values) / len(values))
+
+
+# fp32 arithmetic's share of the out bound: the kernel sums dstate products in fp32 (relative to their magnitudes).
+OUT_FP32_SLACK = 1e-5
+
+
+def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
+    """Per row: the largest |out - y(stored)| over the bound the state's storage allows, where y(h) = C·h + D·x,
+    gated. A kernel computes out from its state before storing it (vLLM goes on in fp32 across draft tokens), and
+    the stored state is that within an ulp of `dtype` an element, so |out - y(stored)| <= sum_n |C_n| ulp(h_n)
+    (times |silu(z)|), plus fp32's rounding of the sums. A deterministic bound: no draw of the kernel's rounding
+    passes it by chance, which a comparison of later tokens' out with a baseline's would not be (their outs follow
+    the kernel's own random roundings of the tokens before)."""
+    nheads = stored.shape[1]
+    Ch = heads_of_groups(C, nheads)[:, :, None, :]  # (rows, nheads, 1, dstate)
+    terms = stored * Ch
+    y = skip_and_gate(terms.sum(-1), x, D, z, torch.float64)
+    gate = 1.0 if z is None else torch.nn.functional.silu(z).abs()
+    magnitude = (terms.abs().sum(-1) + (D * x).abs()) * gate
+    bound = ((ulp(stored, dtype) * Ch.abs()).sum(-1) * gate + OUT_FP32_SLACK * magnitude
+             + torch.finfo(torch.float64).tiny)
+    ratio = ((out - y).abs() / bound).nan_to_num(math.inf)
+    return ratio.flatten(1).amax(1).tolist()
+
+
+def _kept(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
+    written = {slot for row in layout["destinations"] for slot in row}
+    # Buffer index i is pool slot i - 1: the guards are slots -1 and pool.
+    changed = [i - 1 for i in range(buffer.shape[0])
+               if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
+    figures = {"checked": buffer.shape[0] - len(written), "changed": changed}
+    if not changed:
+        return SlotCheck(KEPT, Status.PASS, "", figures)
+    sources = {slot: (b, t) for b, row in enumerate(layout["sources"]) for t, slot in enumerate(row)}
+
+    def named(slot: int) -> str:
+        if slot in sources:
+            b, t = sources[slot]
+            return f"slot {slot} (row {b}'s source {t})"
+        return f"slot {slot} ({'outside the pool' if slot < 0 or slot >= layout['pool'] else 'the pad slot'})"
+
+    return SlotCheck(KEPT, Status.FAIL, "slots kept: the call wrote " + ", ".join(map(named, changed)), figures)
