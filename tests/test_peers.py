@@ -8,6 +8,7 @@ GPU (`.peers/`, built by make-peers); here they are kept off sys.path.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import sys
@@ -405,6 +406,7 @@ def _draft_variant(fake, monkeypatch, variant):
     """The fake vLLM with its speculative path replaced by `variant(real, **keywords)`."""
     real = fake.selective_state_update
 
+    @functools.wraps(real)  # its signature: the wrapper sees vLLM's speculative keywords
     def update(*args, num_accepted_tokens=None, **kwargs):
         if num_accepted_tokens is None:
             return real(*args, **kwargs)
@@ -457,6 +459,22 @@ def test_drift_kernel_vllm_verifies_draft_tokens_as_speculative_decoding_does(fa
         assert case["slots"]["drafts"]["tokens"] == 9
     verified = [call for call in fake.CALLS if call["num_accepted_tokens"] is not None]
     assert len(verified) == len(report["cases"])
+
+
+def test_a_vllm_without_speculative_decoding_gets_no_draft_check(fakes, tmp_path, monkeypatch):
+    fake = fakes(VLLM_SSU)
+    real = fake.selective_state_update
+
+    def older(state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None,
+              null_block_id=0, out=None):
+        return real(state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
+                    state_batch_indices=state_batch_indices, null_block_id=null_block_id, out=out)
+
+    monkeypatch.setattr(fake, "selective_state_update", older)
+    result, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--rounding", "nearest",
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert all(c["slots"]["live"]["status"] == "pass" and "drafts" not in c["slots"] for c in report["cases"])
 
 
 @pytest.mark.parametrize(("variant", "check", "status", "words"), [

@@ -30,6 +30,7 @@ call vLLM's compiled CPU ops (`vllm._custom_ops`) at import time.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ import torch
 from ssmcheck.core import autotune
 from ssmcheck.core.callables import keywords
 from ssmcheck.core.formats import dtype_name
-from ssmcheck.drift.adapter import STOCHASTIC_UNAVAILABLE
+from ssmcheck.drift.adapter import DRAFT_KEYWORDS, STOCHASTIC_UNAVAILABLE
 from ssmcheck.peers import import_ops
 
 NAME = "vllm"
@@ -253,6 +254,12 @@ def state_update() -> Callable:
     def unavailable(state_dtype: torch.dtype) -> str | None:
         return stochastic_rounding_unavailable(has_sr, state_dtype, _capability())
 
+    if not all(keyword in keywords(update) for keyword in DRAFT_KEYWORDS):
+        # This vLLM (or the CPU implementation it swaps in without CUDA) verifies no draft tokens: the wrapper
+        # shows no such keywords, so that drift.speculative does not ask.
+        signature = inspect.signature(vllm_state_update)
+        vllm_state_update.__signature__ = signature.replace(parameters=[
+            parameter for name, parameter in signature.parameters.items() if name not in DRAFT_KEYWORDS])
     setattr(vllm_state_update, autotune.ORIGIN, update)
     setattr(vllm_state_update, STOCHASTIC_UNAVAILABLE, unavailable)
     if hasattr(ops, "_ssm_config_override"):
