@@ -64,6 +64,23 @@ def out_stored_in_blocks_of_4_rows(state, x, dt, A, B, C, D=None, z=None, dt_bia
     return result
 
 
+def x_read_at_the_slot(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                       state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: row i's x read at row state_batch_indices[i], as if x were laid out like the pool: a slot past the
+    batch reads past x (whatever lies there: here zeros where x's storage ends)."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage())
+    row, start = x[0].numel(), x.storage_offset()
+    rows = []
+    for slot in state_batch_indices.clamp(min=0).tolist():
+        begin = start + slot * row
+        inside = begin + row <= flat.numel()
+        rows.append(flat[begin:begin + row].reshape(x.shape[1:]) if inside else torch.zeros_like(x[0]))
+    return selective_state_update(state, torch.stack(rows), dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                  state_batch_indices, pad_slot_id, out=out)
+
+
 # ---------------------------------------------------------------------------- chunk scans with pad tokens
 
 

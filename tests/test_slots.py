@@ -77,6 +77,16 @@ def test_a_store_past_out_is_caught_and_the_row_named():
     assert case["slots"]["live"]["status"] == case["slots"]["pad_out"]["status"] == "pass"
 
 
+def test_an_input_read_past_its_end_in_the_slot_check_is_nan():
+    # The slot check's inputs lie between NaN fences, as a decode step's do: a row read at its slot (past x for
+    # the slots beyond the batch) is non-finite there, not the finite garbage that memory after x held.
+    case = _case(f"{KERNELS}:x_read_at_the_slot")
+    slots = case["slots"]
+    beyond = [s for r, s in enumerate(slots["slots"]) if r not in slots["pad_rows"] and s >= len(slots["slots"])]
+    assert beyond, slots["slots"]  # this seed puts a live row on a slot past the batch
+    assert case["status"] == "nonfinite" and slots["live"]["status"] == "nonfinite", case["message"]
+
+
 def test_a_kernel_without_slot_indices_gets_no_slot_check():
     case = _case("torch")
     assert case["status"] == "pass" and case["slots"] is None

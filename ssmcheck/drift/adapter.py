@@ -139,7 +139,18 @@ class DriftAdapter:
             extra["pad_slot_id"] = self.pad_slot_id
         if self.takes_out:
             extra["out"] = out
-        return self.update(pool, arguments, rounding, seed, where, transcript, extra)
+        return self.fenced_update(pool, arguments, rounding, seed, where, transcript, extra)
+
+    def fenced_update(self, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
+                      transcript: Transcript | None = None, extra: dict | None = None) -> torch.Tensor:
+        """`update` on copies of the tensor arguments between NaN fences (core.fences), as `call` checks a step: a
+        read past one is NaN in the results, a write into or past one raises KernelRaised."""
+        fenced = Fenced({name: arguments[name] for name in _TENSOR_ARGUMENTS})
+        out = self.update(state, {**arguments, **fenced.tensors}, rounding, seed, where, transcript, extra)
+        violation = fenced.violation()
+        if violation is not None:
+            raise KernelRaised(f"{violation} ({where})")
+        return out
 
     def update(self, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
                transcript: Transcript | None = None, extra: dict | None = None) -> torch.Tensor:
@@ -166,8 +177,9 @@ def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor 
     return {**dict(step.given()), "A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}
 
 
-# selective_state_update's arguments after the state, in order.
+# selective_state_update's arguments after the state, in order, and those of them that are tensors (or None).
 _ARGUMENTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
+_TENSOR_ARGUMENTS = _ARGUMENTS[:-1]
 
 
 def _check_out(out, x: torch.Tensor, where: str) -> None:

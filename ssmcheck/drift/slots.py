@@ -60,8 +60,8 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
                            layout["seed"], device)
     step = next(problem.steps())
     rows = len(layout["slots"])
-    arguments = {"z": None, **dict(step.map(lambda _, t: t[:rows]).given()), "A": problem.A, "D": problem.D,
-                 "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
+    arguments = {"z": None, **dict(step.map(lambda _, t: _own_storage(t[:rows])).given()), "A": problem.A,
+                 "D": problem.D, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
     # The pool between two guard slots: a write at slot -1 or one past the end lands in one of them.
     buffer = torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]).contiguous()
     before = buffer.clone()
@@ -96,6 +96,15 @@ def _layout(case: DriftCase, pad: int) -> dict:
     it = iter(live)
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
     return {"seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots, "pad_rows": pad_rows}
+
+
+def _own_storage(rows: torch.Tensor) -> torch.Tensor:
+    """The batch's rows copied into a storage of their own (a stride-0 last axis, dt's per head, kept): a slice
+    of the pool-sized step would leave the rows past the batch right after it, where the kernel's fenced copy
+    (drift.adapter.fenced_update) is to put NaN."""
+    if rows.stride(-1) == 0:
+        return rows[..., :1].clone().expand(rows.shape)
+    return rows.clone()
 
 
 def nan_filled(shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
         extra["out"] = out
     seed = sweep.case_seed(layout["seed"], {"step": 1})
     try:
-        out = kernel.update(pool, arguments, case.rounding, seed, "speculative check", transcript, extra)
+        out = kernel.fenced_update(pool, arguments, case.rounding, seed, "speculative check", transcript, extra)
     except KernelRaised as exc:
         return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
     return [_drafts(layout, problem.initial_state, pool, out, arguments, case, tolerance),
