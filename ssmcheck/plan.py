@@ -163,11 +163,11 @@ def _kernel_skip(case, under_test):
 
 def _configs(settings, runner, cases: list) -> tuple[list, list[str]]:
     """The cases, each once per autotune config with --configs all (core.autotune.every_config), and the
-    kernel's autotuned functions as the report names them: `module.name (N configs)`."""
+    kernel's autotuned functions as the report names them (core.autotune.Tuned.label)."""
     tuned = runner.autotuned()
     if settings.configs == "all":
         cases = autotune.every_config(cases, tuned)
-    return cases, [f"{t.module}.{t.name} ({len(t.configs)} configs)" for t in tuned]
+    return cases, [t.label() for t in tuned]
 
 
 def _sharded(text: str | None, plan: Plan) -> Plan:

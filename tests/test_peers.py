@@ -399,6 +399,9 @@ def test_drift_kernel_vllm_configs_all_pins_each_launch_config_of_its_tables(fak
     assert "_selective_scan_update_kernel config 15 (BLOCK_SIZE_M=32, num_stages=3, num_warps=8): nonfinite in 1/1" \
         in result.output
     assert fake._ssm_config_override is None  # restored: vLLM picks again
+    (table,) = report["settings"]["autotuned"]
+    assert table == (f"{VLLM_SSU}._selective_scan_update_kernel (16 configs, picked by vLLM's tables by batch x "
+                     "heads, not an autotuner)")
     assert {call["config"] for call in fake.CALLS} == set(pinned)
 
 

@@ -46,7 +46,13 @@ class Tuned:
 
     name: str  # the kernel function's name, e.g. _chunk_scan_fwd_kernel
     module: str  # the module whose global it is
-    autotuner: object  # triton.runtime.Autotuner
+    autotuner: object  # triton.runtime.Autotuner, or a wrapper's launch table (LAUNCH_TABLES)
+    picked_by: str = ""  # for a launch table: what picks its config when none is pinned
+
+    def label(self) -> str:
+        """`module.name (N configs)`, as the report names it; a launch table's says what picks from it."""
+        picked = f", picked by {self.picked_by}" if self.picked_by else ""
+        return f"{self.module}.{self.name} ({len(self.configs)} configs{picked})"
 
     @property
     def configs(self) -> list:
@@ -141,7 +147,7 @@ def pinned(choices: dict[Tuned, int]) -> Iterator[None]:
 
 
 def header_line(configs: str, autotuned: list[str], interpreter: bool) -> str:
-    """Which configs of the kernel's autotuned functions (`find`, as 'module.name (N configs)') run:
+    """Which configs of the kernel's autotuned functions (`find`, as Tuned.label names them) run:
     '' when it has none."""
     if not autotuned:
         return ""

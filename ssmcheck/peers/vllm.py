@@ -264,7 +264,8 @@ def state_update() -> Callable:
     setattr(vllm_state_update, STOCHASTIC_UNAVAILABLE, unavailable)
     if hasattr(ops, "_ssm_config_override"):
         setattr(vllm_state_update, autotune.LAUNCH_TABLES,
-                [autotune.Tuned("_selective_scan_update_kernel", ops.__name__, LaunchTable(ops))])
+                [autotune.Tuned("_selective_scan_update_kernel", ops.__name__, LaunchTable(ops),
+                                "vLLM's tables by batch x heads, not an autotuner")])
     return vllm_state_update
 
 
