@@ -114,17 +114,11 @@ class DriftAdapter:
         is the caller's tensor (drift.lockstep keeps it between fences of its own for the whole trial: a
         kernel may key what it keeps on the tensor). What the kernel prints goes to `transcript`.
         """
-        inputs = _inputs(problem, step)
-        fenced = Fenced(inputs, nan_fences) if check_inputs else None
-        given = fenced.tensors if fenced else inputs
-        out = self.update(state, {"z": None, **given, "dt_softplus": problem.dt_softplus}, rounding, seed, where,
-                          transcript)
-        if fenced is None:
-            return out
-        violation = fenced.violation()
-        if violation is not None:
-            raise KernelRaised(f"{violation} ({where})")
-        return out
+        arguments = {**_inputs(problem, step), "dt_softplus": problem.dt_softplus}
+        arguments.setdefault("z", None)  # after the inputs given: fenced in their order
+        if check_inputs:
+            return self.fenced_update(state, arguments, rounding, seed, where, transcript, nan_fences=nan_fences)
+        return self.update(state, arguments, rounding, seed, where, transcript)
 
     def fenced_storages(self, problem: DecodeProblem, step: StepInputs) -> list[tuple[str, ...]]:
         """The names of the inputs a checked step fences, grouped by the storage they share."""
@@ -142,10 +136,13 @@ class DriftAdapter:
         return self.fenced_update(pool, arguments, rounding, seed, where, transcript, extra)
 
     def fenced_update(self, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
-                      transcript: Transcript | None = None, extra: dict | None = None) -> torch.Tensor:
-        """`update` on copies of the tensor arguments between NaN fences (core.fences), as `call` checks a step: a
-        read past one is NaN in the results, a write into or past one raises KernelRaised."""
-        fenced = Fenced({name: arguments[name] for name in _TENSOR_ARGUMENTS})
+                      transcript: Transcript | None = None, extra: dict | None = None,
+                      nan_fences: Collection[str] | None = None) -> torch.Tensor:
+        """`update` on copies of the tensor arguments between fences (core.fences; NaN around those `nan_fences`
+        names, None: all, 0 around the others): a read past one is NaN in the results, a write into or past one
+        raises KernelRaised."""
+        # In the arguments' order: which input a violation names first.
+        fenced = Fenced({name: t for name, t in arguments.items() if name in _TENSOR_ARGUMENTS}, nan_fences)
         out = self.update(state, {**arguments, **fenced.tensors}, rounding, seed, where, transcript, extra)
         violation = fenced.violation()
         if violation is not None:

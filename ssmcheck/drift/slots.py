@@ -161,11 +161,16 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     return SlotCheck(LIVE, Status.PASS, "", result)
 
 
+def changed_slots(before: torch.Tensor, buffer: torch.Tensor, written: set[int]) -> list[int]:
+    """The pool slots, guards included, that a call changed (bit for bit) and was not to write. `buffer` is the
+    pool between two guard slots: its index i is slot i - 1, so the guards are slots -1 and pool."""
+    return [i - 1 for i in range(buffer.shape[0])
+            if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
+
+
 def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: torch.Tensor | None) -> SlotCheck:
     live = {s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]}
-    # Buffer index i is pool slot i - 1: the guards are slots -1 and pool.
-    changed = [i - 1 for i in range(buffer.shape[0])
-               if i - 1 not in live and not torch.equal(bits(before[i]), bits(buffer[i]))]
+    changed = changed_slots(before, buffer, live)
     rows = len(layout["slots"])
     # out_buffer index 0 and rows + 1 are its guards: out rows -1 and rows.
     past_out = [] if out_buffer is None else [

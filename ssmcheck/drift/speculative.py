@@ -31,12 +31,11 @@ from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
 from ssmcheck.core.status import Status
-from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import SlotCheck
-from ssmcheck.drift.slots import nan_filled, relative_error
+from ssmcheck.drift.slots import changed_slots, nan_filled, relative_error
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.ops.naive import heads_of_groups, skip_and_gate
 from ssmcheck.ops.rounding.naive import round_to
@@ -168,9 +167,9 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
     """Per row: the largest |out - y(stored)| over the bound the state's storage allows, where y(h) = C·h + D·x,
     gated. A kernel computes out from its state before storing it (vLLM goes on in fp32 across draft tokens), and
     the stored state is that within an ulp of `dtype` an element, so |out - y(stored)| <= sum_n |C_n| ulp(h_n)
-    (times |silu(z)|), plus fp32's rounding of the sums (FP32_UNIT_ROUNDOFF). A deterministic bound: no draw of the kernel's rounding
-    passes it by chance, which a comparison of later tokens' out with a baseline's would not be (their outs follow
-    the kernel's own random roundings of the tokens before)."""
+    (times |silu(z)|), plus fp32's rounding of the sums (FP32_UNIT_ROUNDOFF). A deterministic bound: no draw of
+    the kernel's rounding exceeds it by chance, as one would a comparison of later tokens' out with a baseline's
+    (their outs follow the kernel's own random roundings of the tokens before)."""
     nheads = stored.shape[1]
     Ch = heads_of_groups(C, nheads)[:, :, None, :]  # (rows, nheads, 1, dstate)
     terms = stored * Ch
@@ -185,9 +184,7 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
 
 def _kept(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
     written = {slot for row in layout["destinations"] for slot in row}
-    # Buffer index i is pool slot i - 1: the guards are slots -1 and pool.
-    changed = [i - 1 for i in range(buffer.shape[0])
-               if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
+    changed = changed_slots(before, buffer, written)
     figures = {"checked": buffer.shape[0] - len(written), "changed": changed}
     if not changed:
         return SlotCheck(KEPT, Status.PASS, "", figures)

@@ -238,7 +238,8 @@ def state_update() -> Callable:
     cannot be imported."""
     ops = import_ops(NAME, _WHAT, _STATE_UPDATE_MODULE)
     update = ops.selective_state_update
-    has_sr = "enable_stochastic_rounding" in keywords(update)
+    named = keywords(update)
+    has_sr = "enable_stochastic_rounding" in named
 
     def vllm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                           state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None, rounding="nearest",
@@ -254,7 +255,7 @@ def state_update() -> Callable:
     def unavailable(state_dtype: torch.dtype) -> str | None:
         return stochastic_rounding_unavailable(has_sr, state_dtype, _capability())
 
-    if not all(keyword in keywords(update) for keyword in DRAFT_KEYWORDS):
+    if not all(keyword in named for keyword in DRAFT_KEYWORDS):
         # This vLLM (or the CPU implementation it swaps in without CUDA) verifies no draft tokens: the wrapper
         # shows no such keywords, so that drift.speculative does not ask.
         signature = inspect.signature(vllm_state_update)
