@@ -28,6 +28,15 @@ def pad_clamped_to_slot_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, d
                                   state_batch_indices.clamp(min=0), pad_slot_id, out=out)
 
 
+def pad_wrapped_to_the_last_slot(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                 state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: a pad row's slot id -1 taken as a Python index, so pad rows update the pool's last slot."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    wrapped = torch.where(state_batch_indices < 0, state_batch_indices + state.shape[0], state_batch_indices)
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, wrapped, pad_slot_id, out=out)
+
+
 def pad_rows_left_unwritten(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                             state_batch_indices=None, pad_slot_id=-1, out=None):
     """Correct, but writes no output for pad rows (their out keeps what it held)."""

@@ -36,23 +36,25 @@ def test_a_correct_kernel_with_slots_passes_every_slot_check():
     assert slots["untouched"]["past_out"] == []
 
 
-def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named():
-    case = _case(f"{KERNELS}:pad_clamped_to_slot_0")
-    assert case["status"] == "fail"
-    assert "slot 0" in case["message"], case["message"]
-    slots = case["slots"]
-    live = [s for r, s in enumerate(slots["slots"]) if r not in slots["pad_rows"]]
-    if 0 in live:  # the pad rows' steps overwrote a live row's state
-        assert slots["live"]["status"] == "fail" and "slot 0" in slots["live"]["message"]
-    else:
-        assert slots["untouched"]["changed"] == [0] and "slot 0 (no row's)" in slots["untouched"]["message"]
-
-
-@pytest.mark.parametrize(("seed", "caught_by"), [(0, "untouched"), (5, "live")])
-def test_clamping_is_caught_whether_slot_0_is_live_or_spare(seed, caught_by):
+@pytest.mark.parametrize("seed", [0, 5, 11])
+def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named(seed):
+    # Slot 0 is never a live row's: there a pad row's write would race that row's own store, and on a GPU the
+    # row's store may land last (seed 5 had slot 0 live, and passed on the H200).
     case = _case(f"{KERNELS}:pad_clamped_to_slot_0", seed=seed)
-    assert case["status"] == "fail" and "slot 0" in case["message"]
-    assert case["slots"][caught_by]["status"] == "fail"
+    slots = case["slots"]
+    assert 0 not in [s for r, s in enumerate(slots["slots"]) if r not in slots["pad_rows"]]
+    assert case["status"] == "fail" and slots["untouched"]["status"] == "fail"
+    assert slots["untouched"]["changed"] == [0] and "slot 0 (no row's)" in slots["untouched"]["message"]
+    assert slots["live"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_pad_row_wrapped_around_to_the_last_slot_is_caught(seed):
+    case = _case(f"{KERNELS}:pad_wrapped_to_the_last_slot", seed=seed)
+    slots = case["slots"]
+    last = slots["pool"] - 1
+    assert case["status"] == "fail" and slots["untouched"]["changed"] == [last]
+    assert f"slot {last} (no row's)" in case["message"], case["message"]
 
 
 def test_pad_rows_left_unwritten_are_reported_not_failed():

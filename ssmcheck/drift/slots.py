@@ -5,7 +5,8 @@ An engine keeps its cached states in a pool larger than the batch, passes each r
 id (PAD_SLOT_ID -1; vLLM points them at its null block, slot 0). For a kernel that takes slot
 indices (drift.adapter's pad_slot_id), one step runs on such a batch: the case's rows plus PAD_ROWS pad
 rows in random places, a pool of SPARE_SLOTS more slots than rows (and the pad slot where it is one),
-the live rows on a random permutation of them, the regime's own states and inputs. Three verdicts:
+the spares at its two ends, the live rows on a random permutation of the rest, the regime's own states
+and inputs. Three verdicts:
 
 - live: each live row's slot holds the float64 step of its own state and inputs, and its out the
   step's output, within the tolerance rule (the baseline: the float64 step stored in the state dtype
@@ -45,7 +46,7 @@ from ssmcheck.ops.state_update.naive import state_update_step
 LIVE, UNTOUCHED, PAD_OUT = "live", "untouched", "pad_out"
 TITLES = {LIVE: "slots", UNTOUCHED: "slots untouched", PAD_OUT: "pad rows' out"}
 PAD_ROWS = 2  # pad rows added to the case's batch
-SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
+SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names: the first and the last
 # A quiet NaN with a payload of its own, for out before the call: a kernel's NaN has another payload.
 _POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
 # The order of severity, as the exit code ranks them (core.status).
@@ -90,7 +91,10 @@ def _layout(case: DriftCase, pad: int) -> dict:
     pool = rows + SPARE_SLOTS
     if 0 <= pad <= pool:  # the pad id names a slot of the pool (vLLM's null block): never a live one
         pool += 1
-    usable = [s for s in range(pool) if s != pad]
+    # The spares are the pool's first and last slots, where a pad id clamped into range or wrapped around
+    # (index -1) lands. A pad row writing a live slot races that row's own store: on a GPU the live row's
+    # store may land last and leave no trace, while a write into a spare shows whatever the order.
+    usable = [s for s in range(1, pool - 1) if s != pad]
     live = [usable[i] for i in torch.randperm(len(usable), generator=generator)[:case.batch].tolist()]
     pad_rows = sorted(torch.randperm(rows, generator=generator)[:PAD_ROWS].tolist())
     it = iter(live)
