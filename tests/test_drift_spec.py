@@ -41,6 +41,10 @@ def test_an_array_of_overrides_is_a_union_of_sub_sweeps_without_repeats():
     # an explicit sweep drops the extra sub-sweeps
     cases = build_cases(resolve({"state_dtype": "bf16"}, preset, "p"), "builtin")
     assert [(c.regime, c.headdim) for c in cases] == [("normal", 16), ("long", 16)]
+    # --regime only picks regimes, sub-sweeps and all
+    cases = build_cases(resolve({"regime": "long,normal"}, preset, "p"), "builtin")
+    assert [(c.regime, c.headdim, c.dstate) for c in cases] == [("long", 16, 128), ("normal", 16, 128),
+                                                                 ("normal", 24, 40)]
 
 
 def test_a_prefill_skips_the_untied_regime():

@@ -59,6 +59,18 @@ def test_an_array_of_overrides_is_a_union_of_sub_sweeps_without_repeats():
     # an explicit sweep drops the extra sub-sweeps
     assert [(c.batch, c.state_dtype) for c in _cases({"dtype": "bf16"}, preset)] == [(1, "fp32"), (2, "fp32")]
     assert [(c.batch, c.state_dtype) for c in _cases({"batch": "5"}, preset)] == [(5, "fp32")]
+    # --regime only picks regimes: the preset split by regime runs every case of the whole
+    assert [(c.batch, c.state_dtype) for c in _cases({"regime": "normal"}, preset)] == [
+        (1, "fp32"), (2, "fp32"), (2, "bf16")]
+
+
+@pytest.mark.parametrize("name", ["default", "thorough"])
+def test_a_preset_run_regime_by_regime_runs_the_whole_preset(name):
+    preset = load_preset(name, "scan")
+    whole = build_cases(resolve({}, preset, name), "builtin")
+    split = [c for regime in dict.fromkeys(c.regime for c in whole)
+             for c in build_cases(resolve({"regime": regime}, preset, name), "builtin")]
+    assert sorted(c.id for c in split) == sorted(c.id for c in whole)
 
 
 def test_seeds_are_deterministic_per_case_and_independent_of_the_kernel():

@@ -10,8 +10,9 @@ over the preset's table the same way for every command:
 - `[CMD.overrides.REGIME]` tables replace axes for one regime; an array of
   such tables runs the union of several sub-sweeps. An axis given on the
   command line wins over every override, and the second and later sub-sweeps
-  of a regime are dropped as soon as any axis is given on the command line, so
-  that an explicit sweep runs what it names;
+  of a regime are dropped as soon as any axis but --regime is given on the
+  command line, so that an explicit sweep runs what it names (--regime only
+  picks regimes: `--regime a` and `--regime b` run what `--regime a,b` does);
 - `--model` replaces the width axes (naming both is a usage error).
 
 `combinations` then lists the sweep's parameter dicts in a fixed order: regime
@@ -79,7 +80,7 @@ def resolve(table: CommandTable, cli: dict, preset: dict, preset_name: str) -> S
     cli_axes = frozenset(key for key in table.axes if cli.get(key) is not None)
 
     overrides = _overrides(table, preset.get("overrides", {}), cli, where)
-    if cli_axes:
+    if cli_axes - {"regime"}:
         overrides = {regime: tables[:1] for regime, tables in overrides.items()}
 
     if axes.get("model"):
