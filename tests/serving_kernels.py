@@ -6,6 +6,8 @@ the plain checks of `scan` and `drift` do not see. Used as `--kernel tests/servi
 (or `--decode-kernel` for the state update).
 """
 
+import torch
+
 from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
 
@@ -63,3 +65,50 @@ def one_initial_state_per_row(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     assert initial_states is None or initial_states.shape[0] == x.shape[0]
     return _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
                  return_final_states, return_varlen_states)
+
+
+def _writing_cache(write):
+    """The baseline with vLLM 0.33's fused cache write: given final_states_out and final_state_indices, it calls
+    `write(cache, slots, states)` with each sequence's final state (as the call without them returns them) and
+    returns y alone."""
+    def kernel(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+               cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+               return_varlen_states=False, final_states_out=None, final_state_indices=None):
+        if final_states_out is None:
+            return _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+                         return_final_states, return_varlen_states)
+        varlen = cu_seqlens is not None
+        y, states = _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                          dt_limit, not varlen, varlen)
+        write(final_states_out, final_state_indices.long(), states)
+        return y
+
+    kernel.__doc__ = write.__doc__
+    return kernel
+
+
+def _write(cache, slots, states):
+    """Each sequence's state into its slot."""
+    cache[slots] = states.to(cache.dtype)
+
+
+def _write_at_sequence_index(cache, slots, states):
+    """Planted: sequence i's state into slot i, the indices ignored."""
+    cache[:states.shape[0]] = states.to(cache.dtype)
+
+
+def _write_all_heads_but_the_last(cache, slots, states):
+    """Planted: a grid one head short: the last head of each slot is never written."""
+    cache[slots, :-1] = states[:, :-1].to(cache.dtype)
+
+
+def _write_through_bf16(cache, slots, states):
+    """Planted: the fused write casts through the activations' bf16 on its way into an fp32 cache: the cached
+    states are coarser than the ones the call without the cache returns."""
+    cache[slots] = states.to(torch.bfloat16).to(cache.dtype)
+
+
+cache_write_correct = _writing_cache(_write)
+cache_write_at_sequence_index = _writing_cache(_write_at_sequence_index)
+cache_write_all_heads_but_the_last = _writing_cache(_write_all_heads_but_the_last)
+cache_write_through_bf16 = _writing_cache(_write_through_bf16)

@@ -29,7 +29,7 @@ def test_the_builtin_kernels_pass_every_check_of_the_smoke_preset(tmp_path):
     result, report = scan(*SMOKE, json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
     assert report["summary"]["pass"] == 11 and report["settings"]["decode_kernel"] == "builtin"
-    ran = {name: 0 for name in ("batch", "split", "prefill_decode")}
+    ran = {name: 0 for name in ("batch", "split", "prefill_decode", "cache_write")}
     for case in checks(report):
         for name, check in case.items():
             assert check["status"] in ("pass", "skipped"), check
@@ -37,8 +37,9 @@ def test_the_builtin_kernels_pass_every_check_of_the_smoke_preset(tmp_path):
     # The built-in scan is bitwise batch-invariant: each sequence alone gives the packed run's bits.
     assert all(c["batch"]["identical"] for c in checks(report) if c["batch"]["status"] == "pass")
     # batch 1 (long) has nothing to pack; long's dt_limit cannot be told to the state update.
-    assert ran == {"batch": 10, "split": 11, "prefill_decode": 10}, ran
-    assert "b✓ s✓ p✓" in result.stdout
+    # The built-in scan returns its final states: it writes no cache.
+    assert ran == {"batch": 10, "split": 11, "prefill_decode": 10, "cache_write": 0}, ran
+    assert "b✓ s✓ p✓ c–" in result.stdout
 
 
 @pytest.mark.parametrize("regime", ["ragged", "initial-state"])
@@ -109,6 +110,39 @@ def test_prefill_decode_catches_a_decode_that_disagrees_with_the_prefill(tmp_pat
     assert decode["handoff_y_rel"] > 100 * decode["baseline_handoff_y_rel"] and decode["decode_steps"] == 4
     assert report["settings"]["decode_kernel"].endswith("decode_ignores_z")
     assert "p✗" in result.stdout
+
+
+def test_a_correct_cache_write_passes_and_a_kernel_without_one_skips_the_check(tmp_path):
+    result, report = scan(*SMOKE, "--kernel", f"{SERVING}:cache_write_correct", "--regime", "normal,ragged",
+                          "--dtype", "fp32", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    for case in report["cases"]:
+        write = case["invariance"]["cache_write"]
+        assert write["status"] == "pass" and write["mode"] == "exact" and write["y_identical"]
+        assert len(write["slots"]) == (2 if case["params"]["regime"] == "ragged" else case["params"]["batch"])
+        assert write["cache_slots"] == len(write["slots"]) + 3 and {0, write["cache_slots"] - 1}.isdisjoint(
+            write["slots"])
+    _, report = scan(*SMOKE, "--regime", "normal", "--dtype", "fp32", json_path=tmp_path / "b.json")
+    write = report["cases"][0]["invariance"]["cache_write"]
+    assert write["status"] == "skipped" and "takes no final_states_out" in write["message"]
+
+
+@pytest.mark.parametrize(("kernel", "words"), [
+    ("cache_write_at_sequence_index", "wrote slot 0 (no sequence's)"),
+    ("cache_write_all_heads_but_the_last", "left unwritten in 64 of 128 elements"),
+    ("cache_write_through_bf16", "differs from the state the kernel returns without the cache"),
+])
+def test_the_cache_write_check_catches_a_planted_bug(tmp_path, kernel, words):
+    result, report = scan(*SMOKE, "--kernel", f"{SERVING}:{kernel}", "--regime", "ragged", "--dtype", "fp32",
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    [case] = report["cases"]
+    checks = case["invariance"]
+    assert case["status"] == "fail" and case["error"]["worst_ratio"] < 2  # the plain check passes it
+    assert checks["cache_write"]["status"] == "fail" and case["message"].startswith("cache write (slots ")
+    assert words in case["message"], case["message"]
+    assert {name for name, c in checks.items() if c["status"] != "pass"} == {"cache_write"}
+    assert "c✗" in result.stdout
 
 
 def test_invariance_is_off_unless_asked(tmp_path):

@@ -480,6 +480,39 @@ def test_a_vllm_without_speculative_decoding_gets_no_draft_check(fakes, tmp_path
     assert all(c["slots"]["live"]["status"] == "pass" and "drafts" not in c["slots"] for c in report["cases"])
 
 
+def test_scan_kernel_vllm_writes_its_final_states_into_a_cache_as_vllm_0_33_does(fakes, tmp_path):
+    fake = fakes(VARLEN_SCAN)
+    result, report = invoke("scan", "--kernel", "vllm", "--preset", "smoke", "--invariance", "--regime",
+                            "normal,ragged,initial-state", json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    for case in report["cases"]:
+        write = case["invariance"]["cache_write"]
+        assert write["status"] == "pass" and write["differs"] == write["changed"] == write["unwritten"] == []
+        assert 0 not in write["slots"] and write["cache_slots"] - 1 not in write["slots"]
+    written = [call for call in fake.CALLS if call["final_state_indices"] is not None]
+    assert len(written) == len(report["cases"]) and "c✓" in result.stdout
+
+
+def test_a_vllm_without_the_fused_cache_write_gets_no_cache_check(fakes, tmp_path, monkeypatch):
+    fake = fakes(VARLEN_SCAN)
+    real = fake.mamba_chunk_scan_combined_varlen
+
+    def older(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D=None,
+              z=None, dt_bias=None, initial_states=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+              return_intermediate_states=False, state_dtype=None):  # vLLM 0.31's signature
+        return real(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D=D,
+                    z=z, dt_bias=dt_bias, initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                    return_intermediate_states=return_intermediate_states, state_dtype=state_dtype)
+
+    monkeypatch.setattr(fake, "mamba_chunk_scan_combined_varlen", older)
+    assert not scan_adapter.resolve("vllm", interpreter=True).writes_cache
+    result, report = invoke("scan", "--kernel", "vllm", "--preset", "smoke", "--invariance", "--regime", "ragged",
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    write = report["cases"][0]["invariance"]["cache_write"]
+    assert write["status"] == "skipped" and "writes no state cache" in write["message"]
+
+
 @pytest.mark.parametrize(("variant", "check", "status", "words"), [
     (_starts_from_the_first_source, "drafts", "fail", "draft tokens: row "),
     (_stores_the_last_token_only, "drafts", "nonfinite", "non-finite (NaN where it was not written)"),

@@ -33,8 +33,8 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
+from ssmcheck.core.pool import changed_slots, nan_filled, poisoned
 from ssmcheck.core.status import Status
-from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
@@ -47,8 +47,6 @@ LIVE, UNTOUCHED, PAD_OUT = "live", "untouched", "pad_out"
 TITLES = {LIVE: "slots", UNTOUCHED: "slots untouched", PAD_OUT: "pad rows' out"}
 PAD_ROWS = 2  # pad rows added to the case's batch
 SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names: the first and the last
-# A quiet NaN with a payload of its own, for out before the call: a kernel's NaN has another payload.
-_POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
 
@@ -77,10 +75,10 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     except KernelRaised as exc:
         return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (LIVE, UNTOUCHED, PAD_OUT)], layout
     # Only the NaN-filled out the kernel wrote into shows what it left: one it allocated holds whatever it held.
-    poisoned = kernel.takes_out and out.data_ptr() == sent.data_ptr()
+    was_poisoned = kernel.takes_out and out.data_ptr() == sent.data_ptr()
     return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance),
             _untouched(layout, before, buffer, out_buffer if kernel.takes_out else None),
-            _pad_out(layout, out, poisoned)], layout
+            _pad_out(layout, out, was_poisoned)], layout
 
 
 def _layout(case: DriftCase, pad: int) -> dict:
@@ -109,12 +107,6 @@ def _own_storage(rows: torch.Tensor) -> torch.Tensor:
     if rows.stride(-1) == 0:
         return rows[..., :1].clone().expand(rows.shape)
     return rows.clone()
-
-
-def nan_filled(shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor:
-    """A tensor of `shape` in x's dtype and device, every element the poison NaN."""
-    pattern = torch.full(shape, _POISON_BITS[x.dtype], dtype=bits(x).dtype, device=x.device)
-    return pattern.view(x.dtype)
 
 
 def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -165,20 +157,13 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     return SlotCheck(LIVE, Status.PASS, "", result)
 
 
-def changed_slots(before: torch.Tensor, buffer: torch.Tensor, written: set[int]) -> list[int]:
-    """The pool slots, guards included, that a call changed (bit for bit) and was not to write. `buffer` is the
-    pool between two guard slots: its index i is slot i - 1, so the guards are slots -1 and pool."""
-    return [i - 1 for i in range(buffer.shape[0])
-            if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
-
-
 def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: torch.Tensor | None) -> SlotCheck:
     live = {s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]}
     changed = changed_slots(before, buffer, live)
     rows = len(layout["slots"])
     # out_buffer index 0 and rows + 1 are its guards: out rows -1 and rows.
     past_out = [] if out_buffer is None else [
-        i - 1 for i in (0, rows + 1) if not bool((bits(out_buffer[i]) == _POISON_BITS[out_buffer.dtype]).all())]
+        i - 1 for i in (0, rows + 1) if not bool(poisoned(out_buffer[i]).all())]
     figures = {"checked": buffer.shape[0] - len(live), "changed": changed, "past_out": past_out}
     if not changed and not past_out:
         return SlotCheck(UNTOUCHED, Status.PASS, "", figures)
@@ -193,15 +178,15 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: t
                      + f"; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
 
 
-def _pad_out(layout, out: torch.Tensor, poisoned: bool) -> SlotCheck:
+def _pad_out(layout, out: torch.Tensor, was_poisoned: bool) -> SlotCheck:
     rows = out[layout["pad_rows"]]
-    left = bits(rows) == _POISON_BITS[out.dtype] if poisoned else torch.zeros_like(rows, dtype=torch.bool)
+    left = poisoned(rows) if was_poisoned else torch.zeros_like(rows, dtype=torch.bool)
     finite = torch.isfinite(rows)
-    if poisoned and left.all():
+    if was_poisoned and left.all():
         return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "not written"})
     if finite.all():
         return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "zeros" if bool((rows == 0).all()) else "written"})
-    if not poisoned:
+    if not was_poisoned:
         return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "undetermined"})
     what = "partly written" if left.any() else "written non-finite"
     row = layout["pad_rows"][int((~finite).flatten(1).any(1).nonzero()[0])]

@@ -30,12 +30,13 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
+from ssmcheck.core.pool import changed_slots, nan_filled
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import SlotCheck
-from ssmcheck.drift.slots import changed_slots, nan_filled, relative_error
+from ssmcheck.drift.slots import relative_error
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.ops.naive import heads_of_groups, skip_and_gate
 from ssmcheck.ops.rounding.naive import round_to

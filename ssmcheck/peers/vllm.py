@@ -12,7 +12,10 @@ vLLM's ops take other signatures than ours (DESIGN §2), so this module wraps th
   sequence, (nseq, nheads, headdim, dstate), stored in `state_dtype`, or in C's dtype when
   state_dtype is None, which is how vLLM runs a model whose state cache has the model's dtype.
   `chunk_scan()` returns a wrapper with our chunk-scan signature plus a `state_dtype=None`
-  keyword: batch rows become one sequence each, a varlen row its sequences.
+  keyword: batch rows become one sequence each, a varlen row its sequences. vLLM 0.33 also takes
+  `final_states_out` (its state cache) and `final_state_indices` (each sequence's slot) and writes the
+  final states there itself, as its model code calls it; the wrapper passes them through
+  (scan.adapter.CACHE_WRITE_KEYWORDS).
 - `vllm.model_executor.layers.mamba.ops.mamba_ssm.selective_state_update(state, x, dt, A, B,
   C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None, ..., out=None, ...)`
   requires D and dt_bias (z after them; the CPU implementation vLLM swaps in without CUDA has
@@ -42,6 +45,7 @@ from ssmcheck.core.callables import keywords
 from ssmcheck.core.formats import dtype_name
 from ssmcheck.drift.adapter import DRAFT_KEYWORDS, STOCHASTIC_UNAVAILABLE
 from ssmcheck.peers import import_ops
+from ssmcheck.scan.adapter import CACHE_WRITE_KEYWORDS
 
 NAME = "vllm"
 # vLLM's NULL_BLOCK_ID (vllm.v1.attention.backends.utils): the pool slot its pad rows point at.
@@ -103,21 +107,29 @@ def chunk_scan() -> Callable:
 
     def vllm_chunk_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                        return_final_states=False, return_varlen_states=False, *, state_dtype=None):
+                        return_final_states=False, return_varlen_states=False, *, state_dtype=None,
+                        final_states_out=None, final_state_indices=None):
         return call_chunk_scan(
             varlen, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
             seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit,
             return_final_states=return_final_states, return_varlen_states=return_varlen_states,
-            state_dtype=state_dtype,
+            state_dtype=state_dtype, final_states_out=final_states_out, final_state_indices=final_state_indices,
         )
 
+    if not set(CACHE_WRITE_KEYWORDS) <= keywords(varlen):
+        # This vLLM (0.31) returns its final states and writes no state cache: the wrapper shows no such
+        # keywords, so that scan.invariance does not ask.
+        signature = inspect.signature(vllm_chunk_scan)
+        vllm_chunk_scan.__signature__ = signature.replace(parameters=[
+            parameter for name, parameter in signature.parameters.items() if name not in CACHE_WRITE_KEYWORDS])
     setattr(vllm_chunk_scan, autotune.ORIGIN, varlen)  # --configs: vLLM's autotuners, not ours
     return vllm_chunk_scan
 
 
 def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                     seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                    return_final_states=False, return_varlen_states=False, state_dtype=None):
+                    return_final_states=False, return_varlen_states=False, state_dtype=None, final_states_out=None,
+                    final_state_indices=None):
     """Call vLLM's varlen chunk scan `varlen` on our layout; return what our signature promises.
 
     Batch mode (no cu_seqlens): each of the `batch` rows is one sequence. Varlen (batch 1 with
@@ -127,10 +139,16 @@ def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None
     dtype), and initial_states are cast to that storage dtype, as vLLM's model code passes them
     from its state cache (its kernel takes them in no other dtype). The states vLLM returns are per sequence: the final states per row in batch mode,
     the varlen states in varlen mode (the final states of a varlen row are its last sequence's).
+    With `final_states_out` (the state cache, slots x nheads x headdim x dstate) and `final_state_indices`
+    (each sequence's slot), as vLLM's model code calls it, vLLM writes the states into the cache itself and
+    y alone is returned.
     """
     args, kwargs = varlen_arguments(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                                     initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
                                     dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
+    if final_states_out is not None:
+        varlen(*args, **kwargs, final_states_out=final_states_out, final_state_indices=final_state_indices)
+        return kwargs["out"].view(x.shape)
     states = varlen(*args, **kwargs)
     y = kwargs["out"].view(x.shape)
     final = states if cu_seqlens is None else states[-1:]

@@ -53,6 +53,10 @@ STAGES_ATTRIBUTE = "ssd_stages"
 # The attribute through which a MODULE:FUNCTION kernel declares (True) that it takes pad tokens: seq_idx -1
 # between its varlen sequences, tokens of no sequence that change no state (the `padded` regime).
 PAD_TOKENS_ATTRIBUTE = "pad_tokens"
+# The keywords through which a chunk scan writes each sequence's final state straight into a state cache (vLLM
+# 0.33's fused write in its state passing): final_states_out, the cache (slots, nheads, headdim, dstate), and
+# final_state_indices, sequence i's slot. Called so, the kernel returns y alone.
+CACHE_WRITE_KEYWORDS = ("final_states_out", "final_state_indices")
 # vLLM's chunk scan asserts a power-of-two chunk size.
 _POWERS_OF_TWO = tuple(2**k for k in range(17))
 
@@ -90,6 +94,8 @@ class ScanAdapter:
     # (scan.padding); else why not, for the skip reason.
     pad_tokens: bool = False
     no_pad_tokens: str = f"it does not declare that it takes pad tokens (seq_idx -1) (attribute {PAD_TOKENS_ATTRIBUTE})"
+    # Writes the final states into a state cache at given slots (CACHE_WRITE_KEYWORDS): scan.invariance checks it.
+    writes_cache: bool = False
 
     def skip_reason(self, case: ScanCase) -> str | None:
         """Why this kernel cannot run `case` (None: it can)."""
@@ -171,6 +177,22 @@ class ScanAdapter:
         _check_tensor("states", states, state_shape, storage, x.device, why)
         _check_inputs(fenced)
         return (sent.case_y(y) if sent else y), states
+
+    def write_cache(self, inputs: ScanInputs, case: ScanCase, cache: torch.Tensor, slots: torch.Tensor,
+                    transcript: Transcript | None = None) -> torch.Tensor:
+        """Run the kernel on `inputs` writing sequence i's final state into cache[slots[i]] (CACHE_WRITE_KEYWORDS);
+        return y. Raises as `call` does."""
+        def into_cache(*args, **kwargs):
+            return self.fn(*args, **kwargs, final_states_out=cache, final_state_indices=slots)
+
+        y, sent, fenced = self._fenced_call(into_cache, inputs, case, False, transcript)
+        x = fenced.originals["x"]
+        if not isinstance(y, torch.Tensor):
+            raise KernelOutputError(f"expected y alone (a tensor) from a call with {', '.join(CACHE_WRITE_KEYWORDS)}, "
+                                    f"got {type(y).__name__}")
+        _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
+        _check_inputs(fenced)
+        return sent.case_y(y) if sent else y
 
     def fenced_storages(self, inputs: ScanInputs) -> list[tuple[str, ...]]:
         """The names of the inputs a call fences, grouped by the storage they share (core.fences.storages)."""
@@ -290,11 +312,12 @@ def resolve(spec: str | Callable, interpreter: bool, state_dtype_given: bool = F
     if spec == VLLM:
         from ssmcheck.peers import vllm  # noqa: PLC0415
 
+        fn = vllm.chunk_scan()
         return ScanAdapter(
-            spec, vllm.chunk_scan(), takes_state_options=False, chunk_sizes=_POWERS_OF_TWO,
+            spec, fn, takes_state_options=False, chunk_sizes=_POWERS_OF_TWO,
             chunk_size_rule="vLLM's chunk scan takes power-of-two chunk sizes", takes_state_dtype=True,
             default_state_dtype=INPUTS, state_dtype_given=state_dtype_given, initial_states_stored=True,
-            stages=vllm.chunk_scan_stages(),
+            stages=vllm.chunk_scan_stages(), writes_cache=set(CACHE_WRITE_KEYWORDS) <= keywords(fn),
             no_pad_tokens="its varlen chunk scan builds its chunks and their seq_idx from cu_seqlens alone, one id "
                           "per chunk, so a token cannot be marked as belonging to no sequence",
         )
@@ -311,4 +334,5 @@ def _discovered(name: str, fn: Callable, state_dtype_given: bool) -> ScanAdapter
     named = keywords(fn)
     return ScanAdapter(name, fn, set(STATE_OPTIONS) <= named, takes_state_dtype="state_dtype" in named,
                        state_dtype_given=state_dtype_given, stages=getattr(fn, STAGES_ATTRIBUTE, None),
-                       pad_tokens=getattr(fn, PAD_TOKENS_ATTRIBUTE, False) is True)
+                       pad_tokens=getattr(fn, PAD_TOKENS_ATTRIBUTE, False) is True,
+                       writes_cache=set(CACHE_WRITE_KEYWORDS) <= named)

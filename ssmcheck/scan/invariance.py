@@ -9,7 +9,14 @@
 - prefill_decode: each sequence longer than DECODE_STEPS tokens is prefilled with the chunk scan up to its
   last DECODE_STEPS tokens, which the state-update kernel then decodes from the returned states; the
   decoded y (the hand-off step's on its own) and the final states are judged against the float64
-  recurrence over all the tokens, with the baseline (its own prefill, then plain-PyTorch steps) alike.
+  recurrence over all the tokens, with the baseline (its own prefill, then plain-PyTorch steps) alike;
+- cache_write: for a kernel that writes its final states straight into a state cache
+  (scan.adapter.CACHE_WRITE_KEYWORDS, vLLM 0.33's fused write, as its model code calls it): the case run
+  again into a cache of CACHE_SPARES more slots than sequences, NaN-filled (core.pool) between two guard
+  slots, each sequence's slot drawn at random but never the first or the last (where a slot index clamped
+  or wrapped around lands). Each sequence's slot must hold the states the kernel returns without the
+  cache, and y must be the same, bitwise (or, with --batch-invariance tolerance, within the tolerance
+  rule); no other slot, guard or spare, may change; a slot left (partly) NaN-filled was not written.
 
 How they combine with the case (`combine`): the case's status is the most severe of its own and its
 checks' (nonfinite, then error, then fail), and its message names each check that did not pass, the most
@@ -27,6 +34,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.guard import describe
+from ssmcheck.core.pool import changed_slots, nan_filled, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -35,10 +43,13 @@ from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.results import Comparison, InvarianceCheck, ScanResult
 from ssmcheck.scan.sequences import Piece, initial_state_of, packed, scattered, split_points, unpacked, whole_sequences
 
-BATCH, SPLIT, PREFILL_DECODE = "batch", "split", "prefill_decode"
-TITLES = {BATCH: "batch invariance", SPLIT: "split invariance", PREFILL_DECODE: "prefill→decode"}
+BATCH, SPLIT, PREFILL_DECODE, CACHE_WRITE = "batch", "split", "prefill_decode", "cache_write"
+TITLES = {BATCH: "batch invariance", SPLIT: "split invariance", PREFILL_DECODE: "prefill→decode",
+          CACHE_WRITE: "cache write"}
 # Tokens each sequence decodes after its prefill.
 DECODE_STEPS = 4
+# Cache slots beyond the sequences' in the cache_write check: the first, the last and one among the others.
+CACHE_SPARES = 3
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
 
@@ -66,13 +77,17 @@ class Serving:
     tolerance: Tolerance
     batch_exact: bool  # batch invariance bit for bit (else within the tolerance rule)
     decode_skip: str = ""  # why there is no state update to decode with
+    # (inputs, cache, slots) -> y, the kernel writing sequence i's final state into cache[slots[i]]; None: it
+    # writes no cache (CACHE_WRITE_KEYWORDS)
+    write_cache: Callable[[ScanInputs, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 def run_checks(serving: Serving, inputs: ScanInputs, chunk_size: int, seed: int, out: Outputs, ref,
                base: Comparison) -> list[InvarianceCheck]:
-    """The three checks of a case whose kernel run gave `out`, against the reference `ref` (y, states)."""
+    """The four checks of a case whose kernel run gave `out`, against the reference `ref` (y, states)."""
     checks = []
-    for name, check in ((BATCH, _batch), (SPLIT, _split), (PREFILL_DECODE, _prefill_decode)):
+    for name, check in ((BATCH, _batch), (SPLIT, _split), (PREFILL_DECODE, _prefill_decode),
+                        (CACHE_WRITE, _cache_write)):
         try:
             checks.append(check(serving, inputs, chunk_size, seed, out, ref, base))
         except Raised as exc:
@@ -272,3 +287,71 @@ def _decode_arguments(inputs: ScanInputs, pieces: list[Piece], n: int) -> dict:
         "z": None if inputs.z is None else token(inputs.z), "dt_bias": per_channel(inputs.dt_bias),
         "dt_softplus": inputs.dt_softplus,
     }
+
+
+# ---------------------------------------------------------------------------- cache write
+
+
+def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs, ref, base: Comparison):
+    if serving.write_cache is None:
+        return InvarianceCheck(CACHE_WRITE, Status.SKIPPED, "the kernel takes no final_states_out and "
+                               "final_state_indices: it writes no state cache")
+    returned = out[1]  # one state per sequence, stored as the kernel stores them
+    count = returned.shape[0]
+    generator = torch.Generator().manual_seed(sweep.case_seed(seed, {"check": CACHE_WRITE}))
+    size = count + CACHE_SPARES
+    slots = (torch.randperm(size - 2, generator=generator)[:count] + 1).tolist()
+    buffer = nan_filled((size + 2, *returned.shape[1:]), returned)  # the cache between two guard slots
+    before = buffer.clone()
+    cache = buffer[1:-1]
+    y = _called("kernel (writing its final states into a cache)", serving.write_cache, inputs, cache,
+                torch.tensor(slots, dtype=torch.int32, device=returned.device))
+    stored = cache[slots]
+    changed = changed_slots(before, buffer, set(slots))
+    unwritten = [i for i in range(count) if bool(poisoned(stored[i]).any())]
+    differs = [i for i in range(count) if not same_bits(stored[i], returned[i])]
+    y_first = (bits(y) != bits(out[0])).flatten(2).any(-1).nonzero()  # (row, token) where y differs
+    figures = {"cache_slots": size, "slots": slots, "unwritten": unwritten, "changed": changed,
+               "differs": differs, "y_identical": len(y_first) == 0,
+               "mode": "exact" if serving.batch_exact else "tolerance",
+               "state_rel": _rel(stored.double() - returned.double(), ref[1]),
+               "y_rel": _rel(y.double() - out[0].double(), ref[0])}
+    bad = [i for i in range(count) if i not in unwritten and nonfinite_mask(stored[i], ref[1][i]).any()]
+    if bad:
+        return InvarianceCheck(CACHE_WRITE, Status.NONFINITE, f"cache write: slot {slots[bad[0]]} (sequence {bad[0]}) "
+                               "holds non-finite values where the reference is finite", figures)
+    failed = []
+    if unwritten:
+        i = unwritten[0]
+        left = int(poisoned(stored[i]).sum())
+        failed.append(f"slot {slots[i]} (sequence {i}) left unwritten in {left} of {stored[i].numel()} elements")
+    if changed:
+        failed.append("wrote " + ", ".join(f"slot {s} ({_slot_owner(s, size)})" for s in changed))
+    if serving.batch_exact:
+        wrong = [i for i in differs if i not in unwritten]
+        if wrong:
+            i = wrong[0]
+            gap = _rel(stored[i].double() - returned[i].double(), ref[1][i])
+            failed.append(f"slot {slots[i]} (sequence {i}) differs from the state the kernel returns without the "
+                          f"cache ({gap:.3g} of the reference's norm)")
+        if len(y_first):
+            row, token = y_first[0].tolist()
+            failed.append(f"y differs from the call without the cache from token {token}"
+                          + (f" of row {row}" if y.shape[0] > 1 else ""))
+    elif not unwritten:
+        over = _over(serving.tolerance, [("state", measure.error_stats(stored, ref[1]).rel, base.states.rel),
+                                         ("y", measure.error_stats(y, ref[0]).rel, base.y.rel)])
+        if over:
+            failed.append(over)
+    if failed:
+        return InvarianceCheck(CACHE_WRITE, Status.FAIL, f"cache write (slots {_slots_text(slots)}): "
+                               + "; ".join(failed), figures)
+    return InvarianceCheck(CACHE_WRITE, Status.PASS, "", figures)
+
+
+def _slot_owner(slot: int, size: int) -> str:
+    return "outside the cache" if slot < 0 or slot >= size else "no sequence's"
+
+
+def _slots_text(slots: list[int]) -> str:
+    return ", ".join(map(str, slots[:8])) + (", ..." if len(slots) > 8 else "")

@@ -13,7 +13,7 @@ map's worth), and the longest sequence's length.
 storage they share (e.g. [["x"]], [["x", "B", "C", "dt"]] for one fused buffer), whose NaN fences the
 non-finite values came from (core.outside); [] when zero fences made the outputs finite but no single
 input's NaN fences made them non-finite again; null also when the values are the kernel's own.
-`invariance` (with --invariance, else null) is {"batch", "split", "prefill_decode"}: each check's own
+`invariance` (with --invariance, else null) is {"batch", "split", "prefill_decode", "cache_write"}: each check's own
 status, message and figures (scan.invariance; README, "Serving-shaped checks").
 """
 

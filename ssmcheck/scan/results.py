@@ -124,7 +124,7 @@ class ScanVerdict:
 class InvarianceCheck:
     """One serving-shaped check of a case (scan.invariance): its own verdict and figures."""
 
-    name: str  # "batch", "split", "prefill_decode"
+    name: str  # "batch", "split", "prefill_decode", "cache_write"
     status: Status  # skipped (with the reason as message) when it cannot run for this case or kernel
     message: str = ""
     figures: dict = field(default_factory=dict)  # what it measured, as the JSON report holds it

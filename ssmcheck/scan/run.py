@@ -265,6 +265,8 @@ def _serving_calls(options: invariance.Options, kernel: ScanAdapter, case: ScanC
         baseline_decode=lambda state, arguments, seed: torch_state_update(
             state, **arguments, rounding=case.rounding, seed=seed),
         tolerance=tolerance, batch_exact=options.batch_exact, decode_skip=options.decode_skip,
+        write_cache=(lambda inputs, cache, slots: kernel.write_cache(inputs, case, cache, slots, transcript))
+        if kernel.writes_cache else None,
     )
 
 

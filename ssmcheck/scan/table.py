@@ -91,7 +91,7 @@ def _time(result: ScanResult) -> str:
 
 
 def _invariance(result: ScanResult) -> str:
-    """Each invariance check's initial and outcome: `b✓ s✗ d–` (batch, split, prefill_decode)."""
+    """Each invariance check's initial and outcome: `b✓ s✗ p– c✓` (batch, split, prefill_decode, cache_write)."""
     return " ".join(f"{c.name[0]}{CHECK_MARKS[c.status]}" for c in result.invariance)
 
 

@@ -5,7 +5,8 @@ per-sequence initial states, a preallocated out) and, beyond that, that the chun
 metadata vLLM's builder makes: every chunk inside one sequence and at most chunk_size long, seq_idx
 naming its sequence, last_chunk_indices each sequence's last chunk. It computes with ssmcheck's
 baseline, storing the chunk states in `state_dtype`, or in C's dtype when state_dtype is None, as
-vLLM does. Every call is recorded in CALLS (the keyword arguments as given, and the states returned).
+vLLM does, or, given final_states_out and final_state_indices, writes them into that state cache and returns
+None, as vLLM 0.33 does. Every call is recorded in CALLS (the keyword arguments as given, and the states).
 """
 
 import torch
@@ -54,7 +55,9 @@ def mamba_chunk_scan_combined_varlen(
     if initial_states is not None:
         assert initial_states.shape == (len(cu_seqlens) - 1, nheads, headdim, dstate)
     assert out.shape == x.shape and out.is_contiguous()
-    assert not return_intermediate_states and final_states_out is None, "not faked"
+    assert not return_intermediate_states, "not faked"
+    assert final_states_out is None or (final_state_indices is not None and final_state_indices.shape == (
+        len(cu_seqlens) - 1,) and final_states_out.shape[1:] == (nheads, headdim, dstate))
     _check_metadata(chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, seqlen)
 
     stored = state_dtype if state_dtype is not None else C.dtype
@@ -72,5 +75,9 @@ def mamba_chunk_scan_combined_varlen(
     states = result.varlen_states.to(stored)
     CALLS.append({"chunk_size": chunk_size, "cu_seqlens": cu_seqlens, "cu_chunk_seqlens": cu_chunk_seqlens,
                   "last_chunk_indices": last_chunk_indices, "seq_idx": seq_idx, "state_dtype": state_dtype,
-                  "x_shape": tuple(x.shape), "initial_states": initial_states, "states": states, "D": D})
+                  "x_shape": tuple(x.shape), "initial_states": initial_states, "states": states, "D": D,
+                  "final_state_indices": final_state_indices})
+    if final_states_out is not None:  # vLLM's fused write: each sequence's state into its cache slot
+        final_states_out[final_state_indices.long()] = states.to(final_states_out.dtype)
+        return None
     return states

@@ -1,0 +1,31 @@
+"""A state cache as a serving engine keeps one: a pool of per-sequence slots, here between two guard slots and
+filled with a NaN of ssmcheck's own before a kernel writes it, so that a slot it leaves, or one it was not to
+write, shows bit for bit. The drift slot and speculative checks (drift.slots, drift.speculative) and scan's
+cache-write check (scan.invariance) build their pools from these."""
+
+from __future__ import annotations
+
+import torch
+
+from ssmcheck.core.tensors import bits
+
+# A quiet NaN with a payload of its own, per dtype: a kernel's NaN has another payload.
+POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
+
+
+def nan_filled(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A tensor of `shape` in like's dtype and device, every element the poison NaN."""
+    pattern = torch.full(shape, POISON_BITS[like.dtype], dtype=bits(like).dtype, device=like.device)
+    return pattern.view(like.dtype)
+
+
+def poisoned(t: torch.Tensor) -> torch.Tensor:
+    """Where `t` still holds the poison NaN (elementwise)."""
+    return bits(t) == POISON_BITS[t.dtype]
+
+
+def changed_slots(before: torch.Tensor, buffer: torch.Tensor, written: set[int]) -> list[int]:
+    """The pool slots, guards included, that a call changed (bit for bit) and was not to write. `buffer` is the
+    pool between two guard slots: its index i is slot i - 1, so the guards are slots -1 and pool."""
+    return [i - 1 for i in range(buffer.shape[0])
+            if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
