@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from cli_invoke import assert_usage_error, invoke
 
+from ssmcheck.core import capture
+
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = Path(__file__).with_name("slow_kernels.py")
 SMOKE = ("--preset", "smoke", "--kernel", "torch")
@@ -61,6 +63,33 @@ def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name
     assert f"interrupted by {name} after {len(data['cases'])} of 11 cases" in stdout
     assert "Traceback" not in stderr
     assert (tmp_path / "r.xml").read_text().count("<testcase") == len(data["cases"])
+
+
+# A sweep whose fifth captured kernel call gets SIGTERM while stdout is being put back after the call (as a
+# CI runner's timeout may land): the summary must still reach the real stdout.
+_SIGTERM_IN_THE_RESTORE = """
+import os, runpy, signal, sys
+from ssmcheck.core import capture
+calls, flush = [0], capture._fflush
+def flush_then_signal(stream):
+    calls[0] += 1
+    if calls[0] == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return flush(stream)
+capture._fflush = flush_then_signal
+sys.argv = ["ssmcheck", *sys.argv[1:]]
+runpy.run_module("ssmcheck", run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask") or capture._fflush is None, reason="needs POSIX signals")
+def test_a_signal_while_stdout_is_put_back_after_a_kernel_call_keeps_the_summary_on_stdout(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_IN_THE_RESTORE, "scan", *SMOKE, "--quiet", "--json",
+                           tmp_path / "r.json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr
+    cases = len(json.loads((tmp_path / "r.json").read_text())["cases"])
+    assert f"exit code 143 (interrupted by SIGTERM after {cases} of 11 cases)" in done.stdout, done.stdout
 
 
 def test_a_closed_stdout_stops_the_sweep_and_keeps_the_report(tmp_path):

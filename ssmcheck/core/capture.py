@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -93,10 +94,11 @@ def captured_stdout(transcript: Transcript) -> Iterator[None]:
         _sink = _Sink()
     with suppress(OSError, ValueError):  # a closed stdout is for its next writer to find, not the kernel
         sys.stdout.flush()  # what was printed before belongs where it was going
-    saved_fd, saved_stream = os.dup(1), sys.stdout
     stream = _sink.stream
-    os.dup2(_sink.fd, 1)
-    sys.stdout = stream
+    with _signals_deferred():
+        saved_fd, saved_stream = os.dup(1), sys.stdout
+        os.dup2(_sink.fd, 1)
+        sys.stdout = stream
     try:
         yield
         # A GPU's device printf reaches fd 1 at synchronization; a call being captured into a CUDA graph
@@ -104,11 +106,31 @@ def captured_stdout(transcript: Transcript) -> Iterator[None]:
         if torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
             torch.cuda.synchronize()
     finally:
-        with suppress(ValueError):  # the kernel closed sys.stdout: nothing left in it to flush
-            stream.flush()
-        if _fflush is not None:
-            _fflush(None)  # C stdio buffers fd 1 fully when it is a file: flush them into it
-        sys.stdout = saved_stream
-        os.dup2(saved_fd, 1)
-        os.close(saved_fd)
-        _sink.drain(transcript)
+        with _signals_deferred():
+            with suppress(ValueError):  # the kernel closed sys.stdout: nothing left in it to flush
+                stream.flush()
+            if _fflush is not None:
+                _fflush(None)  # C stdio buffers fd 1 fully when it is a file: flush them into it
+            sys.stdout = saved_stream
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+            _sink.drain(transcript)
+
+
+_DEFERRED = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while fd 1 and sys.stdout are swapped: the handler that stops a sweep
+    (core.execution.interruptible) raises between any two statements, and raised halfway through the restore
+    it left fd 1 in the capture file, so the interrupted sweep's summary went there and not to the user.
+    A signal that arrives meanwhile is delivered when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to hold back with
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
