@@ -9,6 +9,8 @@ from cli_invoke import assert_usage_error, invoke
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.scan import invariance
 from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.sequences import Piece, packed, scattered, split_points, unpacked, whole_sequences
@@ -207,6 +209,52 @@ def test_pieces_pack_and_scatter_back_to_the_case(regime, batch, seqlen, chunk, 
             assert piece_inputs.nsequences == len(group)
             pieces_y += list(zip(group, unpacked(piece_inputs, piece_inputs.x, group)))
     assert torch.equal(scattered(inputs, pieces_y), inputs.x)
+
+
+# ---------------------------------------------------------------------------- the cache-write verdicts
+
+
+def _cache_check(writer, sequences: int, dtype: torch.dtype, seed: int):
+    """The cache_write check of a case with `sequences` random final states in `dtype`, whose kernel writes the
+    cache with `writer(cache, slots, states)` and returns the case's own y."""
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(sequences, 2, 3, 4, generator=g).to(dtype)
+    y = torch.randn(1, 7, 2, 3, generator=g)
+
+    def write_cache(inputs, cache, slots):
+        writer(cache, slots.long(), states)
+        return y.clone()
+
+    serving = invariance.Serving(scan=None, baseline=None, decode=None, baseline_decode=None,
+                                 tolerance=Tolerance(), batch_exact=True, write_cache=write_cache)
+    return invariance._cache_write(serving, None, 16, seed, (y, states), (y.double(), states.double()), None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sequences=st.integers(1, 12), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       seed=st.integers(0, 2**31 - 1))
+def test_the_cache_write_verdicts_on_drawn_caches(sequences, dtype, seed):
+    def right(cache, slots, states):
+        cache[slots] = states
+
+    check = _cache_check(right, sequences, dtype, seed)
+    slots = check.figures["slots"]
+    assert check.status.value == "pass", check.message
+    assert sorted(slots) == sorted(set(slots)) and 0 < min(slots) and max(slots) < check.figures["cache_slots"] - 1
+
+    def rotated(cache, slots, states):  # each state into the next sequence's slot
+        cache[slots.roll(1)] = states
+
+    def spilled(cache, slots, states):  # right, and one element more, past the cache's last slot (the guard)
+        cache[slots] = states
+        torch.as_strided(cache, (1,), (1,), cache.storage_offset() + cache.numel()).fill_(0)
+
+    if sequences > 1:
+        check = _cache_check(rotated, sequences, dtype, seed)
+        assert check.status.value == "fail" and "differs from the state the kernel returns" in check.message
+    check = _cache_check(spilled, sequences, dtype, seed)
+    assert check.status.value == "fail" and check.figures["changed"] == [check.figures["cache_slots"]]
+    assert f"wrote slot {check.figures['cache_slots']} (outside the cache)" in check.message
 
 
 @pytest.mark.gpu
