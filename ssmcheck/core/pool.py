@@ -13,6 +13,15 @@ from ssmcheck.core.tensors import bits
 POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
 
 
+def inner_slots(count: int, size: int, generator: torch.Generator, skip: int | None = None) -> list[int]:
+    """`count` distinct slots of a pool of `size`, drawn at random, never the first or the last (nor `skip`). A
+    slot index clamped into range or wrapped around (-1) lands on those ends: left spare, a write there shows
+    whatever the order of the stores, where a write into another row's slot races that row's own store (on a
+    GPU the row's may land last and leave no trace)."""
+    usable = [s for s in range(1, size - 1) if s != skip]
+    return [usable[i] for i in torch.randperm(len(usable), generator=generator)[:count].tolist()]
+
+
 def nan_filled(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """A tensor of `shape` in like's dtype and device, every element the poison NaN."""
     pattern = torch.full(shape, POISON_BITS[like.dtype], dtype=bits(like).dtype, device=like.device)

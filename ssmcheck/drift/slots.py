@@ -33,7 +33,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.pool import changed_slots, nan_filled, poisoned
+from ssmcheck.core.pool import changed_slots, inner_slots, nan_filled, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
@@ -89,11 +89,7 @@ def _layout(case: DriftCase, pad: int) -> dict:
     pool = rows + SPARE_SLOTS
     if 0 <= pad <= pool:  # the pad id names a slot of the pool (vLLM's null block): never a live one
         pool += 1
-    # The spares are the pool's first and last slots, where a pad id clamped into range or wrapped around
-    # (index -1) lands. A pad row writing a live slot races that row's own store: on a GPU the live row's
-    # store may land last and leave no trace, while a write into a spare shows whatever the order.
-    usable = [s for s in range(1, pool - 1) if s != pad]
-    live = [usable[i] for i in torch.randperm(len(usable), generator=generator)[:case.batch].tolist()]
+    live = inner_slots(case.batch, pool, generator, skip=pad)  # a pad row clamped or wrapped writes a spare
     pad_rows = sorted(torch.randperm(rows, generator=generator)[:PAD_ROWS].tolist())
     it = iter(live)
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]

@@ -117,13 +117,18 @@ def chunk_scan() -> Callable:
         )
 
     if not set(CACHE_WRITE_KEYWORDS) <= keywords(varlen):
-        # This vLLM (0.31) returns its final states and writes no state cache: the wrapper shows no such
-        # keywords, so that scan.invariance does not ask.
-        signature = inspect.signature(vllm_chunk_scan)
-        vllm_chunk_scan.__signature__ = signature.replace(parameters=[
-            parameter for name, parameter in signature.parameters.items() if name not in CACHE_WRITE_KEYWORDS])
+        # This vLLM (0.31) returns its final states and writes no state cache: so that scan.invariance does not ask.
+        _hide_keywords(vllm_chunk_scan, CACHE_WRITE_KEYWORDS)
     setattr(vllm_chunk_scan, autotune.ORIGIN, varlen)  # --configs: vLLM's autotuners, not ours
     return vllm_chunk_scan
+
+
+def _hide_keywords(wrapper: Callable, names: Sequence[str]) -> None:
+    """Drop `names` from the wrapper's signature, where the wrapped vLLM op takes no such keywords: ssmcheck finds
+    a kernel's capabilities in the keywords its signature names (core.callables.keywords)."""
+    signature = inspect.signature(wrapper)
+    wrapper.__signature__ = signature.replace(parameters=[
+        parameter for name, parameter in signature.parameters.items() if name not in names])
 
 
 def call_chunk_scan(varlen: Callable, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -273,12 +278,10 @@ def state_update() -> Callable:
     def unavailable(state_dtype: torch.dtype) -> str | None:
         return stochastic_rounding_unavailable(has_sr, state_dtype, _capability())
 
-    if not all(keyword in named for keyword in DRAFT_KEYWORDS):
-        # This vLLM (or the CPU implementation it swaps in without CUDA) verifies no draft tokens: the wrapper
-        # shows no such keywords, so that drift.speculative does not ask.
-        signature = inspect.signature(vllm_state_update)
-        vllm_state_update.__signature__ = signature.replace(parameters=[
-            parameter for name, parameter in signature.parameters.items() if name not in DRAFT_KEYWORDS])
+    if not set(DRAFT_KEYWORDS) <= named:
+        # This vLLM (or the CPU implementation it swaps in without CUDA) verifies no draft tokens: so that
+        # drift.speculative does not ask.
+        _hide_keywords(vllm_state_update, DRAFT_KEYWORDS)
     setattr(vllm_state_update, autotune.ORIGIN, update)
     setattr(vllm_state_update, STOCHASTIC_UNAVAILABLE, unavailable)
     if hasattr(ops, "_ssm_config_override"):

@@ -34,7 +34,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.guard import describe
-from ssmcheck.core.pool import changed_slots, nan_filled, poisoned
+from ssmcheck.core.pool import changed_slots, inner_slots, nan_filled, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -300,7 +300,7 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
     count = returned.shape[0]
     generator = torch.Generator().manual_seed(sweep.case_seed(seed, {"check": CACHE_WRITE}))
     size = count + CACHE_SPARES
-    slots = (torch.randperm(size - 2, generator=generator)[:count] + 1).tolist()
+    slots = inner_slots(count, size, generator)
     buffer = nan_filled((size + 2, *returned.shape[1:]), returned)  # the cache between two guard slots
     before = buffer.clone()
     cache = buffer[1:-1]
@@ -310,9 +310,9 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
     changed = changed_slots(before, buffer, set(slots))
     unwritten = [i for i in range(count) if bool(poisoned(stored[i]).any())]
     differs = [i for i in range(count) if not same_bits(stored[i], returned[i])]
-    y_first = (bits(y) != bits(out[0])).flatten(2).any(-1).nonzero()  # (row, token) where y differs
+    y_first = _first_token(y.flatten(0, 1), out[0].flatten(0, 1))  # over the rows' tokens end to end
     figures = {"cache_slots": size, "slots": slots, "unwritten": unwritten, "changed": changed,
-               "differs": differs, "y_identical": len(y_first) == 0,
+               "differs": differs, "y_identical": y_first is None,
                "mode": "exact" if serving.batch_exact else "tolerance",
                "state_rel": _rel(stored.double() - returned.double(), ref[1]),
                "y_rel": _rel(y.double() - out[0].double(), ref[0])}
@@ -334,8 +334,8 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
             gap = _rel(stored[i].double() - returned[i].double(), ref[1][i])
             failed.append(f"slot {slots[i]} (sequence {i}) differs from the state the kernel returns without the "
                           f"cache ({gap:.3g} of the reference's norm)")
-        if len(y_first):
-            row, token = y_first[0].tolist()
+        if y_first is not None:
+            row, token = divmod(y_first, y.shape[1])
             failed.append(f"y differs from the call without the cache from token {token}"
                           + (f" of row {row}" if y.shape[0] > 1 else ""))
     elif not unwritten:
