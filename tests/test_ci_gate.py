@@ -65,6 +65,28 @@ def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name
     assert (tmp_path / "r.xml").read_text().count("<testcase") == len(data["cases"])
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="sets a C library signal action through ctypes")
+@pytest.mark.parametrize("pool", [(), ("--workers", "2")], ids=["serial", "workers"])
+def test_timeouts_two_sigterms_keep_the_report_after_a_kernel_took_sigterm_over(tmp_path, pool):
+    """`timeout` signals its command and then the command's process group: two SIGTERMs, microseconds apart,
+    to the sweep and its workers alike. The kernel's first call takes SIGTERM over in the C library (as
+    Triton's LLVM does on the GPU): the sweep must take it back, stop once, and report what finished."""
+    report, lines = tmp_path / "r.json", tmp_path / "r.jsonl"
+    process = _ssmcheck("scan", "--preset", "smoke", "--kernel", f"{SLOW}:takes_sigterm_over", *pool, "--json",
+                        report, "--jsonl", lines, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        start_new_session=True)
+    _wait_for_cases(lines, 2, process)
+    process.send_signal(signal.SIGTERM)
+    os.killpg(process.pid, signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, (process.returncode, stderr)
+    data = json.loads(report.read_text())
+    assert data["interrupted_by"] == "SIGTERM" and 2 <= len(data["cases"]) < 11
+    assert all(c["status"] == "pass" for c in data["cases"]), [c["message"] for c in data["cases"]]
+    assert f"interrupted by SIGTERM after {len(data['cases'])} of 11 cases" in stdout
+    assert "Traceback" not in stderr
+
+
 # A sweep whose fifth captured kernel call gets SIGTERM while stdout is being put back after the call (as a
 # CI runner's timeout may land): the summary must still reach the real stdout.
 _SIGTERM_IN_THE_RESTORE = """

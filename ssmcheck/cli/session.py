@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ssmcheck import api
 from ssmcheck.cli.common import follower_rank, usage_error
-from ssmcheck.core.execution import stdout_closed
+from ssmcheck.core.execution import stdout_closed, stopped_sweeps_ignore_signals
 from ssmcheck.core.jsonl import JsonLines
 from ssmcheck.core.report import summary_line, write_json
 from ssmcheck.core.status import ExitCode
@@ -71,44 +71,47 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
               isolate: bool, case_timeout: float | None, workers: str | None = None, unit: str | None = None,
               prefix: str = "") -> tuple:
     """Run the plan (api.run), streaming each result to --jsonl and the log; then render the table, write
-    the report files and print the summary line. Returns (the Report, the exit code)."""
-    if follower_rank():  # rank 0 reports; a nonzero exit here would have torchrun stop the other ranks
-        return api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers), 0
-    cases, size = plan.cases, plan.progress_units
-    jsonl = None
-    if files.jsonl is not None:
-        jsonl = JsonLines(files.jsonl, {"tool": "ssmcheck", "command": plan.command, "environment": plan.env.as_dict(),
-                                        "settings": plan.report_settings, "cases": len(cases)})
-    log_lines = not quiet and not out.is_terminal
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *([TextColumn(unit)] if unit else []),
-        TimeElapsedColumn(), console=Console(stderr=True), disable=quiet, transient=True,
-    ) as progress:
-        task = progress.add_task(cases[0].id if cases else plan.command, total=sum(map(size, cases)))
-        finished = [0, 0]  # cases, progress units
+    the report files and print the summary line. Returns (the Report, the exit code). A signal that stops the
+    sweep leaves further ones ignored until the reports are written (core.execution)."""
+    with stopped_sweeps_ignore_signals():
+        if follower_rank():  # rank 0 reports; a nonzero exit here would have torchrun stop the other ranks
+            return api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers), 0
+        cases, size = plan.cases, plan.progress_units
+        jsonl = None
+        if files.jsonl is not None:
+            jsonl = JsonLines(files.jsonl, {"tool": "ssmcheck", "command": plan.command,
+                                            "environment": plan.env.as_dict(), "settings": plan.report_settings,
+                                            "cases": len(cases)})
+        log_lines = not quiet and not out.is_terminal
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *([TextColumn(unit)] if unit else []),
+            TimeElapsedColumn(), console=Console(stderr=True), disable=quiet, transient=True,
+        ) as progress:
+            task = progress.add_task(cases[0].id if cases else plan.command, total=sum(map(size, cases)))
+            finished = [0, 0]  # cases, progress units
 
-        def on_result(result) -> None:
-            finished[0] += 1
-            finished[1] += size(result.case)
-            progress.update(task, completed=finished[1])  # a case stopped early (non-finite, error) skips ahead
-            if finished[0] < len(cases):
-                progress.update(task, description=cases[finished[0]].id)
-            if jsonl is not None:
-                jsonl.case(plan.case_json(result))
-            if log_lines:
-                out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
+            def on_result(result) -> None:
+                finished[0] += 1
+                finished[1] += size(result.case)
+                progress.update(task, completed=finished[1])  # a case stopped early (non-finite, error) skips ahead
+                if finished[0] < len(cases):
+                    progress.update(task, description=cases[finished[0]].id)
+                if jsonl is not None:
+                    jsonl.case(plan.case_json(result))
+                if log_lines:
+                    out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
 
-        report = api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers, on_result=on_result,
-                         advance=lambda: progress.advance(task))
+            report = api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers, on_result=on_result,
+                             advance=lambda: progress.advance(task))
 
-    if not quiet:
-        _to_stdout(lambda: render(out, report.results))
-    code = _write_reports(report.data, files, jsonl)
-    line = summary_line(report.summary, report.data["seconds"], code, prefix)
-    if report.interrupted:
-        line += f" (interrupted by {report.interrupted} after {len(report.cases)} of {len(cases)} cases)"
-    _to_stdout(lambda: out.print(line, markup=False, highlight=False, soft_wrap=True))
-    return report, code
+        if not quiet:
+            _to_stdout(lambda: render(out, report.results))
+        code = _write_reports(report.data, files, jsonl)
+        line = summary_line(report.summary, report.data["seconds"], code, prefix)
+        if report.interrupted:
+            line += f" (interrupted by {report.interrupted} after {len(report.cases)} of {len(cases)} cases)"
+        _to_stdout(lambda: out.print(line, markup=False, highlight=False, soft_wrap=True))
+        return report, code
 
 
 def _to_stdout(write: Callable[[], None]) -> None:

@@ -21,6 +21,8 @@ from contextlib import contextmanager, suppress
 
 import torch
 
+from ssmcheck.core.execution import interrupts_held
+
 # What a case keeps of its kernel's output: the start, the rest only counted.
 STDOUT_LIMIT = 4000
 
@@ -125,12 +127,15 @@ def _signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM held back while fd 1 and sys.stdout are swapped: the handler that stops a sweep
     (core.execution.interruptible) raises between any two statements, and raised halfway through the restore
     it left fd 1 in the capture file, so the interrupted sweep's summary went there and not to the user.
-    A signal that arrives meanwhile is delivered when the block ends."""
-    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to hold back with
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    The sweep's Interrupted comes when the block ends (core.execution.interrupts_held); the signals are also
+    blocked in this thread, for a library user's own handlers (KeyboardInterrupt), which then run when the
+    block ends if the signal came to this thread."""
+    with interrupts_held():
+        if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to block with
+            yield
+            return
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -39,24 +39,112 @@ class Interrupted(BaseException):
         return INTERRUPT_EXIT_CODES[self.reason]
 
 
+# The signals that stop a sweep, and what they do while a sweep (its handler) or a worker (SIG_IGN) owns them:
+# what reclaim_signals installs again. None: nobody here owns them.
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_owner_action: Callable | int | None = None
+# interrupts_held: how deep the blocks go, and the name of a stopping signal that arrived inside one.
+_held = 0
+_arrived: list[str] = []
+# Inside stopped_sweeps_ignore_signals: the former actions of the signals an interrupted sweep left ignored.
+_left_ignored: list[dict] | None = None
+
+
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM raise Interrupted in the main thread. Called from another
-    thread (a library user's), it changes nothing: only the main thread may set handlers, and only
-    it receives the signals."""
+    """While inside, SIGINT and SIGTERM raise Interrupted in the main thread, once: a second signal while
+    the sweep stops is ignored (`timeout` signals its command, then the command's whole process group, so
+    the command gets two, microseconds apart). Called from another thread (a library user's), it changes
+    nothing: only the main thread may set handlers, and only it receives the signals."""
+    global _owner_action
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised = []
 
     def handler(signum, _frame):
+        if raised:
+            return
+        raised.append(signum)
+        if _held:
+            _arrived.append(signal.Signals(signum).name)
+            return
         raise Interrupted(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in STOPPING_SIGNALS}
+    _owner_action = handler
     try:
         yield
     finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
+        _owner_action = None
+        _arrived.clear()
+        if raised and _left_ignored is not None:
+            for s in previous:
+                signal.signal(s, signal.SIG_IGN)
+            _left_ignored.append(previous)
+        else:
+            for s, old in previous.items():
+                signal.signal(s, old)
+
+
+@contextmanager
+def stopped_sweeps_ignore_signals() -> Iterator[None]:
+    """For a command that writes its reports after its sweep: once a signal has stopped the sweep, SIGINT and
+    SIGTERM stay ignored until the block ends (the reports written), and only then get their former actions
+    back. `timeout` sends its second SIGTERM microseconds after the first, and the default action would end
+    the process before its report."""
+    global _left_ignored
+    _left_ignored = []
+    try:
+        yield
+    finally:
+        left, _left_ignored = _left_ignored, None
+        for previous in reversed(left):
+            for s, old in previous.items():
+                signal.signal(s, old)
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """The sweep's Interrupted held back during the block and raised as it ends (in place of anything the
+    block raised): for code that must not be cut halfway (core.capture putting fd 1 back). Blocking the
+    signals in this thread is not enough: a signal sent to the process goes to any thread that does not
+    block it (torch's pool threads), and Python then runs the handler in the main thread at its next
+    instruction, inside the block."""
+    global _held
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+        if not _held and _arrived:
+            raise Interrupted(_arrived.pop())
+
+
+def ignore_stopping_signals() -> None:
+    """For a worker process: SIGINT and SIGTERM ignored for good (reclaim_signals keeps them so). The
+    parent stops the sweep and then its workers; a Ctrl-C, or a `timeout` that signals the whole process
+    group, must not end a worker first, which the parent would report as that case's failure."""
+    global _owner_action
+    _owner_action = signal.SIG_IGN
+    for s in STOPPING_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def reclaim_signals() -> None:
+    """Install again, at the level of the C library, what SIGINT and SIGTERM do here: the sweep's handler
+    (interruptible) or, in a worker, nothing (ignore_stopping_signals).
+
+    Native code that a kernel loads may take them over without Python knowing (signal.getsignal still
+    names the old action). LLVM, inside Triton, installs one-shot handlers (SA_RESETHAND) for SIGTERM
+    among others when it first compiles in a process: the first SIGTERM then reaches Python's handler once
+    and leaves the default action behind, and `timeout`'s second SIGTERM killed the process before it could
+    report (seen on the H200 with vLLM's kernels). Called after every kernel call and case; a no-op where
+    nothing here owns the signals (a library user's handlers are theirs) and off the main thread."""
+    if _owner_action is None or threading.current_thread() is not threading.main_thread():
+        return
+    for s in STOPPING_SIGNALS:
+        signal.signal(s, _owner_action)
 
 
 def stdout_closed() -> Interrupted:
@@ -85,6 +173,7 @@ def execute(results: Iterable, on_result: Callable[[object], None]) -> Outcome:
     try:
         with interruptible(), closing(iter(results)) as stream:
             for result in stream:
+                reclaim_signals()
                 outcome.results.append(result)
                 try:
                     on_result(result)

@@ -4,7 +4,8 @@ What it prints goes to a transcript (core.capture); what it allocates uninitiali
 (core.poison), so that an element it never writes shows. SystemExit and KeyboardInterrupt raised inside
 the call become KernelExit, the case's own failure: exactly these two beyond Exception, not
 BaseException, because a user's Ctrl-C arrives as core.execution.Interrupted and must end the
-sweep, not this case. Both commands' adapters call their kernels through here.
+sweep, not this case; and SIGINT/SIGTERM are the sweep's again after the call, whatever native code the
+kernel loaded (core.execution.reclaim_signals). Both commands' adapters call their kernels through here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ssmcheck.core.capture import Transcript, captured_stdout
+from ssmcheck.core.execution import reclaim_signals
 from ssmcheck.core.poison import uninitialised_as_nan
 from ssmcheck.core.tensors import same_bits
 
@@ -82,6 +84,8 @@ def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript
         raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc
     except KeyboardInterrupt as exc:
         raise KernelExit("KeyboardInterrupt raised by the kernel") from exc
+    finally:
+        reclaim_signals()  # the kernel's native code may have taken SIGTERM over
 
 
 def changed_input(before: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor | None]) -> str | None:

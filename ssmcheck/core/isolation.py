@@ -33,6 +33,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 
 from ssmcheck.core import runtime
+from ssmcheck.core.execution import STOPPING_SIGNALS, ignore_stopping_signals
 from ssmcheck.core.guard import describe
 
 # Seconds a worker may take to import torch and triton and configure the device.
@@ -185,7 +186,7 @@ class _Worker:
 
     def start(self) -> None:
         try:
-            with _sigint_blocked():
+            with _stop_signals_blocked():
                 self.process.start()
         finally:
             self._child_conn.close()  # the worker's end: held here, it would hide the worker's exit
@@ -237,10 +238,10 @@ class _Worker:
 
 
 @contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """Block SIGINT while a worker is started: the worker inherits the mask, so a Ctrl-C during
-    its start-up waits until `_serve` has set SIGINT to be ignored (it is the parent's to handle)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def _stop_signals_blocked() -> Iterator[None]:
+    """Block SIGINT and SIGTERM while a worker is started: the worker inherits the mask, so a signal
+    during its start-up waits until `_serve` has set them to be ignored (they are the parent's to handle)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
     try:
         yield
     finally:
@@ -266,8 +267,8 @@ def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str 
     received until told to stop."""
     if visible_gpu is not None:  # before anything starts CUDA, which reads it once
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpu
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    ignore_stopping_signals()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING_SIGNALS)
     _die_with_parent()
     os.dup2(2, 1)  # what is printed outside a kernel's capture goes to stderr, never into the report
     try:
