@@ -53,12 +53,15 @@ def compare(builds: dict, args: dict, state, rounds: int, label: str) -> None:
     same = {name: torch.equal(got.view(torch.int16), first.view(torch.int16)) for name, got in results.items()}
     print(f"  bitwise the first build's SR step: {same}", flush=True)
     times = []
-    for name, module in builds.items():
+    # The first build is timed twice, the first time discarded: on the subnormal column the first timing of an
+    # input ran 5-10% slower than the same kernel timed right after it (RESULTS.md, 2026-12-02; cause not found).
+    for name, module in [next(iter(builds.items())), *builds.items()]:
         def step(s, module=module, calls=[0]):  # noqa: B006 (the call count, a new seed each step)
             calls[0] += 1
             return module.selective_state_update(s, **args, rounding="stochastic", seed=calls[0],
                                                  philox_rounds=rounds)
         times.append(f"{name} {time_step(step, args, state, rep=200, loop=False)[0]:.4f}")
+    times = times[1:]
     module = next(iter(builds.values()))
     nearest = time_step(lambda s: module.selective_state_update(s, **args), args, state, rep=200, loop=False)[0]
     print(f"  {label} SR ms, {rounds} rounds: " + " | ".join(times) + f" | nearest {nearest:.4f}", flush=True)
