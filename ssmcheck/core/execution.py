@@ -9,7 +9,9 @@ their report marked as interrupted, with the exit code of the interruption.
 The signal handlers raise `Interrupted`, a BaseException that is not
 KeyboardInterrupt, so a kernel that raises KeyboardInterrupt itself is told
 apart from a user's Ctrl-C: the former is that case's error, the latter ends
-the sweep.
+the sweep. A sweep stops once, however many signals come, and keeps its
+handler installed against native code that takes the signals over
+(`reclaim_signals`).
 """
 
 from __future__ import annotations
