@@ -175,12 +175,12 @@ def execute(results: Iterable, on_result: Callable[[object], None]) -> Outcome:
     try:
         with interruptible(), closing(iter(results)) as stream:
             for result in stream:
-                reclaim_signals()
                 outcome.results.append(result)
                 try:
                     on_result(result)
                 except BrokenPipeError:
                     raise stdout_closed() from None
+                reclaim_signals()  # a signal pending meanwhile is raised here, once the case is handed out
     except Interrupted as exc:
         outcome.interrupted = exc
     outcome.seconds = time.perf_counter() - start
