@@ -139,10 +139,11 @@ def reclaim_signals() -> None:
 
     Native code that a kernel loads may take them over without Python knowing (signal.getsignal still
     names the old action). LLVM, inside Triton, installs one-shot handlers (SA_RESETHAND) for SIGTERM
-    among others when it first compiles in a process: the first SIGTERM then reaches Python's handler once
-    and leaves the default action behind, and `timeout`'s second SIGTERM killed the process before it could
-    report (seen on the H200 with vLLM's kernels). Called after every kernel call and case; a no-op where
-    nothing here owns the signals (a library user's handlers are theirs) and off the main thread."""
+    among others when it first compiles in a process: delivering the first SIGTERM resets the action to the
+    default until LLVM's handler puts Python's back, and `timeout`'s second SIGTERM, microseconds later,
+    killed the process before it could report (seen on the H200 with vLLM's kernels). Called after every
+    kernel call and case; a no-op where nothing here owns the signals (a library user's handlers are theirs)
+    and off the main thread."""
     if _owner_action is None or threading.current_thread() is not threading.main_thread():
         return
     for s in STOPPING_SIGNALS:
