@@ -21,7 +21,7 @@ from contextlib import contextmanager, suppress
 
 import torch
 
-from ssmcheck.core.execution import interrupts_held
+from ssmcheck.core.execution import STOPPING_SIGNALS, interrupts_held
 
 # What a case keeps of its kernel's output: the start, the rest only counted.
 STDOUT_LIMIT = 4000
@@ -119,9 +119,6 @@ def captured_stdout(transcript: Transcript) -> Iterator[None]:
             _sink.drain(transcript)
 
 
-_DEFERRED = {signal.SIGINT, signal.SIGTERM}
-
-
 @contextmanager
 def _signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM held back while fd 1 and sys.stdout are swapped: the handler that stops a sweep
@@ -134,7 +131,7 @@ def _signals_deferred() -> Iterator[None]:
         if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to block with
             yield
             return
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
         try:
             yield
         finally:
