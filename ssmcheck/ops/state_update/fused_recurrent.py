@@ -65,6 +65,7 @@ PAD_SLOT_ID = -1
 
 # A program's channels form four row groups: one Philox call serves an element of each under stochastic rounding.
 ROW_GROUPS = 4
+SR_BLOCKS = 8
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def _state_tile(group, pid_p, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, 
     """(pointers, mask) of row group `group`'s state tile (R, len(n)) at columns n in pool slot `slot`."""
     R: tl.constexpr = BLOCK_P // GROUPS
     p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
-    return (state_ptr + slot * s_b + h * s_h + p[:, None] * s_p + n[None, :] * s_n,
+    return (state_ptr + slot * s_b + h * s_h + (p[:, None] * s_p + n[None, :] * s_n),
             (p < headdim)[:, None] & (n < dstate)[None, :])
 
 
@@ -178,7 +179,7 @@ def _step(state, x, p, n, rows, b_cols, b, h, dstate, dt_ptr, dt_bias_ptr, A_ptr
             dA = _exp(dt * tl.load(A_ptr + h * a_h).to(tl.float32), INTERPRET)[:, None]
         dt = dt[:, None]
     if not A_PER_HEAD:
-        A = tl.load(A_ptr + h * a_h + p[:, None] * a_p + n[None, :] * a_n,
+        A = tl.load(A_ptr + h * a_h + (p[:, None] * a_p + n[None, :] * a_n),
                     mask=rows[:, None] & (n < dstate)[None, :], other=0.0).to(tl.float32)
         dA = _exp(dt * A, INTERPRET)
     return state.to(tl.float32) * dA + (dt * x[:, None]) * b_cols[None, :]
@@ -286,11 +287,64 @@ def _flat_index(slot, h, p, n, nheads, headdim, dstate, WIDE: tl.constexpr):
         return ((slot.to(tl.uint32) * nheads + h.to(tl.uint32)) * headdim + p.to(tl.uint32)) * dstate + n.to(tl.uint32)
 
 
+@triton.jit
+def _sr_block(pid_p, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, D_ptr, z_ptr, x_b, x_h, x_p, b_b,
+              b_g, b_n, g, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h,
+              a_p, a_n, dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
+              HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+              DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, STATE_DTYPE: tl.constexpr,
+              OUT_DTYPE: tl.constexpr, HARDWARE: tl.constexpr, WIDE_COUNTERS: tl.constexpr, N_ROUNDS: tl.constexpr,
+              INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block pid_p of BLOCK_P channels under stochastic rounding, its state tiles (one per row group) loaded:
+    advanced, rounded and stored, with its outputs."""
+    R: tl.constexpr = BLOCK_P // GROUPS
+    n = tl.arange(0, BLOCK_N)
+    row = pid_p * BLOCK_P + tl.arange(0, R)
+    # Counters: flat indices of (slot, head, channel, n) in group 0's rows, so that the bits follow the
+    # state; group k takes word k of each call.
+    if HARDWARE:
+        # cvt.rs: element (r, n) of group k takes word k of Philox(seed, index of group 0's (r, n)).
+        words = shared_words(seed, _flat_index(slot, h, row[:, None], n[None, :], nheads, headdim, dstate,
+                                               WIDE_COUNTERS), tiles[0], N_ROUNDS)
+    else:
+        # 16 bits an element: elements (r, 2j) and (r, 2j + 1) of group k take the low and the high half
+        # of word k of Philox(seed, index of group 0's (r, 2j)): one call per eight elements.
+        pairs = 2 * tl.arange(0, BLOCK_N // 2)
+        words = tl.randint4x(seed, _flat_index(slot, h, row[:, None], pairs[None, :], nheads, headdim, dstate,
+                                               WIDE_COUNTERS), n_rounds=N_ROUNDS)
+    # Each group is advanced, rounded and stored before the next, so that one group's fp32 state is live
+    # at a time, not all four.
+    redo = ()  # whether each row group must be redone
+    for group in tl.static_range(GROUPS):
+        redo = redo + (_sr_group(group, tiles[group], words[group], pid_p, b, slot, h, headdim, dstate, x_ptr,
+                                 D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr,
+                                 dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
+                                 state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS, HAS_D, HAS_Z,
+                                 DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE, HARDWARE,
+                                 INTERPRET, GROUPS, BLOCK_P, BLOCK_N),)
+    if STATE_DTYPE == tl.float16 and not HARDWARE:
+        # Rare: a group holding an element that its 16 random bits cannot round (a tie, a value below
+        # 2**-24, or NaN; ops.rounding.stochastic_round_pairs). Its state was not stored: redo it from the old one,
+        # once nothing else is live (a branch inside the group would hold its registers through the
+        # common path, and cost every program occupancy).
+        if redo[0] | redo[1] | redo[2] | redo[3]:
+            # Loops, not unrolled code: the branch's code and registers stay small.
+            for redone in range(GROUPS):
+                if (((redone == 0) & redo[0]) | ((redone == 1) & redo[1]) | ((redone == 2) & redo[2])
+                        | ((redone == 3) & redo[3])):
+                    for parity in range(2):
+                        _redo_half(redone, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
+                                   x_b, x_h, x_p, b_b, b_g, b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p,
+                                   dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, state_ptr, s_b, s_h, s_p, s_n,
+                                   HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, WIDE_COUNTERS, N_ROUNDS,
+                                   INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+
+
 # A new seed every step must not mean a new compilation.
 @triton.jit(do_not_specialize=["seed"])
 def _state_update_kernel(
     state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, out_ptr, slots_ptr,
-    seed, nheads, headdim, dstate, heads_per_group, pad_slot_id,
+    seed, nheads, headdim, dstate, pad_slot_id,
     s_b, s_h, s_p, s_n,
     x_b, x_h, x_p,
     dt_b, dt_h, dt_p,
@@ -301,11 +355,12 @@ def _state_update_kernel(
     d_h, d_p,
     z_b, z_h, z_p,
     o_b, o_h, o_p,
+    HEADS_PER_GROUP: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, HAS_SLOTS: tl.constexpr,
     STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
     SEED_IN_MEMORY: tl.constexpr, WIDE_COUNTERS: tl.constexpr, N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr,
-    GROUPS: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCKS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Heads vary faster than batch entries, so that consecutive programs walk the state
@@ -318,8 +373,8 @@ def _state_update_kernel(
         slot = tl.load(slots_ptr + b).to(tl.int64)
         if slot == pad_slot_id:
             # A pad row (a CUDA-graph batch's filler): no state is read or written; its output is defined as 0.
-            p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-            tl.store(out_ptr + b * o_b + h * o_h + p * o_p, tl.zeros((BLOCK_P,), tl.float32).to(OUT_DTYPE),
+            p = pid_p * (BLOCKS * BLOCK_P) + tl.arange(0, BLOCKS * BLOCK_P)
+            tl.store(out_ptr + b * o_b + h * o_h + p * o_p, tl.zeros((BLOCKS * BLOCK_P,), tl.float32).to(OUT_DTYPE),
                      mask=p < headdim)
             return
     # Every load comes before the first store: the compiler cannot move a load above a
@@ -328,14 +383,14 @@ def _state_update_kernel(
     # state tiles go first, so that their DRAM latency overlaps everything else.
     tiles = ()
     for group in tl.static_range(GROUPS):
-        tiles = tiles + (_load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
-                                     BLOCK_P, BLOCK_N),)
+        tiles = tiles + (_load_state(group, pid_p * BLOCKS, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
+                                     GROUPS, BLOCK_P, BLOCK_N),)
     if not STOCHASTIC:
         channels = ()  # (x, D, z) of each row group
         for group in tl.static_range(GROUPS):
             channels = channels + (_load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p,
                                                   d_h, d_p, z_b, z_h, z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P),)
-    g = h // heads_per_group
+    g = h // HEADS_PER_GROUP
     n = tl.arange(0, BLOCK_N)
     b_row = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
     c_row = tl.load(C_ptr + b * c_b + g * c_g + n * c_n, mask=n < dstate, other=0.0).to(tl.float32)
@@ -351,47 +406,30 @@ def _state_update_kernel(
     # group its own share of one Philox call; every row is contiguous in dstate.
     if STOCHASTIC:
         R: tl.constexpr = BLOCK_P // GROUPS
-        row = pid_p * BLOCK_P + tl.arange(0, R)
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
             seed = tl.load(seed)
-        # Counters: flat indices of (slot, head, channel, n) in group 0's rows, so that the bits follow the
-        # state; group k takes word k of each call.
-        if HARDWARE:
-            # cvt.rs: element (r, n) of group k takes word k of Philox(seed, index of group 0's (r, n)).
-            words = shared_words(seed, _flat_index(slot, h, row[:, None], n[None, :], nheads, headdim, dstate,
-                                                   WIDE_COUNTERS), tiles[0], N_ROUNDS)
-        else:
-            # 16 bits an element: elements (r, 2j) and (r, 2j + 1) of group k take the low and the high half
-            # of word k of Philox(seed, index of group 0's (r, 2j)): one call per eight elements.
-            pairs = 2 * tl.arange(0, BLOCK_N // 2)
-            words = tl.randint4x(seed, _flat_index(slot, h, row[:, None], pairs[None, :], nheads, headdim, dstate,
-                                                   WIDE_COUNTERS), n_rounds=N_ROUNDS)
-        # Each group is advanced, rounded and stored before the next, so that one group's fp32 state is live
-        # at a time, not all four.
-        redo = ()  # whether each row group must be redone
-        for group in tl.static_range(GROUPS):
-            redo = redo + (_sr_group(group, tiles[group], words[group], pid_p, b, slot, h, headdim, dstate, x_ptr,
-                                     D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr,
-                                     dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
-                                     state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS, HAS_D, HAS_Z,
-                                     DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE, HARDWARE,
-                                     INTERPRET, GROUPS, BLOCK_P, BLOCK_N),)
-        if STATE_DTYPE == tl.float16 and not HARDWARE:
-            # Rare: a group holding an element that its 16 random bits cannot round (a tie, a value below
-            # 2**-24, or NaN; ops.rounding.stochastic_round_pairs). Its state was not stored: redo it from the old one,
-            # once nothing else is live (a branch inside the group would hold its registers through the
-            # common path, and cost every program occupancy).
-            if redo[0] | redo[1] | redo[2] | redo[3]:
-                # Loops, not unrolled code: the branch's code and registers stay small.
-                for redone in range(GROUPS):
-                    if (((redone == 0) & redo[0]) | ((redone == 1) & redo[1]) | ((redone == 2) & redo[2])
-                            | ((redone == 3) & redo[3])):
-                        for parity in range(2):
-                            _redo_half(redone, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
-                                       x_b, x_h, x_p, b_b, b_g, b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p,
-                                       dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, state_ptr, s_b, s_h, s_p, s_n,
-                                       HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, WIDE_COUNTERS, N_ROUNDS,
-                                       INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
+        t0, t1, t2, t3 = tiles
+        # The program's BLOCKS blocks of channels one after the other, each block's state tiles loaded while
+        # the one before is computed: a program then waits on DRAM once, not once per block.
+        for i in range(BLOCKS):
+            block = pid_p * BLOCKS + i
+            # The next block's tiles; past the program's last block, rows past headdim: masked, nothing read.
+            ahead = tl.where(i + 1 < BLOCKS, block + 1, (headdim + BLOCK_P - 1) // BLOCK_P)
+            n0 = _load_state(0, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                             BLOCK_N)
+            n1 = _load_state(1, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                             BLOCK_N)
+            n2 = _load_state(2, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                             BLOCK_N)
+            n3 = _load_state(3, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                             BLOCK_N)
+            _sr_block(block, (t0, t1, t2, t3), b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, D_ptr, z_ptr,
+                      x_b, x_h, x_p, b_b, b_g, b_n, g, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
+                      dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, state_ptr, out_ptr,
+                      s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD,
+                      A_PER_HEAD, STATE_DTYPE, OUT_DTYPE, HARDWARE, WIDE_COUNTERS, N_ROUNDS, INTERPRET, GROUPS,
+                      BLOCK_P, BLOCK_N)
+            t0, t1, t2, t3 = n0, n1, n2, n3
     else:
         advanced = ()  # (new fp32 state, output) of each row group; every group's loads before any store
         for group in tl.static_range(GROUPS):
@@ -495,19 +533,23 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     d_strides = D.stride() if D is not None else (0, 0)
     dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
     # Plain integer arithmetic: triton.cdiv and next_power_of_2 cost a few microseconds a call in Triton 3.
-    grid = (-(-headdim // config.block_p), nheads, batch)
+    blocks = -(-headdim // config.block_p)
+    # Software SR on the GPU: a program takes up to SR_BLOCKS blocks of channels in turn (_state_update_kernel).
+    per_program = min(SR_BLOCKS, blocks) if rounding == "stochastic" and rounding_impl == "software" and not interpret else 1
+    grid = (-(-blocks // per_program), nheads, batch)
     _state_update_kernel[grid](
         state, x, dt, dt_bias_, A, B, C, D_, z_, out, state_batch_indices if state_batch_indices is not None else x,
-        seed, nheads, headdim, dstate, nheads // B.shape[1], pad_slot_id,
+        seed, nheads, headdim, dstate, pad_slot_id,
         *state.stride(), *x.stride(), *dt.stride(), *dtb_strides, *A.stride(), *B.stride(), *C.stride(),
         *d_strides, *z_.stride(), *out.stride(),
-        HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
+        HEADS_PER_GROUP=nheads // B.shape[1], HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
+        HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
         DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
         HAS_SLOTS=state_batch_indices is not None,
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCK_P=config.block_p, BLOCK_N=max(2, 1 << (dstate - 1).bit_length()),
+        INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p, BLOCK_N=max(2, 1 << (dstate - 1).bit_length()),
         num_warps=config.num_warps,
     )
     return out
