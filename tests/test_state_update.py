@@ -183,15 +183,33 @@ def test_every_dtype_and_tying(state_dtype, tie_a, tie_dt):
                            tie_dt=tie_dt), rounding=rounding, seed=9)
 
 
-@pytest.mark.parametrize("state_dtype", DTYPES)
-def test_gpu_launch_configuration_in_the_interpreter(state_dtype, monkeypatch):
-    """The GPU's small channel blocks (4 channels for fp32, 8 for fp16/bf16 at dstate 128), run here:
-    headdim 12 spreads a head over several programs, the last one partly masked."""
+# How a test launches the state update: as the interpreter does (one program a head up to 64 channels), as the GPU
+# does (blocks of 4 or 8 channels, one a program), or as the GPU does at large batches under software SR (a
+# program takes several blocks in turn).
+LAUNCHES = ("interpreter", "gpu-blocks", "gpu-blocks-in-turn")
+
+
+def _launch_as(launch: str, monkeypatch) -> None:
+    """Make selective_state_update launch as `launch` (one of LAUNCHES) names, here."""
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
+    if launch == "interpreter":
+        return
     rule = fused_recurrent.launch_config
-    monkeypatch.setattr(fused_recurrent, "launch_config",
-                        lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    monkeypatch.setattr(fused_recurrent, "launch_config", lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    # Blocks in turn at any size, or never.
+    monkeypatch.setattr(fused_recurrent, "SR_MIN_PROGRAMS", 1 if launch == "gpu-blocks-in-turn" else 2**62)
+
+
+@pytest.mark.parametrize("state_dtype", DTYPES)
+@pytest.mark.parametrize("launch", LAUNCHES[1:])
+def test_gpu_launch_configuration_in_the_interpreter(state_dtype, launch, monkeypatch):
+    """The GPU's small channel blocks (4 channels for fp32, 8 for fp16/bf16 at dstate 128), run here:
+    headdim 12 spreads a head over two blocks, the last one partly masked; a program takes both in turn
+    under software SR at large batches."""
+    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
+
+    _launch_as(launch, monkeypatch)
     expected = 4 if state_dtype == torch.float32 else 8
     assert fused_recurrent.launch_config(64, 128, state_dtype, True).block_p == expected
     for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
@@ -298,6 +316,55 @@ def _bias_z(errors: torch.Tensor) -> float:
     return errors.mean().item() / (errors.std().item() / math.sqrt(errors.numel()))
 
 
+def test_blocks_per_program():
+    """Software SR's programs take sr_blocks blocks in turn only where enough programs remain, and a power of
+    two of them (a program's pad rows are one tile)."""
+    from ssmcheck.ops.state_update.fused_recurrent import SR_MIN_PROGRAMS, LaunchConfig, blocks_per_program  # noqa: PLC0415
+
+    fp16 = LaunchConfig(block_p=8, num_warps=1, sr_blocks=4)
+    assert blocks_per_program(fp16, 8, 256 * 80) == 4  # Mamba2-2.7B at batch 256: 40960 programs
+    assert blocks_per_program(fp16, 8, SR_MIN_PROGRAMS // 2) == 4
+    assert blocks_per_program(fp16, 8, SR_MIN_PROGRAMS // 2 - 1) == 1
+    assert blocks_per_program(fp16, 8, 80) == 1  # batch 1
+    assert [blocks_per_program(fp16, blocks, SR_MIN_PROGRAMS) for blocks in (1, 2, 3, 5, 16)] == [1, 2, 2, 4, 4]
+    assert blocks_per_program(LaunchConfig(block_p=64, num_warps=1), 1, 10**6) == 1
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("headdim", [24, 40])
+def test_blocks_in_turn_give_the_same_bits(state_dtype, headdim, monkeypatch):
+    """A software-SR step is the same function of its inputs whether a program takes one block of channels or
+    several in turn (the last program's blocks partly or wholly past headdim): state and out bit for bit,
+    through a pool with a pad row, on a state whose row groups take every path (fp16 subnormals, values
+    below 2**-24 in some groups, normals in the others)."""
+    g = torch.Generator().manual_seed(headdim)
+    pool, batch, nheads, dstate = 5, 3, 2, 128
+    # Channels 8k..8k+2 of every block hold tiny values (fp16's slow paths), the rest O(1).
+    scale = torch.where(torch.arange(headdim) % 8 < 3, 2.0**-22, 1.0)[:, None]
+    state = (torch.randn(pool, nheads, headdim, dstate, generator=g) * scale).to(state_dtype).to(DEVICE)
+    x = torch.randn(batch, nheads, headdim, generator=g).to(DEVICE)
+    dt = torch.rand(batch, nheads, headdim, generator=g).to(DEVICE)
+    A = -torch.rand(nheads, headdim, dstate, generator=g).to(DEVICE)
+    B, C = (torch.randn(batch, 1, dstate, generator=g).mul(2.0**-12).to(DEVICE) for _ in range(2))
+    D = torch.randn(nheads, headdim, generator=g).to(DEVICE)
+    slots = torch.tensor([3, -1, 0], device=DEVICE)
+    results = []
+    for launch in LAUNCHES[1:]:
+        with monkeypatch.context() as patch:
+            _launch_as(launch, patch)
+            new = state.clone()
+            out = torch.full((batch, nheads, headdim), float("nan"), device=DEVICE)
+            selective_state_update(new, x, dt, A, B, C, D=D, state_batch_indices=slots, rounding="stochastic",
+                                   seed=31, out=out)
+            results.append((new.cpu(), out.cpu()))
+    (one, one_out), (in_turn, in_turn_out) = results
+    assert torch.equal(one_out[1], torch.zeros_like(one_out[1])) and torch.equal(one_out, in_turn_out)
+    assert torch.equal(one.view(torch.int16), in_turn.view(torch.int16))
+    assert not torch.equal(one.view(torch.int16), state.cpu().view(torch.int16))  # the step moved the state
+    tiny = one.float().abs() < 2.0**-14
+    assert tiny.any() and not tiny.all()
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
 def test_stochastic_decode_is_unbiased_where_nearest_stagnates(state_dtype):
     steps, shape = 40, (1, 1, 16, 128)  # one program per step: the interpreter is slow
@@ -308,18 +375,14 @@ def test_stochastic_decode_is_unbiased_where_nearest_stagnates(state_dtype):
     assert rn.mean().item() < -0.8 * drift  # while round to nearest lost (nearly) all of it.
 
 
-@pytest.mark.parametrize("gpu_blocks", [False, True])
-def test_stochastic_rounding_into_fp16_is_exact_where_16_bits_are_not_enough(gpu_blocks, monkeypatch):
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_stochastic_rounding_into_fp16_is_exact_where_16_bits_are_not_enough(launch, monkeypatch):
     """Values below 2**-17 drop more than the 16 random bits an element gets (below 2**-24, up to 128): a row
     group holding one is rounded again, from the old state, with whole words. Mixed here with row groups
     that hold none (their channels' x is 2**20 larger), in the interpreter's 64-channel programs and the
-    GPU's 8-channel ones. Every value's rounded mean must be the value (z-test), only its two neighbours
-    appear."""
-    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
-
-    if gpu_blocks:
-        rule = fused_recurrent.launch_config
-        monkeypatch.setattr(fused_recurrent, "launch_config", lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    GPU's 8-channel ones (one a program, or four in turn). Every value's rounded mean must be the value
+    (z-test), only its two neighbours appear."""
+    _launch_as(launch, monkeypatch)
     # fp16 subnormal range (19 and 22 dropped bits) and below 2**-24 (25 and 39 bits below the grid), with
     # fraction bits all the way down; times 2**24 (the other groups' x) they drop at most 15 bits.
     # Zeros beside them: a zero never sends its row group down the slow paths, the values beside it do.
@@ -348,17 +411,15 @@ def test_stochastic_rounding_into_fp16_is_exact_where_16_bits_are_not_enough(gpu
                 assert abs((ups - n * p) / math.sqrt(n * p * (1 - p))) < Z_LIMIT, (value, scale, ups / n, p)
 
 
-@pytest.mark.parametrize("gpu_blocks", [False, True])
-def test_stochastic_rounding_follows_a_bitwise_model(gpu_blocks, monkeypatch):
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_stochastic_rounding_follows_a_bitwise_model(launch, monkeypatch):
     """Each state element's SR is the documented function of its Philox bits (tests/sr_model.py: which word,
     which half, the continuation of ties, the 128-bit draw below 2**-24), bit for bit, whichever path the
     kernel takes: the new state is exactly x * B (old state 0, dt 1), and B's columns hold fp16 normals,
     subnormals, values below 2**-24, zeros, and ties made for one channel each."""
     from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
 
-    rule = fused_recurrent.launch_config
-    if gpu_blocks:
-        monkeypatch.setattr(fused_recurrent, "launch_config", lambda h, n, dtype, interpreter: rule(h, n, dtype, False))
+    _launch_as(launch, monkeypatch)
     batch, nheads, headdim, dstate, seed = 2, 2, 16, 64, 99
     block_p = fused_recurrent.launch_config(headdim, dstate, torch.float16, interpreting()).block_p
     draws = sr_model.state_update_draws(seed, DEFAULT_PHILOX_ROUNDS, (batch, nheads, headdim, dstate), block_p)
@@ -401,8 +462,9 @@ def test_stochastic_rounding_follows_a_bitwise_model(gpu_blocks, monkeypatch):
 @pytest.mark.parametrize("state_dtype", DTYPES)
 @pytest.mark.parametrize("tied", [False, True])
 def test_mamba2_width_step(state_dtype, tied):
-    # Mamba2-2.7B widths: 80 heads x 64 channels, dstate 128, one group.
-    inp = Inputs(11, 48, 80, 1, 64, 128, state_dtype=state_dtype, input_dtype=torch.bfloat16, tie_a=tied,
+    # Mamba2-2.7B widths: 80 heads x 64 channels, dstate 128, one group. At batch 64 software SR's programs take
+    # their blocks of channels in turn (fused_recurrent.blocks_per_program), as at any larger batch.
+    inp = Inputs(11, 64, 80, 1, 64, 128, state_dtype=state_dtype, input_dtype=torch.bfloat16, tie_a=tied,
                  tie_dt=tied)
     for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
         _check_step(inp, rounding=rounding, seed=4)

@@ -21,16 +21,20 @@ headdim, dstate), dt and dt_bias expanded over headdim, as Mamba2 passes
 them) are detected from their zero strides and read once per program, so
 exp(dt * A) is one scalar per head.
 
-Stochastic rounding gives each state element 16 random bits: the program's
+Stochastic rounding gives each state element 16 random bits: a block's
 channels form four row groups, and elements (r, 2j) and (r, 2j + 1) of group k
 take the low and the high half of word k of Philox(seed, counter), counter =
 the flat state index of group 0's element (r, 2j): one call per eight elements.
 That is exact into bf16; into fp16 a row group holding an element that 16 bits
 cannot round (a tie below 2**-17, a value below 2**-24, or NaN: rare) is not stored
-but redone from the old state at the end of the program, each draw continued
+but redone from the old state at the end of its block, each draw continued
 from a second stream. Each group is advanced, rounded and stored before the
-next, so that one group's fp32 state is live at a time. See
-ssmcheck/ops/rounding/stochastic.py.
+next, so that one group's fp32 state is live at a time. SR is bound by its
+instructions, not by DRAM: at large batches a program takes several blocks of
+channels in turn, loading the next block's state while it computes the current
+one (launch_config). The arithmetic is the same in every launch (the decay's
+multiply-add is written out), so a step's bits do not depend on how the
+channels are split. See ssmcheck/ops/rounding/stochastic.py.
 """
 
 from __future__ import annotations
@@ -63,15 +67,20 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PAD_SLOT_ID = -1
 
 
-# A program's channels form four row groups: one Philox call serves an element of each under stochastic rounding.
+# A block's channels form four row groups: one Philox call serves an element of each under stochastic rounding.
 ROW_GROUPS = 4
-SR_BLOCKS = 8
+# Under software SR a program takes LaunchConfig.sr_blocks blocks of channels in turn where the launch keeps at least
+# this many programs; with fewer, one block each was as fast or faster on the H200 (benchmarks/RESULTS.md, "the
+# state update's SR blocks in turn").
+SR_MIN_PROGRAMS = 10240
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    block_p: int  # channels (headdim rows) per program, a multiple of the row groups
+    block_p: int  # channels (headdim rows) per block, a multiple of the row groups
     num_warps: int
+    sr_blocks: int = 1  # under software SR, the most blocks a program takes in turn (a power of two)
+    sr_maxnreg: int | None = None  # the register cap of a launch whose programs take several blocks
 
 
 @functools.cache  # asked at every decode step
@@ -83,14 +92,29 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpret
     configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
     configurations at batch 256). Small one-warp programs keep the most state loads in flight
     per SM for the registers they hold.
+    Software SR is bound by its instructions instead (Philox, the rounding), and a program that waits
+    on DRAM issues none: there a program takes several blocks in turn, each block's state loaded
+    while the one before is computed, 4 for fp16 and 2 for bf16 (the fastest of 1, 2, 4 and 8 at
+    batch 64 to 256 on the H200, where fp16 SR went from 0.238 to 0.216 ms at batch 256;
+    benchmarks/RESULTS.md, "the state update's SR blocks in turn"). Capped at 96 registers (from 128,
+    with a few spills), fp16's programs ran 2% faster still (0.211 ms).
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
     if interpreter:
-        channels = 64
-    else:
-        row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
-        channels = ROW_GROUPS * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
-    return LaunchConfig(block_p=max(ROW_GROUPS, min(channels, triton.next_power_of_2(headdim))), num_warps=1)
+        return LaunchConfig(block_p=max(ROW_GROUPS, min(64, triton.next_power_of_2(headdim))), num_warps=1)
+    row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
+    channels = ROW_GROUPS * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
+    return LaunchConfig(block_p=max(ROW_GROUPS, min(channels, triton.next_power_of_2(headdim))), num_warps=1,
+                        sr_blocks={torch.float16: 4, torch.bfloat16: 2}.get(state_dtype, 1),
+                        sr_maxnreg=96 if state_dtype == torch.float16 else None)
+
+
+def blocks_per_program(config: LaunchConfig, blocks: int, heads: int) -> int:
+    """How many of a head's `blocks` blocks of channels a software-SR program takes in turn, for `heads` (batch x
+    nheads) heads: config.sr_blocks, or the largest power of two up to `blocks` if smaller (a program's pad rows
+    are a power of two), where that leaves SR_MIN_PROGRAMS programs, else 1."""
+    per_program = min(config.sr_blocks, 1 << (blocks.bit_length() - 1))
+    return per_program if -(-blocks // per_program) * heads >= SR_MIN_PROGRAMS else 1
 
 
 @triton.jit
@@ -126,20 +150,20 @@ def _load_dt(dt_ptr, dt_bias_ptr, offset, bias_offset, mask, HAS_DT_BIAS: tl.con
 
 
 @triton.jit
-def _state_tile(group, pid_p, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, s_p, s_n, GROUPS: tl.constexpr,
+def _state_tile(group, block, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, s_p, s_n, GROUPS: tl.constexpr,
                 BLOCK_P: tl.constexpr):
     """(pointers, mask) of row group `group`'s state tile (R, len(n)) at columns n in pool slot `slot`."""
     R: tl.constexpr = BLOCK_P // GROUPS
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    p = block * BLOCK_P + group * R + tl.arange(0, R)
     return (state_ptr + slot * s_b + h * s_h + (p[:, None] * s_p + n[None, :] * s_n),
             (p < headdim)[:, None] & (n < dstate)[None, :])
 
 
 @triton.jit
-def _load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
+def _load_state(group, block, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
                 GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row group `group`'s state tile (R, BLOCK_N) of pool slot `slot`, as stored."""
-    ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
+    ptrs, inside = _state_tile(group, block, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
                                s_p, s_n, GROUPS, BLOCK_P)
     # Each element is read once and written once: let the state stream past L2
     # rather than evict B, C and the per-head parameters that every program reads.
@@ -147,11 +171,11 @@ def _load_state(group, pid_p, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p
 
 
 @triton.jit
-def _load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
+def _load_channels(group, block, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr):
     """Row group `group`'s x, D and z (R,) in fp32; D and z are 0 where absent (and unused)."""
     R: tl.constexpr = BLOCK_P // GROUPS
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    p = block * BLOCK_P + group * R + tl.arange(0, R)
     rows = p < headdim
     x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
     d = tl.zeros_like(x)
@@ -182,18 +206,20 @@ def _step(state, x, p, n, rows, b_cols, b, h, dstate, dt_ptr, dt_bias_ptr, A_ptr
         A = tl.load(A_ptr + h * a_h + (p[:, None] * a_p + n[None, :] * a_n),
                     mask=rows[:, None] & (n < dstate)[None, :], other=0.0).to(tl.float32)
         dA = _exp(dt * A, INTERPRET)
-    return state.to(tl.float32) * dA + (dt * x[:, None]) * b_cols[None, :]
+    # One fused multiply-add, written out: left to the compiler, which product it fuses changed with the code
+    # around it (an ulp, or more where the two terms cancel), so the same step gave other bits in another launch.
+    return tl.fma(state.to(tl.float32), dA, (dt * x[:, None]) * b_cols[None, :])
 
 
 @triton.jit
-def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr,
+def _advance_group(group, state, x, d, z, block, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr,
                    dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
                    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                    DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
                    GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row group `group`: (new fp32 state (R, BLOCK_N), output (R,) = (C . state + D * x) * silu(z))."""
     R: tl.constexpr = BLOCK_P // GROUPS
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    p = block * BLOCK_P + group * R + tl.arange(0, R)
     state = _step(state, x, p, tl.arange(0, BLOCK_N), p < headdim, b_row, b, h, dstate, dt_ptr, dt_bias_ptr, A_ptr,
                   dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, HAS_DT_BIAS, DT_SOFTPLUS,
                   DT_PER_HEAD, A_PER_HEAD, INTERPRET)
@@ -206,21 +232,21 @@ def _advance_group(group, state, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, 
 
 
 @triton.jit
-def _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+def _store_group(group, block, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
                  o_p, OUT_DTYPE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                  skip_state=False):
     """Store row group `group`'s rounded state (into its slot of the pool; not where skip_state) and its output
     (row b, saturated: core.formats.saturate)."""
-    ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
+    ptrs, inside = _state_tile(group, block, slot, h, headdim, dstate, tl.arange(0, BLOCK_N), state_ptr, s_b, s_h,
                                s_p, s_n, GROUPS, BLOCK_P)
     tl.store(ptrs, state, mask=inside & (not skip_state), cache_modifier=".cs")
     R: tl.constexpr = BLOCK_P // GROUPS
-    p = pid_p * BLOCK_P + group * R + tl.arange(0, R)
+    p = block * BLOCK_P + group * R + tl.arange(0, R)
     tl.store(out_ptr + b * o_b + h * o_h + p * o_p, round_saturating(y, OUT_DTYPE), mask=p < headdim)
 
 
 @triton.jit
-def _sr_group(group, t, words, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b,
+def _sr_group(group, t, words, block, b, slot, h, headdim, dstate, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b,
               z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head,
               b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS: tl.constexpr,
               HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DT_PER_HEAD: tl.constexpr,
@@ -229,9 +255,9 @@ def _sr_group(group, t, words, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr,
     """Row group `group` under stochastic rounding: its channels loaded, its state tile `t` advanced, rounded
     with its random `words` and stored, with its output. Returns whether the group's state must be redone
     (`_redo_half`): then its state is not stored, and the old one stays in memory for the redo."""
-    x, d, z = _load_channels(group, pid_p, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
+    x, d, z = _load_channels(group, block, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h,
                              z_p, HAS_D, HAS_Z, GROUPS, BLOCK_P)
-    state, y = _advance_group(group, t, x, d, z, pid_p, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
+    state, y = _advance_group(group, t, x, d, z, block, b, h, headdim, dstate, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h,
                               dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, HAS_DT_BIAS, HAS_D,
                               HAS_Z, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
     redo = False
@@ -239,13 +265,13 @@ def _sr_group(group, t, words, pid_p, b, slot, h, headdim, dstate, x_ptr, D_ptr,
         state = stochastic_round_hardware(state, words, STATE_DTYPE)
     else:
         state, redo = stochastic_round_pairs(state, words, STATE_DTYPE)
-    _store_group(group, pid_p, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
+    _store_group(group, block, b, slot, h, headdim, dstate, state, y, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h,
                  o_p, OUT_DTYPE, GROUPS, BLOCK_P, BLOCK_N, redo)
     return redo
 
 
 @triton.jit
-def _redo_half(group, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, x_b, x_h, x_p, b_b, b_g,
+def _redo_half(group, parity, block, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, x_b, x_h, x_p, b_b, b_g,
                b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head,
                state_ptr, s_b, s_h, s_p, s_n, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
                DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, WIDE_COUNTERS: tl.constexpr,
@@ -257,12 +283,12 @@ def _redo_half(group, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, 
     from word `group` of the second stream's call at group 0's element (four groups share a call), stored.
     Half a tile at a time, for fewer registers; the odd half's loads wait for the even half's stores."""
     R: tl.constexpr = BLOCK_P // GROUPS
-    row = pid_p * BLOCK_P + tl.arange(0, R)
+    row = block * BLOCK_P + tl.arange(0, R)
     p = row + group * R
     pairs = 2 * tl.arange(0, BLOCK_N // 2)
     n = pairs + parity
     rows = p < headdim
-    ptrs, inside = _state_tile(group, pid_p, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
+    ptrs, inside = _state_tile(group, block, slot, h, headdim, dstate, n, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
                                BLOCK_P)
     x = tl.load(x_ptr + b * x_b + h * x_h + p * x_p, mask=rows, other=0.0).to(tl.float32)
     b_cols = tl.load(B_ptr + b * b_b + g * b_g + n * b_n, mask=n < dstate, other=0.0).to(tl.float32)
@@ -288,18 +314,18 @@ def _flat_index(slot, h, p, n, nheads, headdim, dstate, WIDE: tl.constexpr):
 
 
 @triton.jit
-def _sr_block(pid_p, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, D_ptr, z_ptr, x_b, x_h, x_p, b_b,
+def _sr_block(block, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, D_ptr, z_ptr, x_b, x_h, x_p, b_b,
               b_g, b_n, g, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h,
               a_p, a_n, dt_head, dA_head, b_row, c_row, state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p,
               HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
               DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, STATE_DTYPE: tl.constexpr,
               OUT_DTYPE: tl.constexpr, HARDWARE: tl.constexpr, WIDE_COUNTERS: tl.constexpr, N_ROUNDS: tl.constexpr,
               INTERPRET: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Block pid_p of BLOCK_P channels under stochastic rounding, its state tiles (one per row group) loaded:
+    """Block `block` of BLOCK_P channels under stochastic rounding, its state tiles (one per row group) loaded:
     advanced, rounded and stored, with its outputs."""
     R: tl.constexpr = BLOCK_P // GROUPS
     n = tl.arange(0, BLOCK_N)
-    row = pid_p * BLOCK_P + tl.arange(0, R)
+    row = block * BLOCK_P + tl.arange(0, R)
     # Counters: flat indices of (slot, head, channel, n) in group 0's rows, so that the bits follow the
     # state; group k takes word k of each call.
     if HARDWARE:
@@ -316,7 +342,7 @@ def _sr_block(pid_p, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_
     # at a time, not all four.
     redo = ()  # whether each row group must be redone
     for group in tl.static_range(GROUPS):
-        redo = redo + (_sr_group(group, tiles[group], words[group], pid_p, b, slot, h, headdim, dstate, x_ptr,
+        redo = redo + (_sr_group(group, tiles[group], words[group], block, b, slot, h, headdim, dstate, x_ptr,
                                  D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr,
                                  dt_b, dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row,
                                  state_ptr, out_ptr, s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS, HAS_D, HAS_Z,
@@ -333,7 +359,7 @@ def _sr_block(pid_p, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_
                 if (((redone == 0) & redo[0]) | ((redone == 1) & redo[1]) | ((redone == 2) & redo[2])
                         | ((redone == 3) & redo[3])):
                     for parity in range(2):
-                        _redo_half(redone, parity, pid_p, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
+                        _redo_half(redone, parity, block, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr,
                                    x_b, x_h, x_p, b_b, b_g, b_n, g, dt_ptr, dt_bias_ptr, A_ptr, dt_b, dt_h, dt_p,
                                    dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, state_ptr, s_b, s_h, s_p, s_n,
                                    HAS_DT_BIAS, DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, WIDE_COUNTERS, N_ROUNDS,
@@ -405,7 +431,6 @@ def _state_update_kernel(
     # The program's BLOCK_P channels in GROUPS row groups, so that SR can give each
     # group its own share of one Philox call; every row is contiguous in dstate.
     if STOCHASTIC:
-        R: tl.constexpr = BLOCK_P // GROUPS
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
             seed = tl.load(seed)
         t0, t1, t2, t3 = tiles
@@ -534,8 +559,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
     # Plain integer arithmetic: triton.cdiv and next_power_of_2 cost a few microseconds a call in Triton 3.
     blocks = -(-headdim // config.block_p)
-    # Software SR on the GPU: a program takes up to SR_BLOCKS blocks of channels in turn (_state_update_kernel).
-    per_program = min(SR_BLOCKS, blocks) if rounding == "stochastic" and rounding_impl == "software" and not interpret else 1
+    per_program = 1
+    if rounding == "stochastic" and rounding_impl == "software":
+        per_program = blocks_per_program(config, blocks, batch * nheads)
+    options = {"maxnreg": config.sr_maxnreg} if per_program > 1 and config.sr_maxnreg else {}
     grid = (-(-blocks // per_program), nheads, batch)
     _state_update_kernel[grid](
         state, x, dt, dt_bias_, A, B, C, D_, z_, out, state_batch_indices if state_batch_indices is not None else x,
@@ -549,7 +576,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p, BLOCK_N=max(2, 1 << (dstate - 1).bit_length()),
-        num_warps=config.num_warps,
+        INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p,
+        BLOCK_N=max(2, 1 << (dstate - 1).bit_length()),
+        num_warps=config.num_warps, **options,
     )
     return out
