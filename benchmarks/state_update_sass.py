@@ -67,7 +67,10 @@ def common_path(found: list) -> int:
     by its predicated branch (`@P BRA X` over a body ending in an unconditional `BRA`: the count goes on at
     X). In this kernel that is the path of a program whose row groups all take the common case (fp16 SR's
     fixed field; no redo): the state update's SR time follows this count, not the total (RESULTS.md,
-    2026-12-01). `found`: INSTRUCTION matches in address order."""
+    2026-12-01). Since 85d7db4 a software-SR program at batch 256 takes its blocks of channels in a loop, whose
+    redo is skipped by a branch to the loop's latch, not over an else: there the count runs through the redo
+    too (fp16 SR 1841, of which the redo is some 750), and ncu's executed instructions are the measure
+    (RESULTS.md, "the state update under ncu"). `found`: INSTRUCTION matches in address order."""
     index = {int(m.group(1), 16): i for i, m in enumerate(found)}
     count, i = 0, 0
     while i < len(found):
