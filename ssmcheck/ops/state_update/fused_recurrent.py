@@ -438,23 +438,25 @@ def _state_update_kernel(
         # the one before is computed: a program then waits on DRAM once, not once per block.
         for i in range(BLOCKS):
             block = pid_p * BLOCKS + i
-            # The next block's tiles; past the program's last block, rows past headdim: masked, nothing read.
-            ahead = tl.where(i + 1 < BLOCKS, block + 1, (headdim + BLOCK_P - 1) // BLOCK_P)
-            n0 = _load_state(0, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                             BLOCK_N)
-            n1 = _load_state(1, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                             BLOCK_N)
-            n2 = _load_state(2, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                             BLOCK_N)
-            n3 = _load_state(3, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                             BLOCK_N)
+            if BLOCKS > 1:  # (one block a program, as in the interpreter and at small batches: nothing to load ahead)
+                # The next block's tiles; past the program's last block, rows past headdim: masked, nothing read.
+                ahead = tl.where(i + 1 < BLOCKS, block + 1, (headdim + BLOCK_P - 1) // BLOCK_P)
+                n0 = _load_state(0, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                                 BLOCK_N)
+                n1 = _load_state(1, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                                 BLOCK_N)
+                n2 = _load_state(2, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                                 BLOCK_N)
+                n3 = _load_state(3, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                                 BLOCK_N)
             _sr_block(block, (t0, t1, t2, t3), b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, D_ptr, z_ptr,
                       x_b, x_h, x_p, b_b, b_g, b_n, g, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
                       dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, state_ptr, out_ptr,
                       s_b, s_h, s_p, s_n, o_b, o_h, o_p, HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DT_PER_HEAD,
                       A_PER_HEAD, STATE_DTYPE, OUT_DTYPE, HARDWARE, WIDE_COUNTERS, N_ROUNDS, INTERPRET, GROUPS,
                       BLOCK_P, BLOCK_N)
-            t0, t1, t2, t3 = n0, n1, n2, n3
+            if BLOCKS > 1:
+                t0, t1, t2, t3 = n0, n1, n2, n3
     else:
         advanced = ()  # (new fp32 state, output) of each row group; every group's loads before any store
         for group in tl.static_range(GROUPS):
