@@ -87,7 +87,7 @@ class LaunchConfig:
 def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpreter: bool) -> LaunchConfig:
     """One warp per program, each row group as many rows as give every thread one 16-byte vector of state.
 
-    That is 4 channels per program for an fp32 state and 8 for fp16/bf16 at dstate 128: in
+    That is blocks of 4 channels for an fp32 state and 8 for fp16/bf16 at dstate 128, one a program: in
     every mode, stochastic rounding included, the fastest or within 2% of the fastest of the
     configurations measured on the H200 (benchmarks/RESULTS.md, state update, launch
     configurations at batch 256). Small one-warp programs keep the most state loads in flight
@@ -428,7 +428,7 @@ def _state_update_kernel(
         if A_PER_HEAD:
             dA_head = _exp(dt_head * tl.load(A_ptr + h * a_h).to(tl.float32), INTERPRET)
 
-    # The program's BLOCK_P channels in GROUPS row groups, so that SR can give each
+    # A block's BLOCK_P channels in GROUPS row groups, so that SR can give each
     # group its own share of one Philox call; every row is contiguous in dstate.
     if STOCHASTIC:
         if SEED_IN_MEMORY:  # a one-element tensor: a CUDA graph can advance it between replays
