@@ -3,10 +3,10 @@
 For an A/B of a kernel change on a GPU: copy ssmcheck/ops/state_update/fused_recurrent.py to a few files,
 edit each, and pass their paths; a copy may import its own copy of a rounding module from its directory
 (which is put on sys.path), e.g. `from sr_b import (` for sr_b.py beside b.py. benchmarks/builds.py writes
-such builds from git refs. At batch 256 of
+such builds from git refs. At batch 256 (or each of `--batches`) of
 benchmarks/state_update.py's inputs (Mamba2-2.7B widths, tied A/dt/D), for fp16 and bf16 states advanced
 50 SR steps by the first build:
-- how many row groups (2 channels x 128, the 8-channel programs' groups) hold a nonzero value below 2**-14
+- how many row groups (2 channels x 128, the 8-channel blocks' groups) hold a nonzero value below 2**-14
   (fp16's subnormal range, or NaN) and below 2**-17 (where 16 random bits may not decide fp16's SR);
 - whether each build's SR step, same seed, is bitwise the first build's (builds meant to draw alike must);
 - the graph time (state_update.time_step: checked against float64 first, rotating state buffers) of one
@@ -71,21 +71,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="+", help="paths of fused_recurrent.py copies; the first is the reference")
     parser.add_argument("--philox-rounds", type=int, default=DEFAULT_PHILOX_ROUNDS)
+    parser.add_argument("--batches", default="256",
+                        help="comma-separated batch sizes (the launch of software SR depends on the batch)")
     opts = parser.parse_args()
     builds = {Path(p).stem: load_build(p) for p in opts.builds}
     first = next(iter(builds.values()))
-    for state_dtype in (torch.float16, torch.bfloat16):
-        args, state = inputs(256, state_dtype, False)
-        for step in range(50):
-            first.selective_state_update(state, **args, rounding="stochastic", seed=1000 + step)
-        compare(builds, args, state, opts.philox_rounds, f"{state_dtype} benchmark inputs")
-        if state_dtype == torch.float16:
-            zero_b = {**args, "B": args["B"].clone()}
-            zero_b["B"][..., 0] = 0
-            for name, value in (("subnormal column", 2.0**-20), ("zero column", 0.0)):
-                adversarial = state.clone()
-                adversarial[..., 0] = value
-                compare(builds, zero_b, adversarial, opts.philox_rounds, f"{state_dtype} {name}")
+    for batch in (int(b) for b in opts.batches.split(",")):
+        for state_dtype in (torch.float16, torch.bfloat16):
+            args, state = inputs(batch, state_dtype, False)
+            for step in range(50):
+                first.selective_state_update(state, **args, rounding="stochastic", seed=1000 + step)
+            compare(builds, args, state, opts.philox_rounds, f"batch {batch} {state_dtype} benchmark inputs")
+            if state_dtype == torch.float16:
+                zero_b = {**args, "B": args["B"].clone()}
+                zero_b["B"][..., 0] = 0
+                for name, value in (("subnormal column", 2.0**-20), ("zero column", 0.0)):
+                    adversarial = state.clone()
+                    adversarial[..., 0] = value
+                    compare(builds, zero_b, adversarial, opts.philox_rounds, f"batch {batch} {state_dtype} {name}")
 
 
 if __name__ == "__main__":
