@@ -171,6 +171,17 @@ def _load_state(group, block, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p
 
 
 @triton.jit
+def _load_block(block, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS: tl.constexpr,
+                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block `block`'s state tiles, one per row group (`_load_state`)."""
+    tiles = ()
+    for group in tl.static_range(GROUPS):
+        tiles = tiles + (_load_state(group, block, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
+                                     BLOCK_P, BLOCK_N),)
+    return tiles
+
+
+@triton.jit
 def _load_channels(group, block, b, h, headdim, x_ptr, D_ptr, z_ptr, x_b, x_h, x_p, d_h, d_p, z_b, z_h, z_p,
                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, GROUPS: tl.constexpr, BLOCK_P: tl.constexpr):
     """Row group `group`'s x, D and z (R,) in fp32; D and z are 0 where absent (and unused)."""
@@ -407,10 +418,8 @@ def _state_update_kernel(
     # store that might alias it, and each load left behind a store costs the program
     # another memory latency (and none crosses the barrier of a layout conversion). The
     # state tiles go first, so that their DRAM latency overlaps everything else.
-    tiles = ()
-    for group in tl.static_range(GROUPS):
-        tiles = tiles + (_load_state(group, pid_p * BLOCKS, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n,
-                                     GROUPS, BLOCK_P, BLOCK_N),)
+    tiles = _load_block(pid_p * BLOCKS, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
+                        BLOCK_N)
     if not STOCHASTIC:
         channels = ()  # (x, D, z) of each row group
         for group in tl.static_range(GROUPS):
@@ -441,14 +450,8 @@ def _state_update_kernel(
             if BLOCKS > 1:  # (one block a program, as in the interpreter and at small batches: nothing to load ahead)
                 # The next block's tiles; past the program's last block, rows past headdim: masked, nothing read.
                 ahead = tl.where(i + 1 < BLOCKS, block + 1, (headdim + BLOCK_P - 1) // BLOCK_P)
-                n0 = _load_state(0, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                                 BLOCK_N)
-                n1 = _load_state(1, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                                 BLOCK_N)
-                n2 = _load_state(2, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                                 BLOCK_N)
-                n3 = _load_state(3, ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS, BLOCK_P,
-                                 BLOCK_N)
+                n0, n1, n2, n3 = _load_block(ahead, slot, h, headdim, dstate, state_ptr, s_b, s_h, s_p, s_n, GROUPS,
+                                             BLOCK_P, BLOCK_N)
             _sr_block(block, (t0, t1, t2, t3), b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_ptr, D_ptr, z_ptr,
                       x_b, x_h, x_p, b_b, b_g, b_n, g, d_h, d_p, z_b, z_h, z_p, dt_ptr, dt_bias_ptr, A_ptr, dt_b,
                       dt_h, dt_p, dtb_h, dtb_p, a_h, a_p, a_n, dt_head, dA_head, b_row, c_row, state_ptr, out_ptr,
