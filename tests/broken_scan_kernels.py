@@ -20,6 +20,8 @@ DSTATE_BLOCK = 16
 HEADDIM_BLOCK = 64
 # dstate_capped_at_128's largest block of state indices.
 DSTATE_CAP = 128
+# state_carried_32_chunks' trip count.
+CARRIED_CHUNKS = 32
 
 
 def _mamba_result(y, out, return_final_states, return_varlen_states):
@@ -140,6 +142,51 @@ def nan_final_state(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, in
     for states in (out.final_states, out.varlen_states):
         if states is not None:
             states[-1, 0, 3, 5] = float("inf")
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def final_state_element_doubled(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """y is right; the stored state of the last sequence is twice the truth at head 1, channel 2, state 4 (a
+    finite error in one element: a wrong offset in a state store's tail)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    for states in (out.final_states, out.varlen_states):
+        if states is not None:
+            states[-1, 1, 2, 4] *= 2
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def state_carried_32_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                            seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                            return_final_states=False, return_varlen_states=False):
+    """In batch mode, carries the state through 32 chunks at most (a fixed trip count): from chunk 32 on, each row
+    starts again from a zero state. Right wherever a row spans 32 chunks or fewer."""
+    cut = CARRIED_CHUNKS * chunk_size
+    if cu_seqlens is not None or x.shape[1] <= cut:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    head, tail = (_baseline(*(t[:, part] for t in (x, dt)), A, *(t[:, part] for t in (B, C)), chunk_size, D,
+                            None if z is None else z[:, part], dt_bias, states, None, dt_softplus, dt_limit)
+                  for part, states in ((slice(0, cut), initial_states), (slice(cut, None), None)))
+    return _mamba_result(torch.cat([head.y, tail.y], dim=1), tail, return_final_states, return_varlen_states)
+
+
+def dt_bias_only_with_softplus(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """Adds dt_bias inside its softplus branch only: without dt_softplus the bias is dropped."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias if dt_softplus else None, initial_states, cu_seqlens,
+                    dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def dt_limit_upper_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                        seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                        return_final_states=False, return_varlen_states=False):
+    """Clamps dt to dt_limit's upper end only (a min where a clamp was meant)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                    (0.0, dt_limit[1]))
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 

@@ -5,8 +5,8 @@ ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_ke
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
-interleaved_groups, skip_after_gate, inputs_of_row_0, contiguous_inputs, softplus_regardless and
-bias_only_with_softplus, which implement both modes
+interleaved_groups, groups_by_ngroups, skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
+softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -280,6 +280,30 @@ def interleaved_groups(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_s
     group = torch.arange(state.shape[1], device=B.device) % B.shape[1]  # of each head
     # B and C a head each (one head a group for _fp32_step), in the wrong order.
     new, out = _fp32_step(state, x, dt, A, B[:, group], C[:, group], D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def groups_by_ngroups(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                      rounding="nearest", seed=0):
+    """Reads head h's B and C from group h // ngroups (clamped to the last group) instead of h // (nheads /
+    ngroups): right with one group, and wherever nheads / ngroups == ngroups (4 heads in 2 groups), wrong
+    elsewhere. Both rounding modes, as `_store` does."""
+    ngroups = B.shape[1]
+    group = (torch.arange(state.shape[1], device=B.device) // ngroups).clamp(max=ngroups - 1)
+    new, out = _fp32_step(state, x, dt, A, B[:, group], C[:, group], D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def contiguous_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                    rounding="nearest", seed=0):
+    """Reads z at offsets computed from its shape, as if contiguous: right for a whole z and for the first row
+    of a view into a wider buffer (Mamba1's z, a half of each in_proj row), wrong for the other rows. Both
+    rounding modes, as `_store` does."""
+    if z is not None:
+        z = z.as_strided(z.shape, torch.empty(z.shape).stride(), z.storage_offset())
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out
 

@@ -96,6 +96,19 @@ def test_nan_in_the_final_state_is_located_by_sequence_head_channel_and_state(tm
     assert case["first_nonfinite_state"] == case["first_nonfinite"]
 
 
+def test_a_wrong_final_state_is_located_by_sequence_head_channel_and_state(tmp_path):
+    result, report = scan("--kernel", f"{BROKEN}:final_state_element_doubled", "--regime", "initial-state",
+                          "--dtype", "fp32", "--seqlen", "30", "--chunk-size", "16", "--batch", "3", *TINY,
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    (case,) = report["cases"]
+    assert case["status"] == "fail" and case["first_nonfinite"] is None
+    assert case["error"]["state_worst"] == [2, 1, 2, 4]
+    assert case["message"].startswith("states error") and "y error" not in case["message"]
+    assert f"(largest |Δ| {case['error']['state_max_abs']:.3g} at sequence 2 head 1 channel 2 state 4)" in case[
+        "message"]
+
+
 def test_a_state_leaking_across_varlen_boundaries_fails_only_where_there_are_boundaries(tmp_path):
     result, report = scan("--kernel", f"{BROKEN}:leaky_varlen", "--regime", "ragged,normal", "--dtype", "bf16",
                           "--seqlen", "40", "--chunk-size", "16", "--batch", "1,4", *TINY,
@@ -414,6 +427,35 @@ def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_
     rows = planted_bug_cases(report, lambda p: p["regime"] == "long" and p["batch"] > 1)
     # wrong from the row's first chunk
     assert len(rows) == 1 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)
+
+
+def test_the_default_preset_catches_a_state_carried_through_32_chunks_at_most(tmp_path):
+    """A kernel whose state passing stops after 32 chunks passes every case of 32 chunks or fewer, and fails the
+    default preset's `long` case of 38 chunks, located past chunk 32."""
+    _, report = scan("--kernel", f"{BROKEN}:state_carried_32_chunks", "--preset", "default",
+                     json_path=tmp_path / "c.json")
+    many = planted_bug_cases(report, lambda p: -(-p["seqlen"] // p["chunk_size"]) > 32)
+    assert len(many) == 1 and many[0]["status"] == "fail"
+    assert many[0]["error"]["y_worst_group"]["chunk"] >= 32
+
+
+def test_the_default_preset_catches_dt_bias_dropped_without_softplus(tmp_path):
+    """A kernel that adds dt_bias only along with its softplus passes every case that asks for a softplus, and
+    fails `large-magnitude` and `large-output` (dt + dt_bias, no softplus) in every dtype they run."""
+    _, report = scan("--kernel", f"{BROKEN}:dt_bias_only_with_softplus", "--preset", "default",
+                     json_path=tmp_path / "b.json")
+    raw = planted_bug_cases(report, lambda p: p["regime"] in ("large-magnitude", "large-output"))
+    assert {c["params"]["dtype"] for c in raw} == {"fp32", "bf16", "fp16"}
+    assert all(c["status"] == "fail" for c in raw)
+
+
+def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
+    """A kernel that applies only dt_limit's upper end fails every `long` case (both ends clamp tokens of every
+    head there) and no other."""
+    _, report = scan("--kernel", f"{BROKEN}:dt_limit_upper_only", "--preset", "default",
+                     json_path=tmp_path / "l.json")
+    limited = planted_bug_cases(report, lambda p: p["regime"] == "long")
+    assert len(limited) == 5 and all(c["status"] == "fail" for c in limited)
 
 
 def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):

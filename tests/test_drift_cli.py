@@ -79,12 +79,22 @@ def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(t
     assert len(untied) == 4 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
 
 
-def test_the_default_preset_catches_a_head_read_from_the_wrong_group(tmp_path):
-    """A state update that reads head h's B and C from group h % ngroups (not h // heads per group) passes every
-    case with one group, and fails the default preset's cases of 4 heads in 2 groups."""
-    _, report = drift("--kernel", f"{BROKEN}:interleaved_groups", "--preset", "default", json_path=tmp_path / "g.json")
+@pytest.mark.parametrize("kernel", ["interleaved_groups", "groups_by_ngroups"])
+def test_the_default_preset_catches_a_head_read_from_the_wrong_group(kernel, tmp_path):
+    """A state update that reads head h's B and C from group h % ngroups, or h // ngroups (not h // heads per
+    group), passes every case with one group, and fails the default preset's cases of 6 heads in 3 groups (at 4
+    heads in 2, h // ngroups is the right group)."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "g.json")
     grouped = planted_bug_cases(report, lambda p: p["ngroups"] > 1 and p["nheads"] > p["ngroups"])
     assert len(grouped) == 4 and all(c["status"] == "fail" for c in grouped)
+
+
+def test_the_default_preset_catches_a_gate_read_as_if_contiguous(tmp_path):
+    """A state update that reads z as if contiguous passes every case without a gate, and fails `untied` (Mamba1's
+    call: z a view into each step's buffer, 2 rows) in every state dtype and rounding."""
+    _, report = drift("--kernel", f"{BROKEN}:contiguous_gate", "--preset", "default", json_path=tmp_path / "z.json")
+    untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
+    assert len(untied) == 4 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
 
 
 def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
@@ -98,11 +108,12 @@ def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
 
 
 def test_the_default_preset_catches_a_kernel_that_ignores_its_inputs_strides(tmp_path):
-    """A state update that reads x, B and C as if contiguous passes every regime but `strided` (views into one
-    buffer per step, as vLLM's decode passes them), and fails that one in every state dtype and rounding."""
+    """A state update that reads x, B and C as if contiguous passes every regime but `strided` and `untied` (views
+    into one buffer per step, as vLLM's Mamba2 decode and Mamba1's decode pass them, at 2 rows), and fails those
+    in every state dtype and rounding."""
     _, report = drift("--kernel", f"{BROKEN}:contiguous_inputs", "--preset", "default", json_path=tmp_path / "s.json")
-    strided = planted_bug_cases(report, lambda p: p["regime"] == "strided")
-    assert len(strided) == 4 and all(c["status"] == "fail" for c in strided)
+    views = planted_bug_cases(report, lambda p: p["regime"] in ("strided", "untied"))
+    assert len(views) == 8 and all(c["status"] == "fail" for c in views)
 
 
 def test_builtin_kernel_passes_the_smoke_preset():

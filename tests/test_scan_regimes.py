@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ssmcheck.ops.chunk_scan.naive import scan_recurrent
 from ssmcheck.ops.naive import process_dt
 from ssmcheck.scan.inputs import ScanShape
-from ssmcheck.scan.regimes import REGIMES
+from ssmcheck.scan.regimes import LONG_DT_LIMIT, REGIMES
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -118,7 +118,19 @@ def test_long_needs_many_chunks():
     assert long.skip_reason(_shape(seqlen=7 * 32 + 1, chunk_size=32)) is None
     assert REGIMES["normal"].skip_reason(_shape(seqlen=5, chunk_size=256)) is None
     inputs = long.generate(_shape(seqlen=300, chunk_size=32), torch.float32, 1)
-    assert inputs.initial_states is not None and inputs.dt_limit == (0.0, 0.1)
+    assert inputs.initial_states is not None and inputs.dt_limit == LONG_DT_LIMIT
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), nheads=st.integers(1, 8),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_both_ends_of_longs_dt_limit_clamp_tokens_of_every_head(seed, nheads, dtype):
+    """A kernel that ignores dt_limit, or one of its ends, computes another dt in every head of every long case."""
+    inputs = REGIMES["long"].generate(_shape(nheads=nheads, ngroups=1, seqlen=2100, chunk_size=256, batch=1), dtype,
+                                     seed)
+    dt = process_dt(inputs.dt, inputs.dt_bias, True, (0.0, math.inf), torch.float64)  # unclamped
+    lo, hi = inputs.dt_limit
+    assert (dt < lo).flatten(0, 1).any(0).all() and (dt > hi).flatten(0, 1).any(0).all()
 
 
 def test_normal_dt_lies_in_the_trained_range_through_dt_bias():

@@ -39,7 +39,8 @@ from ssmcheck.drift.stats import SignedErrorMoments
 WINDOW_BYTES = 64 << 20
 
 
-# A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt.
+# A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt, then
+# the gate z where the regime has one (`untied`).
 FUSED_ORDER = ("x", "B", "C", "dt", "z")
 
 

@@ -17,8 +17,10 @@ Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
 (batch, nheads) expanded over headdim, all stride-0 views, and no gate (z None: Mamba2's
 serving code gates after the state update, in its norm). The `untied` regime calls the
 state update as Mamba1's decode does: every parameter whole, a value per channel (and per
-state index for A), and a gate z per channel. A kernel that reads only one value per head,
-or gates the output wrongly, passes every other regime and fails this one. The `strided`
+state index for A), and a gate z per channel, the step inputs views into one buffer per step
+as Mamba1 splits its projections (z a half of the in_proj row). A kernel that reads only one
+value per head, gates the output wrongly, or reads z as if contiguous, passes every other
+regime and fails this one. The `strided`
 regime draws normal's values and hands them over as a serving engine does: x, B and C (and
 dt) as views into one buffer per step, each batch row a whole buffer row apart (the window in
 drift.lockstep lays them out); the others pass whole, contiguous step inputs.
@@ -46,7 +48,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "0.4 of it, never above half)",
     "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
     "untied": "normal's ranges with A, dt, D and dt_bias per channel (A per state index too), whole tensors "
-    "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call)",
+    "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call); "
+    "x, dt, B, C and z are views into one buffer per step, as Mamba1's decode splits its projections",
     "strided": "normal's values as vLLM's decode passes them: x, B and C views into one buffer per step (the "
     "conv output, [x | B | C], with dt's columns after them), so a row's inputs start a whole buffer row apart",
     "dt-extreme": "each step's dt after softplus either 8..100 (past fp16's exp overflow at 11.1, softplus's "
@@ -57,6 +60,10 @@ DRIFT_REGIMES: dict[str, str] = {
     "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
 }
 
+# Regimes whose step inputs reach the kernel as views into one buffer per step (drift.lockstep.StepWindow): `strided`
+# as Mamba2's serving decode splits its conv output, `untied` as Mamba1's decode splits its projections (x and z
+# are halves of one in_proj row there), so that every input of theirs, z included, has a row stride of its own.
+FUSED_REGIMES = ("strided", "untied")
 LONG_STEPS_FACTOR = 4
 STEP_BLOCK = 256  # steps drawn at once, from one generator
 
@@ -156,7 +163,7 @@ def make_problem(
         draw_steps=params.draw_steps,
         stream_seed=seed + 1,
         device=device,
-        fused=regime == "strided",
+        fused=regime in FUSED_REGIMES,
     )
 
 

@@ -44,6 +44,7 @@ def case_json(result: ScanResult) -> dict:
             "y_worst": list(kernel.y.worst) if kernel else None,  # (row, token, head, channel)
             "state_max_rel": kernel.states.rel if kernel else None,
             "state_max_abs": kernel.states.max_abs if kernel else None,
+            "state_worst": list(kernel.states.worst) if kernel else None,  # (sequence, head, channel, state index)
             "baseline_y_max_rel": base.y.rel if base else None,
             "baseline_state_max_rel": base.states.rel if base else None,
             "ratio": result.ratio,

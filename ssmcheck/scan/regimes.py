@@ -306,17 +306,21 @@ def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype
         "B": _uniform(g, (rows, seqlen, shape.ngroups, shape.dstate), 0.5, 1.5),
         "C": _uniform(g, (rows, seqlen, shape.ngroups, shape.dstate), 0.5, 1.5),
     }
-    dt = _uniform(g, (rows, seqlen, nheads), 0.01, 0.05)
+    # The step's dt is dt + dt_bias with no softplus, each about half of it (the only scan regime that passes a
+    # bias without a softplus: a kernel that adds dt_bias only along with its softplus takes a dt half too small).
+    dt = _uniform(g, (rows, seqlen, nheads), 0.005, 0.025)
+    dt_bias = _uniform(g, nheads, 0.005, 0.025)
     A = -torch.exp(_uniform(g, nheads, math.log(1e-3), math.log(1e-2)))
     D = _uniform(g, nheads, 0.0, 1.0)
-    unit = _finish(dtype, "", dt=dt, A=A, D=D, **positive)
+    unit = _finish(dtype, "", dt=dt, dt_bias=dt_bias, A=A, D=D, **positive)
     # Everything is positive and y, states are linear in x: scale x so the peak reaches the target.
     peak = _peak_magnitude(unit)
     narrowest = min(torch.finfo(dtype).max, torch.finfo(state_dtype).max)
     scale = narrowest / 64 / peak
     positive["x"] = positive["x"] * scale
     return _finish(
-        dtype, f"x scaled by {scale:.3g}: peak |y|, |state| ~ {narrowest / 64:.3g}", dt=dt, A=A, D=D, **positive,
+        dtype, f"x scaled by {scale:.3g}: peak |y|, |state| ~ {narrowest / 64:.3g}; dt + dt_bias, no softplus",
+        dt=dt, dt_bias=dt_bias, A=A, D=D, **positive,
     )
 
 
@@ -327,12 +331,20 @@ def _peak_magnitude(inputs: ScanInputs) -> float:
     return max(float(ref.y.abs().max()), float(ref.final_states.abs().max()))
 
 
+# long's dt_limit, and the range of its heads' dt centres: softplus(0.5 N(0, 1) + dt_bias) spreads a head's dt
+# over about e^-1..e^1 times its centre, so in every head both limits clamp some tokens (1-20% each, for a centre
+# in 0.01..0.02); a kernel that ignores the limit, or one of its ends, computes another dt there.
+LONG_DT_LIMIT = (0.006, 0.03)
+LONG_DT_CENTRES = (0.01, 0.02)
+
+
 def long(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     g = _generator(seed)
+    centres = torch.exp(_uniform(g, shape.nheads, *(math.log(c) for c in LONG_DT_CENTRES)))
     return _finish(
-        dtype, "batch rows continuing from initial states, dt clamped to dt_limit (0, 0.1)",
-        dt_bias=_trained_dt_bias(g, shape.nheads), A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads),
-        dt_softplus=True, dt_limit=(0.0, 0.1),
+        dtype, f"batch rows continuing from initial states, dt clamped to dt_limit {LONG_DT_LIMIT}",
+        dt_bias=_inverse_softplus(centres), A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads),
+        dt_softplus=True, dt_limit=LONG_DT_LIMIT,
         initial_states=_normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate)),
         **_blocked_tokens(seed, shape, dtype),
     )
@@ -426,9 +438,10 @@ REGIMES: dict[str, Regime] = {
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
         Regime("large-magnitude", "positive x/B/C, slow decay and growing states, scaled so y and "
-               "the states reach 1/64 of the format's largest value", large_magnitude),
-        Regime("long", "at least 8 chunks of state passing, continuing from initial states, with "
-               "dt_limit", long, min_chunks=8),
+               "the states reach 1/64 of the format's largest value; dt + dt_bias with no softplus",
+               large_magnitude),
+        Regime("long", "at least 8 chunks of state passing, continuing from initial states, with a "
+               "dt_limit both of whose ends clamp tokens of every head", long, min_chunks=8),
         Regime("strided", "normal's values as serving passes them: x, z, B, C, dt are strided views into one "
                "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths)", strided),
         Regime("large-output", "large-magnitude's growing states with C scaled so |y| peaks at 2x fp16's largest "

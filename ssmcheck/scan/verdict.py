@@ -40,14 +40,24 @@ def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteTo
                 return ScanVerdict(Status.ERROR, f"cannot judge: the same-precision baseline's {name} is non-finite")
     rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
     limits = tuple(tolerance_limit(base, *rule) for _, _, base in outputs)
+    where = {"states": _states_where(kernel)}
     failed = [
-        f"{name} error {err:.3g} > limit {tolerance_limit(base, *rule):.3g}"
+        f"{name} error {err:.3g} > limit {tolerance_limit(base, *rule):.3g}{where.get(name, '')}"
         for name, err, base in outputs + extra
         if not within_tolerance(err, base, *rule)
     ]
     if failed:
         return ScanVerdict(Status.FAIL, "; ".join(failed) + f" ({tolerance_rule(tolerance)})", limits)
     return ScanVerdict(Status.PASS, "", limits)
+
+
+def _states_where(kernel: Comparison) -> str:
+    """Where the final states' largest error is, as y's worst group says where y's is."""
+    if len(kernel.states.worst) != 4:  # (sequence, head, channel, state index)
+        return ""
+    sequence, head, channel, state_index = kernel.states.worst
+    return (f" (largest |Δ| {kernel.states.max_abs:.3g} at sequence {sequence} head {head} channel {channel} state "
+            f"{state_index})")
 
 
 def nondeterminism_message(spread: RepeatSpread) -> str:
