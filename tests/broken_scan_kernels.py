@@ -190,6 +190,54 @@ def dt_limit_upper_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def parameters_of_head_mod_8(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """Head h takes the A, dt_bias and D of head h % 8 (per-head parameters loaded for a block of 8 heads and
+    reused): right up to 8 heads."""
+    heads = torch.arange(x.shape[2], device=x.device) % 8
+    out = _baseline(x, dt, A[heads], B, C, chunk_size, None if D is None else D[heads], z,
+                    None if dt_bias is None else dt_bias[heads], initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def per_channel_skip_after_gate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """With a per-channel D (nheads, headdim) and a gate, adds D·x after the gate, not before it (its
+    per-channel branch written apart from the per-head one): right for a per-head D or without a gate."""
+    if D is None or D.dim() != 2 or z is None:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    out = _baseline(x, dt, A, B, C, chunk_size, None, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    y = (out.y.float() + D.float() * x.float()).to(out.y.dtype)
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def dt_limit_only_with_softplus(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """Clamps dt to dt_limit inside its softplus branch only: without dt_softplus the limit is ignored."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                    dt_limit if dt_softplus else (0.0, float("inf")))
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_state_lost_at_chunk_start(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                      seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                      dt_limit=(0.0, float("inf")), return_final_states=False,
+                                      return_varlen_states=False):
+    """In varlen mode, a sequence after the first that starts exactly where a chunk starts begins from a zero
+    state instead of its initial state (the chunk-start path resets; only the mid-chunk path loads it)."""
+    if cu_seqlens is not None and initial_states is not None:
+        initial_states = initial_states.clone()
+        for sequence, start in enumerate(cu_seqlens.tolist()[1:-1], start=1):
+            if start % chunk_size == 0:
+                initial_states[sequence] = 0
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 @dataclass(frozen=True)
 class _TreeOrderUnguarded(Arithmetic):
     """Within-chunk decays from an fp32 cumulative sum taken in tree order (a Hillis-Steele scan, as

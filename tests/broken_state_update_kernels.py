@@ -5,7 +5,7 @@ ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_ke
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
-interleaved_groups, groups_by_ngroups, skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
+interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -292,6 +292,17 @@ def groups_by_ngroups(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     ngroups = B.shape[1]
     group = (torch.arange(state.shape[1], device=B.device) // ngroups).clamp(max=ngroups - 1)
     new, out = _fp32_step(state, x, dt, A, B[:, group], C[:, group], D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def parameters_of_head_mod_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                             rounding="nearest", seed=0):
+    """Head h takes the A, D and dt_bias of head h % 8 (per-head parameters loaded for a block of 8 heads and
+    reused): right up to 8 heads. Both rounding modes, as `_store` does."""
+    heads = torch.arange(state.shape[1], device=state.device) % 8
+    new, out = _fp32_step(state, x, dt, A[heads], B, C, None if D is None else D[heads], z,
+                          None if dt_bias is None else dt_bias[heads], dt_softplus)
     _store(state, new, rounding, seed)
     return out
 

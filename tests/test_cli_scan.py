@@ -458,6 +458,21 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     assert len(limited) == 5 and all(c["status"] == "fail" for c in limited)
 
 
+@pytest.mark.parametrize(("kernel", "reached", "count"), [
+    ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 1),
+    ("per_channel_skip_after_gate", lambda p: p["regime"] == "aligned", 2),
+    ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output"), 4),
+    ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
+], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states"])
+def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
+    """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
+    dt_limit without softplus, an initial state for a sequence that starts a chunk. The default preset has cases
+    for each (and every other case passes)."""
+    _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
+    cases = planted_bug_cases(report, reached)
+    assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
+
+
 def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):
     """A kernel whose every block of 64 channels computes the first one passes every case of headdim <= 64, and
     fails the default preset's 128-channel heads."""

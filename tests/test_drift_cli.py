@@ -82,11 +82,20 @@ def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(t
 @pytest.mark.parametrize("kernel", ["interleaved_groups", "groups_by_ngroups"])
 def test_the_default_preset_catches_a_head_read_from_the_wrong_group(kernel, tmp_path):
     """A state update that reads head h's B and C from group h % ngroups, or h // ngroups (not h // heads per
-    group), passes every case with one group, and fails the default preset's cases of 6 heads in 3 groups (at 4
-    heads in 2, h // ngroups is the right group)."""
+    group), passes every case with one group, and fails the default preset's cases of 6 heads in 3 groups and of
+    24 in 4 (at 4 heads in 2, h // ngroups is the right group)."""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "g.json")
     grouped = planted_bug_cases(report, lambda p: p["ngroups"] > 1 and p["nheads"] > p["ngroups"])
-    assert len(grouped) == 4 and all(c["status"] == "fail" for c in grouped)
+    assert len(grouped) == 5 and all(c["status"] == "fail" for c in grouped)
+
+
+def test_the_default_preset_catches_parameters_read_for_blocks_of_8_heads(tmp_path):
+    """A state update whose head h takes head h % 8's A, D and dt_bias passes every case of 8 heads or fewer, and
+    fails the default preset's case of 24 heads."""
+    _, report = drift("--kernel", f"{BROKEN}:parameters_of_head_mod_8", "--preset", "default",
+                      json_path=tmp_path / "h.json")
+    many = planted_bug_cases(report, lambda p: p["nheads"] > 8)
+    assert len(many) == 1 and many[0]["status"] == "fail"
 
 
 def test_the_default_preset_catches_a_gate_read_as_if_contiguous(tmp_path):

@@ -38,9 +38,9 @@ def test_the_builtin_kernels_pass_every_check_of_the_smoke_preset(tmp_path):
             ran[name] += check["status"] == "pass"
     # The built-in scan is bitwise batch-invariant: each sequence alone gives the packed run's bits.
     assert all(c["batch"]["identical"] for c in checks(report) if c["batch"]["status"] == "pass")
-    # batch 1 (long) has nothing to pack; long's dt_limit cannot be told to the state update.
-    # The built-in scan returns its final states: it writes no cache.
-    assert ran == {"batch": 10, "split": 11, "prefill_decode": 10, "cache_write": 0}, ran
+    # batch 1 (long) has nothing to pack; long's decode steps get dt processed, its dt_limit applied (the state
+    # update takes none). The built-in scan returns its final states: it writes no cache.
+    assert ran == {"batch": 10, "split": 11, "prefill_decode": 11, "cache_write": 0}, ran
     assert "b✓ s✓ p✓ c–" in result.stdout
 
 

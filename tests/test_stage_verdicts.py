@@ -90,3 +90,15 @@ def test_drift_bias_is_judged_for_stochastic_rounding_only():
     assert sr.status is Status.FAIL and sr.message.startswith("biased: mean rounding error -0.25 ulp per store")
     rn = judge_drift(_drift_case("nearest"), _run(base, base, store_errors=biased), Tolerance())
     assert rn.status is Status.PASS
+
+
+def test_drift_stores_off_by_more_than_an_ulp_are_a_computation_error_not_a_rounding_bias():
+    """A stochastic rounding errs by less than an ulp per store: stores 1.4 ulp off on average (a wrong parameter)
+    are named as another value computed, not as a biased rounding."""
+    off = SignedErrorMoments()
+    off.add(torch.full((10_000,), -1.37) + 0.3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1)))
+    base = [1e-3] * 4
+    verdict = judge_drift(_drift_case("stochastic"), _run(base, base, store_errors=off), Tolerance())
+    assert verdict.status is Status.FAIL
+    assert verdict.message.startswith("stores off by more than a rounding: mean error -1.37 ulp, rms 1.4")
+    assert "biased" not in verdict.message

@@ -43,6 +43,7 @@ class StoreErrors:
     count: int
     mean: float | None
     z: float | None  # of the mean against zero (None with fewer than 2 stores)
+    rms: float | None = None  # root mean square error per store: at most 1 for any rounding of the exact value
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,12 @@ class SignedErrorMoments:
         return total / count if count else None
 
     @property
+    def rms(self) -> float | None:
+        """The root mean square error per store, in ulps: at most 1 for any rounding of the exact value."""
+        count, _, total_sq = self._read()
+        return math.sqrt(total_sq / count) if count else None
+
+    @property
     def z(self) -> float | None:
         """The one-sample z statistic of the mean against zero (None with fewer than 2 samples)."""
         count, total, total_sq = self._read()

@@ -38,6 +38,7 @@ from ssmcheck.core.pool import changed_slots, inner_slots, nan_filled, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
+from ssmcheck.ops.naive import NO_DT_LIMIT, process_dt
 from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.results import Comparison, InvarianceCheck, ScanResult
@@ -229,8 +230,6 @@ def _points_text(points: list[int]) -> str:
 def _prefill_decode(serving: Serving, inputs: ScanInputs, chunk_size, seed, out, ref, base):
     if serving.decode is None:
         return InvarianceCheck(PREFILL_DECODE, Status.SKIPPED, serving.decode_skip)
-    if tuple(inputs.dt_limit) != (0.0, math.inf):
-        return InvarianceCheck(PREFILL_DECODE, Status.SKIPPED, "the state update takes no dt_limit")
     wholes = [p for p in whole_sequences(inputs) if p.length > DECODE_STEPS]
     if not wholes:
         return InvarianceCheck(PREFILL_DECODE, Status.SKIPPED, f"no sequence is longer than {DECODE_STEPS} tokens")
@@ -280,12 +279,18 @@ def _decode_arguments(inputs: ScanInputs, pieces: list[Piece], n: int) -> dict:
     def per_channel(t: torch.Tensor | None) -> torch.Tensor | None:
         return t if t is None or t.dim() == 2 else t[:, None].expand(nheads, headdim)
 
+    dt, dt_bias, dt_softplus = token(inputs.dt), inputs.dt_bias, inputs.dt_softplus
+    if tuple(inputs.dt_limit) != NO_DT_LIMIT:
+        # The state update takes no dt_limit: it gets dt processed (bias, softplus and the clamp, rounded once to
+        # fp32 from float64), as a caller that processes dt itself passes it.
+        dt = process_dt(dt, dt_bias, dt_softplus, inputs.dt_limit, torch.float64).float()
+        dt_bias, dt_softplus = None, False
     return {
-        "x": token(inputs.x), "dt": token(inputs.dt)[..., None].expand(len(pieces), nheads, headdim),
+        "x": token(inputs.x), "dt": dt[..., None].expand(len(pieces), nheads, headdim),
         "A": inputs.A[:, None, None].expand(nheads, headdim, dstate), "B": token(inputs.B), "C": token(inputs.C),
         "D": per_channel(inputs.D),
-        "z": None if inputs.z is None else token(inputs.z), "dt_bias": per_channel(inputs.dt_bias),
-        "dt_softplus": inputs.dt_softplus,
+        "z": None if inputs.z is None else token(inputs.z), "dt_bias": per_channel(dt_bias),
+        "dt_softplus": dt_softplus,
     }
 
 

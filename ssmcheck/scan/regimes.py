@@ -189,7 +189,9 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
-            boundaries=_ragged_cu_seqlens) -> ScanInputs:
+            boundaries=_ragged_cu_seqlens, gated: bool = False) -> ScanInputs:
+    """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
+    no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel)."""
     g = _generator(seed)
     total = shape.batch * shape.seqlen
     cu = boundaries(g, shape.batch, total, shape.chunk_size)
@@ -201,8 +203,10 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
         extra["D"] = _normal(g, shape.nheads)
     else:
         extra["D"] = _normal(g, (shape.nheads, shape.headdim))  # D per channel
-        u.pop("z")
+        if not gated:
+            u.pop("z")
     note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
+    note += ", D per channel under a gate z" if gated else ""
     return _finish(
         dtype, note, dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), cu_seqlens=cu,
         dt_softplus=True, **u, **extra,
@@ -214,7 +218,14 @@ def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    return _varlen(shape, dtype, seed, with_initial_states=False, boundaries=_aligned_cu_seqlens)
+    return _varlen(shape, dtype, seed, with_initial_states=False, boundaries=_aligned_cu_seqlens, gated=True)
+
+
+def aligned_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
+                          state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """aligned's boundaries, each sequence from an initial state: where a sequence starts a chunk, its state is
+    its initial state (a path of its own in kernels: the chunk loads it instead of starting from zero)."""
+    return _varlen(shape, dtype, seed, with_initial_states=True, boundaries=_aligned_cu_seqlens)
 
 
 def padded(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -297,6 +308,9 @@ def cumsum_cancel(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
     )
 
 
+LARGE_MAGNITUDE_DT_LIMIT = (0.0175, 0.0325)
+
+
 def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """Positive x, B, C with slow decay, so states grow; x scaled so y and the states reach 1/64 of the format's max."""
     g = _generator(seed)
@@ -308,19 +322,22 @@ def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype
     }
     # The step's dt is dt + dt_bias with no softplus, each about half of it (the only scan regime that passes a
     # bias without a softplus: a kernel that adds dt_bias only along with its softplus takes a dt half too small).
+    # Clamped to LARGE_MAGNITUDE_DT_LIMIT: with a bias of 0.005..0.0125 the lower end clamps tokens of the head, with
+    # one of 0.0075..0.025 the upper end (the only dt_limit of the scan regimes without a softplus).
     dt = _uniform(g, (rows, seqlen, nheads), 0.005, 0.025)
     dt_bias = _uniform(g, nheads, 0.005, 0.025)
     A = -torch.exp(_uniform(g, nheads, math.log(1e-3), math.log(1e-2)))
     D = _uniform(g, nheads, 0.0, 1.0)
-    unit = _finish(dtype, "", dt=dt, dt_bias=dt_bias, A=A, D=D, **positive)
+    unit = _finish(dtype, "", dt=dt, dt_bias=dt_bias, dt_limit=LARGE_MAGNITUDE_DT_LIMIT, A=A, D=D, **positive)
     # Everything is positive and y, states are linear in x: scale x so the peak reaches the target.
     peak = _peak_magnitude(unit)
     narrowest = min(torch.finfo(dtype).max, torch.finfo(state_dtype).max)
     scale = narrowest / 64 / peak
     positive["x"] = positive["x"] * scale
     return _finish(
-        dtype, f"x scaled by {scale:.3g}: peak |y|, |state| ~ {narrowest / 64:.3g}; dt + dt_bias, no softplus",
-        dt=dt, dt_bias=dt_bias, A=A, D=D, **positive,
+        dtype, f"x scaled by {scale:.3g}: peak |y|, |state| ~ {narrowest / 64:.3g}; dt + dt_bias, no softplus, "
+        f"clamped to {LARGE_MAGNITUDE_DT_LIMIT}", dt=dt, dt_bias=dt_bias, dt_limit=LARGE_MAGNITUDE_DT_LIMIT, A=A, D=D,
+        **positive,
     )
 
 
@@ -424,12 +441,15 @@ REGIMES: dict[str, Regime] = {
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
                "sequences (batch 1: a lone sequence)", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
-               "sequence starts where a chunk does (batch 1: a lone sequence)", aligned),
+               "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z",
+               aligned),
         Regime("padded", "ragged's packed sequences with pad tokens (seq_idx -1) after each, as a serving "
                "engine's packed batch has them: they must change no state (kernels that take them)", padded,
                pad_tokens=True),
         Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
                "(batch 1: a lone sequence)", initial_state),
+        Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
+               "state per sequence", aligned_initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
                "1e4..1e9, exact-zero dt padding", decay_extreme),
         Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
@@ -438,7 +458,7 @@ REGIMES: dict[str, Regime] = {
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
         Regime("large-magnitude", "positive x/B/C, slow decay and growing states, scaled so y and "
-               "the states reach 1/64 of the format's largest value; dt + dt_bias with no softplus",
+               "the states reach 1/64 of the format's largest value; dt + dt_bias with no softplus, with dt_limit",
                large_magnitude),
         Regime("long", "at least 8 chunks of state passing, continuing from initial states, with a "
                "dt_limit both of whose ends clamp tokens of every head", long, min_chunks=8),
