@@ -190,6 +190,17 @@ def dt_limit_upper_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def varlen_states_reversed(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                           seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                           return_final_states=False, return_varlen_states=False):
+    """y is right; the per-sequence states of a varlen batch come back in reverse order (a final-state index
+    counted from the wrong end)."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if out.varlen_states is not None:
+        out = replace(out, varlen_states=out.varlen_states.flip(0))
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def parameters_of_head_mod_8(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                              return_final_states=False, return_varlen_states=False):

@@ -109,6 +109,19 @@ def test_a_wrong_final_state_is_located_by_sequence_head_channel_and_state(tmp_p
         "message"]
 
 
+def test_states_returned_in_another_order_are_named_as_other_sequences_states(tmp_path):
+    result, report = scan("--kernel", f"{BROKEN}:varlen_states_reversed", "--regime", "initial-state,normal",
+                          "--dtype", "fp32", "--seqlen", "30", "--chunk-size", "16", "--batch", "3", *TINY,
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    statuses = {c["params"]["regime"]: c for c in report["cases"]}
+    assert statuses["normal"]["status"] == "pass"  # batch mode: no varlen states to reverse
+    varlen = statuses["initial-state"]
+    assert varlen["status"] == "fail" and varlen["message"].startswith("states error")
+    assert ("states returned for other sequences: the state of sequence 0 is sequence 2's, 2 is sequence 0's"
+            in varlen["message"])
+
+
 def test_a_state_leaking_across_varlen_boundaries_fails_only_where_there_are_boundaries(tmp_path):
     result, report = scan("--kernel", f"{BROKEN}:leaky_varlen", "--regime", "ragged,normal", "--dtype", "bf16",
                           "--seqlen", "40", "--chunk-size", "16", "--batch", "1,4", *TINY,

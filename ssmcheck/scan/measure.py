@@ -188,6 +188,23 @@ class GroupSums:
         return self.nchunks, self.num.shape[1]
 
 
+MAX_SEQUENCES_MATCHED = 32
+
+
+def states_of_other_sequences(states: torch.Tensor, ref: torch.Tensor) -> list[tuple[int, int]]:
+    """(returned, sequence) pairs where the state returned for one sequence is another sequence's: within 1% of
+    that sequence's reference state and ten times nearer to it than to its own (states returned in another
+    order, or one sequence's written for another). Empty when every state is nearest its own, and past
+    MAX_SEQUENCES_MATCHED sequences (the comparison grows with their square)."""
+    if not 2 <= states.shape[0] <= MAX_SEQUENCES_MATCHED or states.shape != ref.shape:
+        return []
+    returned, truth = states.double().flatten(1), ref.to(states.device, torch.float64).flatten(1)
+    scale = truth.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)
+    rel = torch.cdist(returned, truth) / scale[None, :]  # rel[i, j]: returned state i against sequence j's
+    nearest = rel.nan_to_num(math.inf).argmin(1).tolist()
+    return [(i, j) for i, j in enumerate(nearest) if j != i and rel[i, j] < 0.01 and rel[i, j] * 10 < rel[i, i]]
+
+
 def _relative(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
 

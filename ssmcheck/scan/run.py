@@ -219,6 +219,10 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
     racy = result.repeat is not None and not result.repeat.identical and not allow_nondeterministic
     if result.status is Status.FAIL and not racy:  # a race is no question of precision
+        moved = measure.states_of_other_sequences(out[1], figures.reference_states)
+        if moved:
+            shown = ", ".join(f"{i} is sequence {j}'s" for i, j in moved[:4]) + (", ..." if len(moved) > 4 else "")
+            result.message += f"; states returned for other sequences: the state of sequence {shown}"
         result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, allow_tf32)
         result.message += f"; {note}"
     if result.status is Status.NONFINITE:
