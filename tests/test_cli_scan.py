@@ -30,15 +30,15 @@ def scan(*args, json_path=None):
 def test_torch_kernel_passes_the_smoke_preset(tmp_path):
     result, report = scan("--preset", "smoke", "--kernel", "torch", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert "11 cases: 11 pass" in result.stdout and "exit code 0" in result.stdout
+    assert "12 cases: 12 pass" in result.stdout and "exit code 0" in result.stdout
     assert f"device {runtime.environment().device}" in result.stdout and "torch" in result.stdout  # the environment, above the table
-    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 11
+    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 12
 
 
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = scan("--preset", "smoke", "--quiet")
     assert result.exit_code == 0, result.output
-    assert "11 pass" in result.stdout
+    assert "12 pass" in result.stdout
 
 
 def test_builtin_kernel_with_rounded_states_and_an_fp32_reference(tmp_path):
@@ -306,7 +306,7 @@ def test_quiet_prints_only_the_summary():
     result, _ = scan("--kernel", "torch", "--preset", "smoke", "--quiet")
     assert result.exit_code == 0
     assert result.stdout.strip().splitlines() == [result.stdout.strip()]
-    assert result.stdout.startswith("11 cases: 11 pass") and result.stderr == ""
+    assert result.stdout.startswith("12 cases: 12 pass") and result.stderr == ""
 
 
 @pytest.mark.parametrize("args, named", [
@@ -374,7 +374,7 @@ def test_python_dash_m_runs_the_scan():
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
     )
     assert run.returncode == 0, run.stderr
-    assert "11 cases: 11 pass" in run.stdout
+    assert "12 cases: 12 pass" in run.stdout
 
 
 def test_cumsum_cancel_catches_an_unguarded_tree_order_cumsum_that_dyadic_regimes_miss(tmp_path):
@@ -424,11 +424,12 @@ def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp
 def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_a_chunk(tmp_path):
     """A kernel that resets the carried state only where seq_idx changes inside a chunk passes every case whose
     sequence boundaries fall mid-chunk (ragged's, and every batch-mode case), and fails the default preset's
-    `aligned` cases at both chunk sizes, located at chunk 0 of the sequence it leaks into."""
+    `aligned` and `aligned-initial-state` cases at both chunk sizes, located at chunk 0 of the sequence it leaks
+    into."""
     _, report = scan("--kernel", f"{BROKEN}:no_reset_at_chunk_start", "--preset", "default",
                      json_path=tmp_path / "a.json")
-    aligned = planted_bug_cases(report, lambda p: p["regime"] == "aligned")
-    assert sorted(c["params"]["chunk_size"] for c in aligned) == [64, 256]
+    aligned = planted_bug_cases(report, lambda p: p["regime"] in ("aligned", "aligned-initial-state"))
+    assert sorted(c["params"]["chunk_size"] for c in aligned) == [64, 64, 256, 256]
     assert all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in aligned)
 
 
@@ -463,12 +464,12 @@ def test_the_default_preset_catches_dt_bias_dropped_without_softplus(tmp_path):
 
 
 def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
-    """A kernel that applies only dt_limit's upper end fails every `long` case (both ends clamp tokens of every
-    head there) and no other."""
+    """A kernel that applies only dt_limit's upper end fails every case with a dt_limit whose lower end clamps
+    tokens (`long`, both ends in every head; `large-magnitude` and `large-output`) and no other."""
     _, report = scan("--kernel", f"{BROKEN}:dt_limit_upper_only", "--preset", "default",
                      json_path=tmp_path / "l.json")
-    limited = planted_bug_cases(report, lambda p: p["regime"] == "long")
-    assert len(limited) == 5 and all(c["status"] == "fail" for c in limited)
+    limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "large-magnitude", "large-output"))
+    assert len(limited) == 9 and all(c["status"] == "fail" for c in limited)
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [

@@ -111,7 +111,8 @@ def test_every_nonfinite_case_has_its_map_marking_the_first_nan_where_ssmcheck_n
     path, report = nan_run
     page = render(tmp_path, path)
     failing = [c for c in report["cases"] if c["status"] in ("fail", "nonfinite")]
-    batch_mode = [c for c in report["cases"] if c["params"]["regime"] not in ("ragged", "aligned", "initial-state", "long")]
+    batch_mode = [c for c in report["cases"]
+                  if c["params"]["regime"] not in ("ragged", "aligned", "initial-state", "aligned-initial-state", "long")]
     assert failing == batch_mode  # seqlen 40 = 2.5 chunks of 16; long's last chunk holds only NAN_OFFSET tokens
     maps = page.find("figure", cls="error-map")
     assert [m["id"] for m in maps] == [f"map-{c['id']}" for c in failing]
@@ -195,7 +196,7 @@ def test_the_builtin_kernel_passing_the_smoke_preset_has_no_maps(tmp_path):
     result, report = invoke("scan", "--preset", "smoke", json_path=path)
     assert result.exit_code == 0, result.output
     page = render(tmp_path, path)
-    assert len(page.find("tr", cls="case")) == len(report["cases"]) == 11
+    assert len(page.find("tr", cls="case")) == len(report["cases"]) == 12
     assert not page.find("figure", cls="error-map") and not page.find(id="error-maps")
     assert len(page.find("figure", cls="chunk-drift")) == 1
 

@@ -228,7 +228,7 @@ def _calls_of_each_case(calls: list[dict], cases: list[dict]) -> list[tuple[dict
 def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     fake = fakes(VARLEN_SCAN)
     report = api.scan(kernel="vllm", preset="smoke")
-    assert len(report.cases) == 11 and report.summary["error"] == report.summary["skipped"] == 0
+    assert len(report.cases) == 12 and report.summary["error"] == report.summary["skipped"] == 0
     # The baseline stores its states as vLLM returned them (bf16 here): a correct kernel passes.
     assert {c.status for c in report.cases} == {"pass"}
     assert {c.data["state_storage"] for c in report.cases} == {"bf16"}
@@ -299,11 +299,11 @@ def test_scan_kernel_mamba_ssm_passes_every_smoke_case(fakes, tmp_path):
     fake = fakes(MAMBA_SCAN)
     result, report = invoke("scan", "--kernel", "mamba_ssm", "--preset", "smoke", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert report["summary"]["pass"] == 11 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
+    assert report["summary"]["pass"] == 12 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
     each_case = _calls_of_each_case(fake.CALLS, report["cases"])
     varlen = [call for pair in each_case for call in pair if call["return_varlen_states"]]
-    # ragged, aligned and initial-state, each with its SSM-part call
-    assert len(varlen) == 6 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
+    # ragged, aligned, initial-state and aligned-initial-state, each with its SSM-part call
+    assert len(varlen) == 8 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
     assert all(call["return_final_states"] for call in fake.CALLS if not call["return_varlen_states"])
 
 
