@@ -56,7 +56,7 @@ def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name
     assert process.returncode == code, stderr
     data = json.loads(report.read_text())
     assert data["interrupted"] is True and data["interrupted_by"] == name and data["exit_code"] == code
-    assert 2 <= len(data["cases"]) < 11 and all(c["status"] == "pass" for c in data["cases"])
+    assert 2 <= len(data["cases"]) < 12 and all(c["status"] == "pass" for c in data["cases"])
     records = _jsonl(lines)
     assert records[0]["type"] == "header" and records[-1]["type"] == "summary"
     assert records[-1]["interrupted_by"] == name
@@ -81,7 +81,7 @@ def test_timeouts_two_sigterms_keep_the_report_after_a_kernel_took_sigterm_over(
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, (process.returncode, stderr)
     data = json.loads(report.read_text())
-    assert data["interrupted_by"] == "SIGTERM" and 2 <= len(data["cases"]) < 11
+    assert data["interrupted_by"] == "SIGTERM" and 2 <= len(data["cases"]) < 12
     assert all(c["status"] == "pass" for c in data["cases"]), [c["message"] for c in data["cases"]]
     assert f"interrupted by SIGTERM after {len(data['cases'])} of 12 cases" in stdout
     assert "Traceback" not in stderr
