@@ -44,6 +44,18 @@ def test_the_builtin_kernels_pass_every_check_of_the_smoke_preset(tmp_path):
     assert "b✓ s✓ p✓ c–" in result.stdout
 
 
+def test_the_baseline_run_as_the_kernel_declares_batch_invariance_within_tolerance(tmp_path):
+    """`--kernel torch` sums a packed batch in other shapes than a sequence alone (fp32 last bits differ): its
+    batch check is judged by the tolerance rule unless `--batch-invariance exact` is asked for."""
+    args = ("--kernel", "torch", "--invariance", "--regime", "ragged", "--dtype", "fp32", "--batch", "3")
+    result, report = scan(*args, json_path=tmp_path / "t.json")
+    assert result.exit_code == 0, result.output
+    [batch] = [c["batch"] for c in checks(report)]
+    assert batch["status"] == "pass" and batch["mode"] == "tolerance" and not batch["identical"]
+    exact, report = scan(*args, "--batch-invariance", "exact", json_path=tmp_path / "e.json")
+    assert exact.exit_code == 1 and report["cases"][0]["message"].startswith("batch invariance: sequence")
+
+
 @pytest.mark.parametrize("regime", ["ragged", "initial-state"])
 def test_stochastic_state_storage_keeps_the_builtin_scan_batch_invariant(tmp_path, regime):
     # Philox counters are sequence-relative: a sequence rounds its stored states the same alone or packed
