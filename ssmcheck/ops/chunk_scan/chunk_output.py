@@ -155,7 +155,7 @@ def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool =
         return dict(BLOCK_ROWS=chunk_size, BLOCK_M=chunk_size, BLOCK_K=chunk_size,
                     BLOCK_P=max(16, triton.next_power_of_2(headdim)), num_warps=4, num_stages=1)
     return dict(BLOCK_ROWS=chunk_size, BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 32),
-                BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)), num_warps=4, num_stages=3)
+                BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)), num_warps=4, num_stages=2)
 
 
 def chunk_output(x, z, C, D, cb, dt_proc, dA_cs, states, y, mm_dtype, table: ChunkTable, interpret: bool,
