@@ -147,7 +147,9 @@ def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool =
     """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md: the fastest of the whole
     grid of 120 at 16k within noise; Triton 3.6 miscompiles five others, those with BLOCK_K=64 BLOCK_P=32
     num_warps=4 num_stages=1: an out-of-range shared-memory address in their tl.dot, so a `config` is not safe
-    because it compiles); in the
+    because it compiles), but two pipeline stages where the sweep picked three: at Mamba2-2.7B widths that
+    leaves 128 registers and 49.5 KB of shared memory a program, so four programs fit an SM where three did
+    (135 registers, 62 KB), 3.6% faster at 64k (RESULTS "the output stage at two pipeline stages"); in the
     interpreter, whole-chunk tiles: it runs the programs one after
     another and each tile op is one numpy call, so fewer, larger programs run faster (the default
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
