@@ -375,6 +375,20 @@ def tf32_matmuls(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def final_state_one_token_early(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """y is right; the final state of an unpacked batch is the state after the second-last token (a loop bound
+    one short in the state store). Where the last token moves the state little, the error is as small as a
+    reduced precision's."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if cu_seqlens is None and x.shape[1] > 1:
+        early = _baseline(x[:, :-1], dt[:, :-1], A, B[:, :-1], C[:, :-1], chunk_size, D,
+                          None if z is None else z[:, :-1], dt_bias, initial_states, None, dt_softplus, dt_limit)
+        out.final_states.copy_(early.final_states)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 _LAUNCHES = [0]
 
 

@@ -328,10 +328,114 @@ def test_as_json_of_a_match():
     found = (P.Precision(P.TF32, 2e-4, 3e-4), 1.1)
     record = P.as_json(found, [found[0]])
     assert record == {
-        "closest_precision": "tf32 matmuls", "ratio": 1.1,
+        "closest_precision": "tf32 matmuls", "ratio": 1.1, "in_place": None,
         "description": "consistent with TF32 matmuls (ratio 1.1 to a TF32 baseline)",
-        "candidates": {"tf32 matmuls": {"y_rel": 2e-4, "states_rel": 3e-4}},
+        "candidates": {"tf32 matmuls": {"y_rel": 2e-4, "states_rel": 3e-4, "y_apart": None, "states_apart": None}},
     }
+    placed = (P.Precision(P.TF32, 2e-4, 3e-4, 0.1, 0.2), 1.1)
+    assert P.as_json(placed, [placed[0]])["in_place"] is True
+    assert P.as_json(placed, [placed[0]])["candidates"]["tf32 matmuls"] == {
+        "y_rel": 2e-4, "states_rel": 3e-4, "y_apart": 0.1, "states_apart": 0.2}
+
+
+# ------------------------------------------------------------------------------------ size and place
+
+def measured_against(inputs, kernel_out):
+    """The fp32 fixture's candidates, their aparts measured from `kernel_out` (y, states)."""
+    def measured(streams):
+        return relative_errors(inputs, [(0, 512)], reference_stream(inputs, "fp64"), streams, kernel_out)
+    return measured
+
+
+def candidates_for(fp32_case, kernel_out):
+    inputs, _, own, _ = fp32_case
+    return P.candidate_precisions(inputs, case_of(chunk_size=64), torch.float32,
+                                  measured_against(inputs, kernel_out), *own)
+
+
+@pytest.mark.parametrize("options, name", [(dict(matmul_operand_bits=10), P.TF32),
+                                           (dict(state_dtype=torch.bfloat16), P.BF16_STORAGE)])
+def test_a_kernel_rounding_where_the_candidate_rounds_is_in_place(fp32_case, options, name):
+    # Chunked at 32 where the candidates chunk at 64: another computation that rounds the same operands
+    # (TF32) or a superset of the same states (bf16 storage).
+    inputs, ref, _, _ = fp32_case
+    out = call(inputs, 32, **options)
+    precisions = candidates_for(fp32_case, out)
+    found = P.closest(*rel(out, ref), precisions)
+    assert found is not None and found[0].name == name
+    assert P.in_place(found[0]) is True and max(found[0].y_apart, found[0].states_apart) < 0.9
+    assert P.describe(found).startswith("consistent with ")
+    assert P.as_json(found, precisions)["in_place"] is True
+
+
+def test_a_bug_erring_as_much_as_a_precision_is_a_match_in_size_only(fp32_case):
+    # The float64 reference plus random noise scaled to bf16 state storage's errors in y and in the states:
+    # the same size, rounded nowhere that baseline rounds.
+    inputs, ref, _, _ = fp32_case
+    bf16 = call(inputs, 64, state_dtype=torch.bfloat16)
+    generator = torch.Generator().manual_seed(5)
+    out = []
+    for want, truth in zip(bf16, ref[:2]):
+        truth = truth.double()
+        noise = torch.randn(truth.shape, generator=generator, dtype=torch.float64)
+        out.append((truth + noise * (want.double() - truth).norm() / noise.norm()).float())
+    precisions = candidates_for(fp32_case, tuple(out))
+    found = P.closest(*rel(out, ref), precisions)
+    assert found is not None and found[0].name == P.BF16_STORAGE and 0.8 < found[1] < 1.25
+    # Independent errors of one size lie sqrt 2 apart.
+    assert 1.2 < found[0].y_apart < 1.7 and 1.2 < found[0].states_apart < 1.7
+    assert P.in_place(found[0]) is False
+    text = P.describe(found)
+    assert re.fullmatch(r"errs as much as bf16 state storage \(ratio [\d.]+ to a baseline storing bf16 states\) "
+                        r"but not where it rounds: the kernel's (y lies|states lie) 1\.[2-6]x as far from that "
+                        r"baseline's as from the reference \(a bug that errs as much, or that precision at other "
+                        r"points or in another order\)", text), text
+
+
+def test_a_candidate_in_place_comes_before_one_nearer_in_size():
+    near = P.Precision(P.TF32, 1e-4, 1e-4, 1.4, 1.4)
+    placed = P.Precision(P.FP16_ACCUMULATION, 2e-4, 2e-4, 0.3, 0.5)
+    assert P.closest(1e-4, 1e-4, [near, placed])[0] is placed
+    half = P.Precision(P.FP16_ACCUMULATION, 2e-4, 2e-4, 0.3, 1.0)  # one output not nearer: not in place
+    assert P.closest(1e-4, 1e-4, [near, half])[0] is near
+    unmeasured = P.Precision(P.FP16_ACCUMULATION, 2e-4, 2e-4)
+    assert P.closest(1e-4, 1e-4, [near, unmeasured])[0] is near
+    assert P.in_place(unmeasured) is None and P.in_place(P.Precision(P.BASELINE, 1e-4, 1e-4, 0.1, 0.1)) is None
+
+
+class Fixed:
+    """A stream of given outputs: y flattened over tokens, and the states."""
+
+    def __init__(self, y, states):
+        self.y, self.final = y.flatten(0, 1), states
+
+    def segment(self, f0, f1):
+        return self.y[f0:f1], self.y[f0:f1]
+
+    def states(self):
+        return self.final, None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(min_value=1e-6, max_value=1.0), st.integers(1, 4))
+def test_aparts_measure_distance_from_the_kernel_over_the_kernels_error(seed, scale, pieces):
+    inputs = REGIMES["normal"].generate(SHAPE, torch.float32, seed % 1000)
+    generator = torch.Generator().manual_seed(seed)
+    rows, seqlen = inputs.x.shape[:2]
+    ref_y = torch.randn(inputs.x.shape, generator=generator, dtype=torch.float64)
+    ref_states = torch.randn(rows, SHAPE.nheads, SHAPE.headdim, SHAPE.dstate, generator=generator, dtype=torch.float64)
+    kernel = tuple(t + scale * torch.randn(t.shape, generator=generator, dtype=torch.float64)
+                   for t in (ref_y, ref_states))
+    streams = {"reference": Fixed(ref_y, ref_states), "kernel": Fixed(*kernel),
+               "double": Fixed(*(2 * k - r for k, r in zip(kernel, (ref_y, ref_states))))}
+    cuts = torch.linspace(0, rows * seqlen, pieces + 1).round().int().tolist()
+    found = relative_errors(inputs, list(zip(cuts, cuts[1:])), Fixed(ref_y, ref_states), streams, kernel)
+    assert found["reference"][2:] == pytest.approx((1.0, 1.0), rel=1e-12)
+    assert found["kernel"][2:] == (0.0, 0.0)
+    assert found["double"][2:] == pytest.approx((1.0, 1.0), rel=1e-12)  # as far on the other side
+    exact = relative_errors(inputs, [(0, rows * seqlen)], Fixed(ref_y, ref_states), streams, (ref_y, ref_states))
+    assert exact["kernel"][2:] == (None, None)  # a kernel without error has no apart
+    assert len(relative_errors(inputs, [(0, rows * seqlen)], Fixed(ref_y, ref_states), streams)["kernel"]) == 2
 
 
 @pytest.mark.gpu

@@ -53,6 +53,10 @@ class ErrorSum:
             self.worst = (key, max_abs, offset + int(where))
         return self
 
+    def norm(self) -> float:
+        """The 2-norm of the difference over every element added."""
+        return _combined(self.norms)
+
     def stats(self) -> ErrorStats:
         num, den = (_combined(norms) for norms in (self.norms, self.ref_norms))
         if den > 0:

@@ -26,7 +26,8 @@ of the candidate's, i.e. |ln(kernel / candidate)| <= ln 4 for both outputs; a pr
 choice degrades both (TF32 and fp16 accumulation every matmul, storage every state), so an
 error in one output that the other does not show is not that choice. Among the candidates
 that explain it, the closest is the one with the smallest sum of the squared log ratios of
-the two outputs; the ratio reported is kernel / candidate for y. When the case's own baseline
+the two outputs, except that one in place (below) comes before any that is not; the ratio
+reported is kernel / candidate for y. When the case's own baseline
 is in the list, a candidate within DISTINCT (2x) of it in both outputs is dropped: it is no
 precision one can tell apart (fp16 state storage for fp16 inputs, whose states error is only
 about sqrt 2 times the baseline's, cannot explain a failure). A kernel error far above
@@ -34,6 +35,15 @@ every candidate (a 1% error in one chunk, a wrong decay) or non-finite matches n
 unexplained. Candidates with non-finite errors (an fp16 accumulator overflowing) explain
 nothing. Precisions whose baselines make the same error cannot be told apart: on fp32 inputs
 an fp16 matmul accumulator with fp32 decays errs like TF32 and is named TF32.
+
+Size is not place (`in_place`): a bug can err by chance as much as a reduced precision does. A
+kernel that rounds where a candidate rounds, on nearly the same values, lands near that
+candidate's output: nearer it than the reference (`apart`, ||candidate - kernel|| / ||kernel -
+reference||, below 1 in y and in the states). Errors of one size independent of each other lie
+about sqrt 2 apart. So a match in size whose output is at least as far from the candidate's as
+from the reference is reported as one of size only ("errs as much as ... but not where it rounds"):
+a bug of that size, or that precision at other points (another chunking) or in another order
+(accumulation order moves fp16 sums' roundings).
 """
 
 from __future__ import annotations
@@ -74,6 +84,10 @@ class Precision:
     name: str  # TF32, FP16_STORAGE, BF16_STORAGE, FP16_ACCUMULATION or BASELINE
     y_rel: float  # that baseline's norm-wise relative y error against the float64 reference
     states_rel: float  # the same for its states
+    # ||this baseline's output - the kernel's|| / ||the kernel's - the reference's||, y and states (None: not
+    # measured, as for the case's own baseline, or the kernel's output exact)
+    y_apart: float | None = None
+    states_apart: float | None = None
 
 
 def _options(inputs: ScanInputs, storage: torch.dtype, allow_tf32: bool) -> dict[str, dict]:
@@ -114,11 +128,11 @@ def candidate_precisions(inputs: ScanInputs, case: ScanCase, storage: torch.dtyp
                          baseline_y_rel: float, baseline_states_rel: float, *, allow_tf32: bool = False
                          ) -> list[Precision]:
     """The case's own baseline (its errors already measured) and every candidate, measured by `measured`:
-    streams by name -> (relative error of y, of the states) against the float64 reference
-    (scan.streamed.relative_errors over the case's segments)."""
+    streams by name -> (relative error of y, of the states) against the float64 reference, and optionally
+    (y apart, states apart) from the kernel's outputs (scan.streamed.relative_errors over the case's segments)."""
     own = Precision(BASELINE, baseline_y_rel, baseline_states_rel)
     errors = measured(candidate_baselines(inputs, case, storage, allow_tf32=allow_tf32))
-    return [own, *(Precision(name, y_rel, states_rel) for name, (y_rel, states_rel) in errors.items())]
+    return [own, *(Precision(name, *figures) for name, figures in errors.items())]
 
 
 def _log_ratio(kernel: float, candidate: float) -> float:
@@ -140,21 +154,32 @@ def closest(kernel_y_rel: float, kernel_states_rel: float, precisions: list[Prec
     if own is not None:  # a candidate erring like the case's own baseline is no distinct precision
         usable = [p for p in usable if p is own or not _within(p, own, DISTINCT)]
     kernel = Precision("kernel", kernel_y_rel, kernel_states_rel)
-    best, best_distance = None, math.inf
+    best, best_key = None, (True, math.inf)
     for p in usable:
         if not _within(kernel, p, factor):
             continue
         dy, ds = _log_ratio(kernel_y_rel, p.y_rel), _log_ratio(kernel_states_rel, p.states_rel)
-        if dy * dy + ds * ds < best_distance:
-            best, best_distance = p, dy * dy + ds * ds
+        key = (in_place(p) is not True, dy * dy + ds * ds)  # a candidate in place first, then the nearest in size
+        if key < best_key:
+            best, best_key = p, key
     if best is None:
         return None
     return best, max(kernel_y_rel, ERROR_FLOOR) / max(best.y_rel, ERROR_FLOOR)
 
 
+def in_place(precision: Precision) -> bool | None:
+    """Whether the kernel's outputs lie nearer this candidate's than the reference in both y and the
+    states (the module docstring); None where that was not measured."""
+    aparts = (precision.y_apart, precision.states_apart)
+    if precision.name == BASELINE or None in aparts:
+        return None
+    return max(aparts) < 1
+
+
 def describe(found: tuple[Precision, float] | None, factor: float = FACTOR) -> str:
     """'consistent with TF32 matmuls (ratio 1.1 to a TF32 baseline)', or what the baseline's or no
-    match means."""
+    match means; a match in size only says so ('errs as much as bf16 state storage ... but not where it
+    rounds: ...')."""
     if found is None:
         return (f"unexplained by reduced precision: no TF32, fp16/bf16 state storage or fp16 accumulation "
                 f"baseline comes within {factor:g}x of both errors")
@@ -162,17 +187,26 @@ def describe(found: tuple[Precision, float] | None, factor: float = FACTOR) -> s
     if precision.name == BASELINE:
         return f"closest to the same-precision baseline itself (ratio {ratio:.2g}), not to a reduced precision"
     what, baseline = _WORDS[precision.name]
-    return f"consistent with {what} (ratio {ratio:.2g} to {baseline})"
+    if in_place(precision) is not False:
+        return f"consistent with {what} (ratio {ratio:.2g} to {baseline})"
+    output, apart = max((("y lies", precision.y_apart), ("states lie", precision.states_apart)), key=lambda p: p[1])
+    return (f"errs as much as {what} (ratio {ratio:.2g} to {baseline}) but not where it rounds: the kernel's "
+            f"{output} {apart:.1f}x as far from that baseline's as from the reference (a bug that errs as much, or "
+            f"that precision at other points or in another order)")
 
 
 def as_json(found: tuple[Precision, float] | None, precisions: list[Precision]) -> dict:
     """The report's record: {"closest_precision": name or null, "ratio": kernel / its y error or null,
-    "description": describe's text, "candidates": {name: {"y_rel", "states_rel"}}}."""
+    "in_place": whether the kernel's outputs lie nearer the closest candidate's than the reference (null:
+    no candidate, the baseline itself, or not measured), "description": describe's text,
+    "candidates": {name: {"y_rel", "states_rel", "y_apart", "states_apart"}}}."""
     return {
         "closest_precision": found[0].name if found else None,
         "ratio": found[1] if found else None,
+        "in_place": in_place(found[0]) if found else None,
         "description": describe(found),
-        "candidates": {p.name: {"y_rel": p.y_rel, "states_rel": p.states_rel} for p in precisions},
+        "candidates": {p.name: {"y_rel": p.y_rel, "states_rel": p.states_rel, "y_apart": p.y_apart,
+                                "states_apart": p.states_apart} for p in precisions},
     }
 
 

@@ -223,7 +223,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         if moved:
             shown = ", ".join(f"{i} is sequence {j}'s" for i, j in moved[:4]) + (", ..." if len(moved) > 4 else "")
             result.message += f"; states returned for other sequences: the state of sequence {shown}"
-        result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, allow_tf32)
+        result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, out, allow_tf32)
         result.message += f"; {note}"
     if result.status is Status.NONFINITE:
         # The call that came back non-finite: the case's, else the one without D and z.
@@ -340,14 +340,15 @@ def _kernel_failed(case: ScanCase, exc: Exception, inputs: ScanInputs, transcrip
     return ScanResult(case, Status.ERROR, message + which, inputs_note=inputs.note, stdout=transcript.text)
 
 
-def _classify(inputs, case, storage, cuts, reference_kind, result: ScanResult, allow_tf32: bool) -> tuple[dict | None, str]:
+def _classify(inputs, case, storage, cuts, reference_kind, result: ScanResult, out, allow_tf32: bool
+              ) -> tuple[dict | None, str]:
     """Which reduced precision the kernel's errors match (TF32 matmuls, fp16/bf16 storage, fp16
     accumulation), for a failing case: (the JSON record, the message's words); the candidates' baselines
-    are measured in a second pass over the segments. Advisory: a failure to classify never changes the
-    verdict."""
+    are measured in a second pass over the segments, against the reference and against the kernel's
+    outputs `out` (y, states). Advisory: a failure to classify never changes the verdict."""
     try:
-        def measured(streams: dict) -> dict[str, tuple[float, float]]:
-            return streamed.relative_errors(inputs, cuts, reference_stream(inputs, reference_kind), streams)
+        def measured(streams: dict) -> dict[str, tuple[float, ...]]:
+            return streamed.relative_errors(inputs, cuts, reference_stream(inputs, reference_kind), streams, out[:2])
 
         candidates = precision.candidate_precisions(inputs, case, storage, measured, result.baseline.y.rel,
                                                     result.baseline.states.rel, allow_tf32=allow_tf32)

@@ -6,6 +6,7 @@ every figure accumulates (scan.measure), so only the kernel's own outputs are ev
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -118,14 +119,38 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
 
 
 def relative_errors(inputs: ScanInputs, segments: list[tuple[int, int]], reference, streams: dict,
-                    ) -> dict[str, tuple[float, float]]:
-    """name -> (norm-wise relative error of y, of the states) of each stream against the `reference` stream."""
+                    kernel: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, tuple[float, ...]]:
+    """name -> (norm-wise relative error of y, of the states) of each stream against the `reference` stream;
+    given the `kernel`'s (y, states), also (y apart, states apart): how far each stream's output lies from the
+    kernel's, over how far the kernel's lies from the reference (||stream - kernel|| / ||kernel - reference||,
+    None where the kernel's is exact). Below 1 the stream errs where the kernel does; about sqrt 2 for errors
+    of one size that are independent of each other."""
     errors = {name: measure.ErrorSum(inputs.x.shape) for name in streams}
+    apart = {name: measure.ErrorSum(inputs.x.shape) for name in streams}
+    kernel_error = measure.ErrorSum(inputs.x.shape)
     per_token = inputs.x.shape[2] * inputs.x.shape[3]
+    flat_y = None if kernel is None else kernel[0].flatten(0, 1)
     for f0, f1 in segments:
         ref_y = reference.segment(f0, f1)[0]
+        if flat_y is not None:
+            kernel_error.add(flat_y[f0:f1], ref_y, f0 * per_token)
         for name, stream in streams.items():
-            errors[name].add(stream.segment(f0, f1)[0], ref_y, f0 * per_token)
+            y = stream.segment(f0, f1)[0]
+            errors[name].add(y, ref_y, f0 * per_token)
+            if flat_y is not None:
+                apart[name].add(y, flat_y[f0:f1], f0 * per_token)
     ref_states = states(reference, inputs)
-    return {name: (errors[name].stats().rel, measure.error_stats(states(stream, inputs), ref_states).rel)
-            for name, stream in streams.items()}
+    found = {}
+    for name, stream in streams.items():
+        stream_states = states(stream, inputs)
+        found[name] = (errors[name].stats().rel, measure.error_stats(stream_states, ref_states).rel)
+        if kernel is not None:
+            found[name] += (_ratio(apart[name].norm(), kernel_error.norm()),
+                            _ratio(measure.ErrorSum(ref_states.shape).add(stream_states, kernel[1]).norm(),
+                                   measure.ErrorSum(ref_states.shape).add(kernel[1], ref_states).norm()))
+    return found
+
+
+def _ratio(num: float, den: float) -> float | None:
+    ratio = num / den if den > 0 else math.nan
+    return ratio if math.isfinite(ratio) else None
