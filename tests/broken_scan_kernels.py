@@ -327,6 +327,84 @@ def dstate_capped_at_128(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def later_dstate_blocks_in_group_0(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                   seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                   return_final_states=False, return_varlen_states=False):
+    """Past the first block of DSTATE_CAP state indices its loop over blocks of B and C leaves out the group's
+    offset: every head reads group 0's B and C there. Right in one group or up to dstate 128."""
+    B, C = B.clone(), C.clone()
+    B[..., DSTATE_CAP:] = B[:, :, :1, DSTATE_CAP:]
+    C[..., DSTATE_CAP:] = C[:, :, :1, DSTATE_CAP:]
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def channels_masked_by_dstate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """Its loads of x are masked with `channel < dstate` where `channel < headdim` was meant (a copied mask):
+    channels past dstate read as 0. Right wherever headdim <= dstate."""
+    x = x.clone()
+    x[..., C.shape[-1]:] = 0
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_state_head_stride_squared(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                      initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                      dt_limit=(0.0, float("inf")), return_final_states=False,
+                                      return_varlen_states=False):
+    """It reads head h's initial state at h * headdim * headdim (headdim written for dstate) within each
+    sequence's block, so past head 0 the initial states come from the wrong place (zeros past the buffer's
+    end). Right wherever headdim == dstate."""
+    if initial_states is not None:
+        rows, nheads, headdim, dstate = initial_states.shape
+        flat = torch.cat([initial_states.flatten(), initial_states.new_zeros(nheads * headdim * headdim)])
+        starts = (torch.arange(rows)[:, None] * nheads * headdim * dstate
+                  + torch.arange(nheads)[None, :] * headdim * headdim)
+        at = starts[..., None] + torch.arange(headdim * dstate)
+        initial_states = flat[at.to(flat.device)].reshape(rows, nheads, headdim, dstate)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def rows_joined_at_whole_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """A fast path for seqlen a multiple of chunk_size scans the batch rows' chunks as one sequence, so each row
+    starts from the state the row before it ended with. Right for one row or a partial last chunk."""
+    rows, seqlen = x.shape[:2]
+    if cu_seqlens is not None or rows == 1 or seqlen % chunk_size:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                        dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    jx, jdt, jB, jC, jz = (None if t is None else t.reshape(1, rows * seqlen, *t.shape[2:]) for t in (x, dt, B, C, z))
+    first = None if initial_states is None else initial_states[:1]
+
+    def through(end):  # the joined scan up to token `end`
+        cut = lambda t: None if t is None else t[:, :end]  # noqa: E731
+        return _baseline(cut(jx), cut(jdt), A, cut(jB), cut(jC), chunk_size, D, cut(jz), dt_bias, first, None,
+                         dt_softplus, dt_limit)
+
+    ends = [through((row + 1) * seqlen) for row in range(rows)]
+    out = ends[-1]
+    y = out.y.reshape(rows, seqlen, *out.y.shape[2:])
+    out = replace(out, y=y, final_states=torch.cat([end.final_states for end in ends]))
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def skip_past_16_heads_in_bf16(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """Heads from 16 on take D rounded to bf16 (the second block of 16 heads reads a copy of the parameters in
+    the activations' dtype): D*x up to 0.4% off there, within bf16 inputs' own error, past fp16's and fp32's."""
+    if D is not None and x.shape[2] > 16:
+        D = D.clone()
+        D[16:] = D[16:].to(torch.bfloat16).to(D.dtype)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def heads_in_pairs(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
                    cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
                    return_varlen_states=False):

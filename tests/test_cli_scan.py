@@ -477,11 +477,21 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("per_channel_skip_after_gate", lambda p: p["regime"] == "aligned", 2),
     ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output"), 4),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
-], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states"])
+    ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 1),
+    ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 6),
+    ("initial_state_head_stride_squared", lambda p: p["headdim"] != p["dstate"] and "initial-state" in p["regime"], 6),
+    ("rows_joined_at_whole_chunks", lambda p: p["regime"] == "normal" and p["batch"] > 1
+     and p["seqlen"] % p["chunk_size"] == 0, 1),
+    ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
+], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
+        "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
+        "heads-past-16-in-fp16"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
-    dt_limit without softplus, an initial state for a sequence that starts a chunk. The default preset has cases
-    for each (and every other case passes)."""
+    dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
+    groups, headdim past dstate, initial states of heads wider than their states, several rows of whole chunks,
+    more than 16 heads in a dtype finer than bf16. The default preset has cases for each (and every other case
+    passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
