@@ -90,6 +90,35 @@ def x_read_at_the_slot(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_s
                                   state_batch_indices, pad_slot_id, out=out)
 
 
+def slot_0_taken_for_a_pad(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: the pad test written `slot > 0` (slot 0 taken for a null block): a live row on slot 0 is skipped
+    like a pad row (its state not advanced, its out zeros)."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    skipped = torch.where(state_batch_indices > 0, state_batch_indices, pad_slot_id)
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, skipped, pad_slot_id, out=out)
+
+
+def last_slot_out_of_bounds(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                            state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: the bounds test written `slot < pool - 1`: a live row on the pool's last slot is skipped like a
+    pad row."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    inside = (state_batch_indices >= 0) & (state_batch_indices < state.shape[0] - 1)
+    skipped = torch.where(inside, state_batch_indices, pad_slot_id)
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, skipped, pad_slot_id, out=out)
+
+
+def out_returned_not_written(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                             state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: takes `out` but returns y in a tensor of its own and leaves `out` as it was (an engine, which
+    passes out and ignores the return value, reads stale memory)."""
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                  pad_slot_id)
+
+
 # ---------------------------------------------------------------------------- chunk scans with pad tokens
 
 

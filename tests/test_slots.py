@@ -45,7 +45,9 @@ def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named(seed):
     assert 0 not in [s for r, s in enumerate(slots["slots"]) if r not in slots["pad_rows"]]
     assert case["status"] == "fail" and slots["untouched"]["status"] == "fail"
     assert slots["untouched"]["changed"] == [0] and "slot 0 (no row's)" in slots["untouched"]["message"]
-    assert slots["live"]["status"] == "pass"
+    # In the ends layout a live row sits on slot 0, where the pad rows' writes land: only there may it fail.
+    assert slots["live"]["status"] == "pass" or "(live rows on the pool's first and last slots)" in slots["live"][
+        "message"]
 
 
 @pytest.mark.parametrize("seed", [0, 5])
@@ -55,6 +57,44 @@ def test_a_pad_row_wrapped_around_to_the_last_slot_is_caught(seed):
     last = slots["pool"] - 1
     assert case["status"] == "fail" and slots["untouched"]["changed"] == [last]
     assert f"slot {last} (no row's)" in case["message"], case["message"]
+
+
+def test_the_ends_layout_puts_live_rows_on_the_first_and_last_slots():
+    for kernel, batch in (("slots_correct", 3), ("slots_correct", 1)):
+        case = _case(f"{KERNELS}:{kernel}", batch=[batch])
+        ends = case["slots"]["ends"]
+        live = [s for r, s in enumerate(ends["slots"]) if r not in ends["pad_rows"]]
+        assert ends["placement"] == "ends" and len(live) == max(batch, 2) == len(set(live))
+        assert {0, ends["pool"] - 1} <= set(live) and ends["pool"] == len(ends["slots"]) + SPARE_SLOTS
+        assert case["status"] == "pass", case["message"]
+
+
+@pytest.mark.parametrize("kernel", ["slot_0_taken_for_a_pad", "last_slot_out_of_bounds"])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_live_row_on_an_end_of_the_pool_left_behind_fails(kernel, seed):
+    # The inner layout never puts a live row on either end, so only the ends layout can see these.
+    case = _case(f"{KERNELS}:{kernel}", seed=seed)
+    slots = case["slots"]
+    ends = slots["ends"]
+    end = 0 if kernel == "slot_0_taken_for_a_pad" else ends["pool"] - 1
+    row = ends["slots"].index(end)
+    assert case["status"] == "fail" and slots["live"]["status"] == "fail", case["message"]
+    assert slots["live"]["message"].startswith(
+        f"slots (live rows on the pool's first and last slots): slot {end} (row {row}): its state kept every bit "
+        "(the row skipped, as a pad row is): state error "), case["message"]
+    assert slots["untouched"]["status"] == slots["pad_out"]["status"] == "pass"
+
+
+def test_out_left_unwritten_fails_though_the_return_value_is_right():
+    case = _case(f"{KERNELS}:out_returned_not_written")
+    live = case["slots"]["live"]
+    assert case["status"] == "fail" and live["status"] == "fail", case["message"]
+    assert f"out row {live['out_unwritten_row']} (slot " in live["message"]
+    assert live["message"].endswith("left unwritten in 16 of 16 elements: the kernel returned its output in a tensor "
+                                    "of its own"), live["message"]
+    # 16 elements: a row of out is 2 heads x 8 channels. The decode itself, judged on the returned y, is right:
+    # only the out an engine reads is wrong.
+    assert case["slots"]["pad_out"] == {"status": "pass", "message": "", "outputs": "not written"}
 
 
 def test_pad_rows_left_unwritten_are_reported_not_failed():

@@ -22,6 +22,16 @@ def inner_slots(count: int, size: int, generator: torch.Generator, skip: int | N
     return [usable[i] for i in torch.randperm(len(usable), generator=generator)[:count].tolist()]
 
 
+def end_slots(count: int, size: int, generator: torch.Generator, skip: int | None = None) -> list[int]:
+    """`count` (at least 2) distinct slots of a pool of `size` (never `skip`): its first and last, the rest drawn at
+    random from between them, in a random order. A bounds or pad test off by one at either end skips one."""
+    usable = [s for s in range(size) if s != skip]
+    between = usable[1:-1]
+    drawn = torch.randperm(len(between), generator=generator)[:count - 2].tolist()
+    chosen = [usable[0], usable[-1], *(between[i] for i in drawn)]
+    return [chosen[i] for i in torch.randperm(count, generator=generator).tolist()]
+
+
 def nan_filled(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """A tensor of `shape` in like's dtype and device, every element the poison NaN."""
     pattern = torch.full(shape, POISON_BITS[like.dtype], dtype=bits(like).dtype, device=like.device)

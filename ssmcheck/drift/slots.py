@@ -5,12 +5,21 @@ An engine keeps its cached states in a pool larger than the batch, passes each r
 id (PAD_SLOT_ID -1; vLLM points them at its null block, slot 0). For a kernel that takes slot
 indices (drift.adapter's pad_slot_id), one step runs on such a batch: the case's rows plus PAD_ROWS pad
 rows in random places, a pool of SPARE_SLOTS more slots than rows (and the pad slot where it is one),
-the spares at its two ends, the live rows on a random permutation of the rest, the regime's own states
-and inputs. Three verdicts:
+the regime's own states and inputs. It runs in two layouts of the pool (LAYOUTS), a call each:
+
+- inner: the spares at the pool's two ends, the live rows on a random permutation of the rest. A pad
+  row's index clamped into range or wrapped around (-1) writes a spare, where the write shows whatever
+  the order of the stores (on a live row's slot it races that row's own store);
+- ends: live rows on the pool's first and last slots (the pad slot aside), the spares inside. A bounds
+  or pad test off by one (`slot > 0`, `slot < pool - 1`) leaves a live row there behind.
+
+Three verdicts, each the inner layout's unless only the ends layout's fails (its message says so):
 
 - live: each live row's slot holds the float64 step of its own state and inputs, and its out the
   step's output, within the tolerance rule (the baseline: the float64 step stored in the state dtype
-  in the case's rounding mode; its output is the float64 one), judged slot by slot;
+  in the case's rounding mode; its output is the float64 one), judged slot by slot. Where the kernel
+  takes `out`, the out judged is the one it was given, as an engine reads it (engines ignore the return
+  value): a live row left NaN-filled there was not written, which fails;
 - untouched: every other slot (the spares, the pad slot) and a guard slot on each side of the pool
   (where an index of -1 or one past the end writes) keeps its bits, and so does a guard row on each side
   of out where the kernel takes one (a store past the batch's last row, unmasked, lands there);
@@ -33,8 +42,9 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.pool import changed_slots, inner_slots, nan_filled, poisoned
+from ssmcheck.core.pool import changed_slots, end_slots, inner_slots, nan_filled, poisoned
 from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
@@ -46,15 +56,27 @@ from ssmcheck.ops.state_update.naive import state_update_step
 LIVE, UNTOUCHED, PAD_OUT = "live", "untouched", "pad_out"
 TITLES = {LIVE: "slots", UNTOUCHED: "slots untouched", PAD_OUT: "pad rows' out"}
 PAD_ROWS = 2  # pad rows added to the case's batch
-SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names: the first and the last
+SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
+INNER, ENDS = "inner", "ends"  # where the live rows sit in the pool (the module docstring)
+LAYOUTS = (INNER, ENDS)
+_PLACED = {INNER: "", ENDS: " (live rows on the pool's first and last slots)"}
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
 
 
 def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
               transcript: Transcript) -> tuple[list[SlotCheck], dict]:
-    """The three verdicts of `case` for `kernel` (which takes slot indices), and the layout they ran."""
-    layout = _layout(case, kernel.pad_slot_id)
+    """The three verdicts of `case` for `kernel` (which takes slot indices), and the layouts they ran (the inner
+    one's pool, slots and pad rows, the ends one's under ENDS)."""
+    layouts = {placement: _layout(case, kernel.pad_slot_id, placement) for placement in LAYOUTS}
+    inner, ends = (_run_layout(case, kernel, tolerance, device, transcript, layouts[p]) for p in LAYOUTS)
+    checks = [e if i.status is Status.PASS and e.status is not Status.PASS else i for i, e in zip(inner, ends)]
+    return checks, {**layouts[INNER], ENDS: layouts[ENDS]}
+
+
+def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str, transcript: Transcript,
+                layout: dict) -> list[SlotCheck]:
+    """The three verdicts of one call on `layout`'s pool."""
     problem = make_problem(case.regime, replace(case.shape(), batch=layout["pool"]), case.dtype, 1,
                            layout["seed"], device)
     step = next(problem.steps())
@@ -70,30 +92,38 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     out_buffer = nan_filled((rows + 2, *arguments["x"].shape[1:]), arguments["x"])
     sent = out_buffer[1:-1]
     seed = sweep.case_seed(layout["seed"], {"step": 1})
+    placed = _PLACED[layout["placement"]]
     try:
-        out = kernel.update_slots(pool, slots, arguments, sent, case.rounding, seed, "slot check", transcript)
+        returned = kernel.update_slots(pool, slots, arguments, sent, case.rounding, seed, "slot check" + placed,
+                                       transcript)
     except KernelRaised as exc:
-        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (LIVE, UNTOUCHED, PAD_OUT)], layout
-    # Only the NaN-filled out the kernel wrote into shows what it left: one it allocated holds whatever it held.
-    was_poisoned = kernel.takes_out and out.data_ptr() == sent.data_ptr()
-    return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance),
+        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}{placed}: {exc}") for name in (LIVE, UNTOUCHED, PAD_OUT)]
+    # An engine reads the out it passed, whatever the call returns; only that NaN-filled out shows what the
+    # kernel left: one it allocated itself holds whatever it held.
+    out = sent if kernel.takes_out else returned
+    own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
+    return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance, kernel.takes_out, own),
             _untouched(layout, before, buffer, out_buffer if kernel.takes_out else None),
-            _pad_out(layout, out, was_poisoned)], layout
+            _pad_out(layout, out, kernel.takes_out)]
 
 
-def _layout(case: DriftCase, pad: int) -> dict:
-    """The pool and the rows: `slots` per row (pad for a pad row), drawn from the case's seed."""
-    seed = sweep.case_seed(case.seed, {"check": "slots"})
+def _layout(case: DriftCase, pad: int, placement: str) -> dict:
+    """The pool and the rows: `slots` per row (pad for a pad row), drawn from the case's seed. The ends layout
+    has at least two live rows, one for each end."""
+    # The inner layout's seed is the one it had before the ends layout came: its draws are unchanged.
+    seed = sweep.case_seed(case.seed, {"check": "slots", **({} if placement == INNER else {"layout": placement})})
     generator = torch.Generator().manual_seed(seed)
-    rows = case.batch + PAD_ROWS
+    live_rows = case.batch if placement == INNER else max(case.batch, 2)
+    rows = live_rows + PAD_ROWS
     pool = rows + SPARE_SLOTS
     if 0 <= pad <= pool:  # the pad id names a slot of the pool (vLLM's null block): never a live one
         pool += 1
-    live = inner_slots(case.batch, pool, generator, skip=pad)  # a pad row clamped or wrapped writes a spare
+    live = (inner_slots if placement == INNER else end_slots)(live_rows, pool, generator, skip=pad)
     pad_rows = sorted(torch.randperm(rows, generator=generator)[:PAD_ROWS].tolist())
     it = iter(live)
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
-    return {"seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots, "pad_rows": pad_rows}
+    return {"placement": placement, "seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots,
+            "pad_rows": pad_rows}
 
 
 def _own_storage(rows: torch.Tensor) -> torch.Tensor:
@@ -112,7 +142,10 @@ def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance: Tolerance) -> SlotCheck:
+def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance: Tolerance, took_out: bool,
+          returned_own: bool) -> SlotCheck:
+    """`took_out`: `out` is the NaN-filled one the kernel was given (a row left NaN there was not written);
+    `returned_own`: the kernel returned another tensor."""
     rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
     rows = [r for r in range(len(layout["slots"])) if r not in layout["pad_rows"]]
     live = [layout["slots"][r] for r in rows]
@@ -124,30 +157,41 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
                                      dt_softplus=arguments["dt_softplus"])
     generator = torch.Generator(device=pool.device).manual_seed(layout["seed"])
     stored = round_to(ref, case.dtype, case.rounding, generator).double()
-    worst, failed, nonfinite = None, None, None
+    worst, failed, nonfinite, unwritten = None, None, None, None
     for i, (row, slot) in enumerate(zip(rows, live)):
         got_state, got_out = pool[slot], out[row]
         figures = {"row": row, "slot": slot, "state_rel": relative_error(got_state, ref[i]),
                    "out_rel": relative_error(got_out, ref_out[i]),
                    "baseline_state_rel": relative_error(stored[i], ref[i])}
         figures["limit"] = tolerance_limit(figures["baseline_state_rel"], *rule)
-        if nonfinite is None and not (torch.isfinite(got_state).all() and torch.isfinite(got_out).all()):
+        if unwritten is None and took_out and bool(poisoned(got_out).any()):
+            unwritten = (figures, int(poisoned(got_out).sum()), got_out.numel())
+        elif nonfinite is None and not (torch.isfinite(got_state).all() and torch.isfinite(got_out).all()):
             nonfinite = figures
         over = [f"{what} error {figures[f'{what}_rel']:.3g} > limit {limit:.3g}"
                 for what, base, limit in (("state", figures["baseline_state_rel"], figures["limit"]),
                                           ("out", 0.0, tolerance_limit(0.0, *rule)))
                 if not within_tolerance(figures[f"{what}_rel"], base, *rule)]
         if failed is None and over:
-            failed = (figures, "; ".join(over))
+            # A row the step skipped (a bounds or pad test that took it for a pad row) keeps its state's bits.
+            kept = torch.equal(bits(got_state), bits(pool_before[slot]))
+            failed = (figures, ("its state kept every bit (the row skipped, as a pad row is): " if kept else "")
+                      + "; ".join(over))
         if worst is None or max(figures["state_rel"], figures["out_rel"]) > max(worst["state_rel"], worst["out_rel"]):
             worst = figures
     result = {"rows": len(rows), "worst": worst}
+    title = TITLES[LIVE] + _PLACED[layout["placement"]]
+    if unwritten is not None:
+        where, left, size = unwritten
+        own = ": the kernel returned its output in a tensor of its own" if returned_own else ""
+        return SlotCheck(LIVE, Status.FAIL, f"{title}: out row {where['row']} (slot {where['slot']}) left unwritten "
+                         f"in {left} of {size} elements{own}", {**result, "out_unwritten_row": where["row"]})
     if nonfinite is not None:
-        return SlotCheck(LIVE, Status.NONFINITE, f"slots: slot {nonfinite['slot']} (row {nonfinite['row']}) is "
+        return SlotCheck(LIVE, Status.NONFINITE, f"{title}: slot {nonfinite['slot']} (row {nonfinite['row']}) is "
                          "non-finite after the step", result)
     if failed is not None:
         where, over = failed
-        return SlotCheck(LIVE, Status.FAIL, f"slots: slot {where['slot']} (row {where['row']}): {over} "
+        return SlotCheck(LIVE, Status.FAIL, f"{title}: slot {where['slot']} (row {where['row']}): {over} "
                          f"({tolerance_rule(tolerance)}; pad rows {layout['pad_rows']} carry slot id "
                          f"{layout['pad_slot_id']})", result)
     return SlotCheck(LIVE, Status.PASS, "", result)
@@ -170,8 +214,8 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: t
         return f"slot {slot} ({what})"
 
     wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out)]
-    return SlotCheck(UNTOUCHED, Status.FAIL, "slots untouched: the step wrote " + ", ".join(wrote)
-                     + f"; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
+    return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_PLACED[layout['placement']]}: the step wrote "
+                     f"{', '.join(wrote)}; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
 
 
 def _pad_out(layout, out: torch.Tensor, was_poisoned: bool) -> SlotCheck:
@@ -186,8 +230,8 @@ def _pad_out(layout, out: torch.Tensor, was_poisoned: bool) -> SlotCheck:
         return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "undetermined"})
     what = "partly written" if left.any() else "written non-finite"
     row = layout["pad_rows"][int((~finite).flatten(1).any(1).nonzero()[0])]
-    return SlotCheck(PAD_OUT, Status.FAIL, f"pad rows' out: {what} (row {row}, slot id {layout['pad_slot_id']})",
-                     {"outputs": what})
+    return SlotCheck(PAD_OUT, Status.FAIL, f"{TITLES[PAD_OUT]}{_PLACED[layout['placement']]}: {what} (row {row}, "
+                     f"slot id {layout['pad_slot_id']})", {"outputs": what})
 
 
 def combine(verdict: DriftVerdict, checks: list[SlotCheck]) -> DriftVerdict:
