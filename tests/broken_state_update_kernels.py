@@ -3,9 +3,10 @@
 Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
-the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element),
+the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), random_bits_shared_by_rows,
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
-interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
+interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
+skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -307,6 +308,30 @@ def parameters_of_head_mod_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None
     return out
 
 
+def parameters_of_first_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                    rounding="nearest", seed=0):
+    """Channel c takes the A, dt, D and dt_bias of channel c % 64 (per-channel parameters loaded for a first
+    block of 64 channels and reused for the next blocks): right for Mamba2's tied parameters and up to 64
+    channels a head. Both rounding modes, as `_store` does."""
+    channel = torch.arange(state.shape[2], device=state.device) % 64
+    new, out = _fp32_step(state, x, dt[..., channel], A[:, channel], B, C, None if D is None else D[:, channel], z,
+                          None if dt_bias is None else dt_bias[:, channel], dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def gate_in_fp16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                 rounding="nearest", seed=0):
+    """Evaluates silu(z) in fp16 (the gate loaded and activated in half precision): y off by up to 2**-11
+    relative wherever a gate is given, which an fp16 or bf16 state's own error hides. Both rounding modes, as
+    `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, None, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    if z is None:
+        return out
+    return (out.float() * torch.nn.functional.silu(z.half()).float()).to(x.dtype)
+
+
 def contiguous_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                     rounding="nearest", seed=0):
     """Reads z at offsets computed from its shape, as if contiguous: right for a whole z and for the first row
@@ -352,6 +377,17 @@ def contiguous_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     new, out = _fp32_step(state, as_contiguous(x), dt, A, as_contiguous(B), as_contiguous(C), D, z, dt_bias,
                           dt_softplus)
     _store(state, new, rounding, seed)
+    return out
+
+
+def random_bits_shared_by_rows(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                               rounding="nearest", seed=0):
+    """Stochastic rounding whose random bits depend on the step's seed and the element's place in its row, not on
+    the row: every batch row is rounded with the same bits (each row on its own exact SR, as `_store` rounds).
+    Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    for row in range(state.shape[0]):
+        _store(state[row], new[row], rounding, seed)
     return out
 
 

@@ -54,10 +54,11 @@ def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
 
 def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(tmp_path):
     """A state update that takes A, dt, D and dt_bias at channel 0 of each head (right for Mamba2's stride-0
-    views) passes every regime but `untied`, and fails that one in every state dtype and rounding mode."""
+    views) passes every regime but `untied`, and fails that one in every state dtype and rounding mode (and its
+    fp32 case)."""
     _, report = drift("--kernel", f"{BROKEN}:per_head_parameters", "--preset", "default", json_path=tmp_path / "u.json")
     untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
-    assert len(untied) == 4 and all(c["status"] == "fail" for c in untied)
+    assert len(untied) == 5 and all(c["status"] == "fail" for c in untied)
 
 
 @pytest.mark.parametrize("kernel", ["softplus_regardless", "bias_only_with_softplus"])
@@ -76,7 +77,7 @@ def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(t
     and rounding mode, on its output."""
     _, report = drift("--kernel", f"{BROKEN}:skip_after_gate", "--preset", "default", json_path=tmp_path / "z.json")
     untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
-    assert len(untied) == 4 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
+    assert len(untied) == 5 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
 
 
 @pytest.mark.parametrize("kernel", ["interleaved_groups", "groups_by_ngroups"])
@@ -98,12 +99,24 @@ def test_the_default_preset_catches_parameters_read_for_blocks_of_8_heads(tmp_pa
     assert len(many) == 1 and many[0]["status"] == "fail"
 
 
+@pytest.mark.parametrize("kernel", ["parameters_of_first_64_channels", "gate_in_fp16"])
+def test_the_default_preset_catches_what_only_an_fp32_state_shows(kernel, tmp_path):
+    """A state update that reads per-channel parameters for a first block of 64 channels only (right for tied
+    parameters and up to 64 channels), or takes the gate's silu in fp16 (an error an fp16 or bf16 state's own
+    rounding hides), passes every case but `untied`'s fp32 one at 72 channels a head, and fails that one."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", "--regime", "untied",
+                      json_path=tmp_path / "c.json")
+    (wide,) = planted_bug_cases(report, lambda p: p["state_dtype"] == "fp32")
+    assert wide["params"]["headdim"] == 72 and wide["status"] == "fail", wide["message"]
+    assert "output error" in wide["message"]
+
+
 def test_the_default_preset_catches_a_gate_read_as_if_contiguous(tmp_path):
     """A state update that reads z as if contiguous passes every case without a gate, and fails `untied` (Mamba1's
     call: z a view into each step's buffer, 2 rows) in every state dtype and rounding."""
     _, report = drift("--kernel", f"{BROKEN}:contiguous_gate", "--preset", "default", json_path=tmp_path / "z.json")
     untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
-    assert len(untied) == 4 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
+    assert len(untied) == 5 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
 
 
 def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
@@ -113,7 +126,8 @@ def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
     rows = planted_bug_cases(report, lambda p: p["batch"] > 1)
     assert rows and all(c["status"] == "fail" for c in rows)
     assert {(c["params"]["state_dtype"], c["params"]["rounding"]) for c in rows} == {
-        (dtype, rounding) for dtype in ("fp16", "bf16") for rounding in ("nearest", "stochastic")}
+        (dtype, rounding) for dtype in ("fp16", "bf16") for rounding in ("nearest", "stochastic")} | {
+        ("fp32", "nearest")}
 
 
 def test_the_default_preset_catches_a_kernel_that_ignores_its_inputs_strides(tmp_path):
@@ -122,7 +136,7 @@ def test_the_default_preset_catches_a_kernel_that_ignores_its_inputs_strides(tmp
     in every state dtype and rounding."""
     _, report = drift("--kernel", f"{BROKEN}:contiguous_inputs", "--preset", "default", json_path=tmp_path / "s.json")
     views = planted_bug_cases(report, lambda p: p["regime"] in ("strided", "untied"))
-    assert len(views) == 8 and all(c["status"] == "fail" for c in views)
+    assert len(views) == 9 and all(c["status"] == "fail" for c in views)
 
 
 def test_builtin_kernel_passes_the_smoke_preset():

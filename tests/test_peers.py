@@ -441,6 +441,15 @@ def _writes_back_the_source(real, state, *args, state_batch_indices, dst_state_b
     state[sources] = state[dst_state_batch_indices[:, -1].long()]
 
 
+def _stores_the_tokens_not_kept(real, state, *args, dst_state_batch_indices, **kwargs):
+    # Planted: right, but a token whose destination is the null block has its state stored there anyway (here
+    # the state of the token before it, whose destination is kept).
+    result = real(state, *args, dst_state_batch_indices=dst_state_batch_indices, **kwargs)
+    for b, t in (dst_state_batch_indices == 0).nonzero().tolist():
+        state[0] = state[dst_state_batch_indices[b, t - 1].long()]
+    return result
+
+
 def _every_token_gets_the_first_tokens_out(real, state, x, *args, out, cu_seqlens, **kwargs):
     # Planted: the states are right, but each row's out holds its first token's for every token.
     real(state, x, *args, out=out, cu_seqlens=cu_seqlens, **kwargs)
@@ -457,8 +466,10 @@ def test_drift_kernel_vllm_verifies_draft_tokens_as_speculative_decoding_does(fa
         spec = case["slots"]["speculative"]
         assert case["slots"]["drafts"]["status"] == case["slots"]["kept"]["status"] == "pass"
         assert spec["tokens"] == 3 and spec["accepted"] == [3, 2, 1]
-        slots = [s for row in spec["sources"] + spec["destinations"] for s in row]
-        assert len(set(slots)) == len(slots) == 18 and 0 not in slots  # the null block: no row's
+        # The last row's last token is not kept: its destination the null block, 0, which is no other token's.
+        assert spec["destinations"][-1][-1] == 0
+        slots = [s for row in spec["sources"] + spec["destinations"] for s in row][:-1]
+        assert len(set(slots)) == len(slots) == 17 and 0 not in slots
         assert case["slots"]["drafts"]["tokens"] == 9
     verified = [call for call in fake.CALLS if call["num_accepted_tokens"] is not None]
     assert len(verified) == len(report["cases"])
@@ -517,6 +528,8 @@ def test_a_vllm_without_the_fused_cache_write_gets_no_cache_check(fakes, tmp_pat
     (_starts_from_the_first_source, "drafts", "fail", "draft tokens: row "),
     (_stores_the_last_token_only, "drafts", "nonfinite", "non-finite (NaN where it was not written)"),
     (_writes_back_the_source, "kept", "fail", "slots kept: the call wrote slot "),
+    (_stores_the_tokens_not_kept, "kept", "fail",
+     "slots kept: the call wrote slot 0 (the pad id: row 2 token 2's destination)"),
     (_every_token_gets_the_first_tokens_out, "drafts", "fail", "farther from C·(its stored state) than"),
 ])
 def test_the_speculative_check_catches_a_planted_bug(fakes, tmp_path, monkeypatch, variant, check, status, words):

@@ -20,6 +20,10 @@ JSON case keys (always present; figures a case did not produce are null):
                                                      indices (drift.slots; each check {status, message, ...}),
                                                      and speculative, drafts, kept for one verifying draft
                                                      tokens (drift.speculative),
+    independence {status, message, elements, differ, expected, sigma}   for a stochastic-rounding case: two
+                                                     rows given the same state and inputs, the elements whose
+                                                     stored bits differ and how many independent draws would
+                                                     differ in (drift.independence); null otherwise,
     stdout                                           what the kernel printed over the steps ("" when nothing).
 """
 
@@ -55,6 +59,8 @@ def case_json(result: DriftResult) -> dict:
         "decode_loop": run.decode_loop if run else None,
         "slots": {**result.slot_layout, **{c.name: {"status": c.status.value, "message": c.message, **c.figures}
                                            for c in result.slots}} if result.slot_layout else None,
+        "independence": {"status": result.independence.status.value, "message": result.independence.message,
+                         **result.independence.figures} if result.independence else None,
         "stdout": result.stdout,
     }
 

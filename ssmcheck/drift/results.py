@@ -90,9 +90,10 @@ class DriftVerdict:
 
 @dataclass(frozen=True)
 class SlotCheck:
-    """One verdict of the padded-slot check (drift.slots): its own status, message and figures."""
+    """One verdict of a check run beside the decode (drift.slots, drift.speculative, drift.independence): its own
+    status, message and figures."""
 
-    name: str  # "live", "untouched", "pad_out"
+    name: str  # "live", "untouched", "pad_out", "drafts", "kept", "independence"
     status: Status
     message: str = ""
     figures: dict = field(default_factory=dict)  # what it measured, as the JSON report holds it
@@ -107,6 +108,7 @@ class DriftResult:
     stdout: str = ""  # what the kernel printed over the case's steps (core.capture: the start, the rest counted)
     slots: tuple[SlotCheck, ...] = ()  # for a kernel that takes slot indices (drift.slots)
     slot_layout: dict | None = None  # the pool, slots and pad rows the slot check ran
+    independence: SlotCheck | None = None  # for a stochastic-rounding case (drift.independence)
 
     @property
     def status(self) -> Status:

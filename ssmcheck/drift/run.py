@@ -34,7 +34,7 @@ from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.guard import describe
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.drift import slots, speculative
+from ssmcheck.drift import independence, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.lockstep import Lockstep, StepWindow
 from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
@@ -58,7 +58,8 @@ def run_case(
     """Measure and judge one case (a skipped case only gets its reason). With `repeat` K > 1 every step
     runs K times from the same state (a race shows as runs that differ). `prefill`: the chunk scan's
     scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill). For a kernel that
-    takes slot indices, the padded-slot check (drift.slots) runs too and is folded into the verdict."""
+    takes slot indices, the padded-slot check (drift.slots) runs too, and for a stochastic-rounding case the
+    row-independence check (drift.independence); both are folded into the verdict."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
@@ -82,7 +83,15 @@ def run_case(
             return DriftResult(case, error_verdict(f"the slot check raised {describe(exc)}"),
                                time.perf_counter() - start, run, transcript.text)
         verdict = slots.combine(verdict, checks)
-    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout)
+    rows = None
+    if case.rounding == "stochastic":  # rows rounding with bits of their own: the row-independence check
+        try:
+            rows = independence.run_check(case, kernel, device, transcript)
+        except Exception as exc:  # noqa: BLE001 (as above)
+            return DriftResult(case, error_verdict(f"the row-independence check raised {describe(exc)}"),
+                               time.perf_counter() - start, run, transcript.text)
+        verdict = slots.combine(verdict, [rows])
+    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout, rows)
 
 
 @contextmanager

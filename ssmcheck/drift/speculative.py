@@ -7,15 +7,17 @@ each of its tokens t goes to slot `dst_state_batch_indices[b, t]`, so that the n
 whichever token the verifier accepts. For a kernel that takes these keywords (vLLM's), each case runs one such
 call: its rows, TOKENS tokens each, from a pool whose source slots hold the regime's states (the one at the
 accepted index is the row's; the others are decoys, other states), each token's destination slot NaN-filled (a
-NaN with ssmcheck's payload: unwritten shows), and a guard slot on each side of the pool. Two verdicts:
+NaN with ssmcheck's payload: unwritten shows), and a guard slot on each side of the pool. The last row's last
+token is not to be kept: its destination is the pad id, as an engine marks a token whose state no later step
+reads (vLLM's null block), and its state is stored nowhere. Two verdicts:
 
 - drafts: the state after each token, in its destination slot, within the tolerance rule against the float64
   recurrence from the row's source state (the baseline: each token's float64 state stored in the state dtype in
   the case's rounding mode, the next token's step taken from it, as a decode of one token per call does;
   stochastically, the rms over BASELINE_DRAWS draws), and each token's out within what that stored state's
   rounding allows of C·h + D·x (`_out_beyond_storage`);
-- kept: every slot that is no token's destination (the sources, the decoys, the pad slot) and both guards keep
-  their bits.
+- kept: every slot that is no token's destination (the sources, the decoys, a spare, the pad slot) and both
+  guards keep their bits: a store without the pad test writes the pad slot, or the guard before the pool at -1.
 
 They fold into the case as the padded-slot checks do (drift.slots.combine).
 """
@@ -101,6 +103,10 @@ def _layout(case: DriftCase, pad: int) -> dict:
     # Row 0 accepted every draft token (its source the last, the farthest from a kernel that reads the first),
     # the next rows one fewer each, round again: every count where there are TOKENS rows or more.
     accepted = [TOKENS - b % TOKENS for b in range(case.batch)]
+    # The last row's last token is not kept (its destination the pad id, as an engine marks a token whose state
+    # no later step reads): a store without the pad test lands in the pad slot, or before the pool at -1. Its
+    # destination slot stays a spare.
+    destinations[-1][-1] = pad
     return {"seed": seed, "pool": pool, "pad_slot_id": pad, "tokens": TOKENS, "sources": sources,
             "destinations": destinations, "accepted": accepted}
 
@@ -125,23 +131,25 @@ def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: To
         new, _ = state_update_step(torch.cat([exact[None], base]), x, dt, fixed["A"], B, C, D=fixed["D"], z=z,
                                    dt_bias=fixed["dt_bias"], dt_softplus=fixed["dt_softplus"])
         exact, base = new[0], round_to(new[1:], case.dtype, case.rounding, generator).double()
-        stored = pool[[layout["destinations"][b][t] for b in range(rows)]].double()
-        beyond = _out_beyond_storage(stored, out[tokens].double(), C, x, z, fixed["D"], case.dtype)
-        for b in range(rows):
+        kept = [b for b in range(rows) if layout["destinations"][b][t] != layout["pad_slot_id"]]
+        stored = pool[[layout["destinations"][b][t] for b in kept]].double()
+        beyond = _out_beyond_storage(stored, out[[tokens[b] for b in kept]].double(), C[kept], x[kept],
+                                     None if z is None else z[kept], fixed["D"], case.dtype)
+        for i, b in enumerate(kept):  # a token not kept has no state to judge, nor an out to judge by it
             slot = layout["destinations"][b][t]
-            figures = {"row": b, "token": t, "slot": slot, "state_rel": relative_error(stored[b], exact[b]),
+            figures = {"row": b, "token": t, "slot": slot, "state_rel": relative_error(stored[i], exact[b]),
                        "baseline_state_rel": _rms([relative_error(d[b], exact[b]) for d in base]),
-                       "out_beyond_state": beyond[b]}
+                       "out_beyond_state": beyond[i]}
             where = f"row {b} token {t} (slot {slot}, {layout['accepted'][b]} accepted)"
-            if nonfinite is None and not (torch.isfinite(stored[b]).all() and torch.isfinite(out[tokens[b]]).all()):
-                what = "its state" if not torch.isfinite(stored[b]).all() else "its out"
+            if nonfinite is None and not (torch.isfinite(stored[i]).all() and torch.isfinite(out[tokens[b]]).all()):
+                what = "its state" if not torch.isfinite(stored[i]).all() else "its out"
                 nonfinite = f"{where}: {what} non-finite (NaN where it was not written)"
             over = []
             if not within_tolerance(figures["state_rel"], figures["baseline_state_rel"], *rule):
                 limit = tolerance_limit(figures["baseline_state_rel"], *rule)
                 over.append(f"state error {figures['state_rel']:.3g} > limit {limit:.3g} ({tolerance_rule(tolerance)})")
-            if not beyond[b] <= 1.0:
-                over.append(f"out {beyond[b]:.3g}x farther from C·(its stored state) than that state's rounding "
+            if not beyond[i] <= 1.0:
+                over.append(f"out {beyond[i]:.3g}x farther from C·(its stored state) than that state's rounding "
                             "allows")
             if failed is None and over:
                 failed = f"{where}: {'; '.join(over)}"
@@ -184,7 +192,8 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
 
 
 def _kept(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
-    written = {slot for row in layout["destinations"] for slot in row}
+    pad = layout["pad_slot_id"]
+    written = {slot for row in layout["destinations"] for slot in row if slot != pad}
     changed = changed_slots(before, buffer, written)
     figures = {"checked": buffer.shape[0] - len(written), "changed": changed}
     if not changed:
@@ -195,6 +204,10 @@ def _kept(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
         if slot in sources:
             b, t = sources[slot]
             return f"slot {slot} (row {b}'s source {t})"
-        return f"slot {slot} ({'outside the pool' if slot < 0 or slot >= layout['pool'] else 'the pad slot'})"
+        if slot == pad:
+            return f"slot {slot} (the pad id: row {len(layout['destinations']) - 1} token {TOKENS - 1}'s destination)"
+        if slot < 0 or slot >= layout["pool"]:
+            return f"slot {slot} (outside the pool)"
+        return f"slot {slot} (a spare: no token's destination)"
 
     return SlotCheck(KEPT, Status.FAIL, "slots kept: the call wrote " + ", ".join(map(named, changed)), figures)

@@ -65,21 +65,36 @@ def _nearest_through_float32_to_odd(x: torch.Tensor, dtype: torch.dtype) -> torc
     return odd.view(torch.float32).to(dtype)
 
 
-def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
-                         generator: torch.Generator | None = None, uniform: torch.Tensor | None = None) -> torch.Tensor:
-    """round_to's rounding computed exactly in float64 with exponent arithmetic (any float32/float64 `x`)."""
-    fmt = FORMATS[dtype]
+def fraction_between_neighbours(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where |x| lies between its two neighbours in `dtype`, exactly, in [0, 1) (0: x is representable, and so
+    for a non-finite x): the probability that ideal stochastic rounding stores the upper one."""
     xd = x.to(torch.float64)
+    ok = finite(xd)
+    return torch.where(ok, _between_neighbours(xd, ok, dtype)[1], 0.0)
+
+
+def _between_neighbours(xd: torch.Tensor, ok: torch.Tensor, dtype: torch.dtype):
+    """(lower, frac, ulp) of float64 `xd` in `dtype`: |xd| = (lower + frac) * ulp, lower an integer, frac in
+    [0, 1), ulp the spacing of `dtype` there (at `ok` elements; the others' figures are meaningless)."""
+    fmt = FORMATS[dtype]
     mag = xd.abs()
-    ok = finite(xd)  # (drift rounds its baseline every decode step: few operations, each a launch)
     # Exponent of |x| (frexp's mantissa is in [0.5, 1)), floored at emin: below it
-    # the spacing is the subnormal one. Zero, inf and NaN are dealt with below.
+    # the spacing is the subnormal one. Zero, inf and NaN are dealt with by the caller.
     _, e = torch.frexp(torch.where(ok, mag, 0.0))
     e = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
     ulp = torch.ldexp(torch.ones_like(mag), e - fmt.mantissa_bits)
     scaled = mag / ulp  # exact: division by a power of two
     lower = torch.floor(scaled)
-    frac = scaled - lower  # exact, in [0, 1): the position of |x| between its neighbours
+    return lower, scaled - lower, ulp  # frac exact
+
+
+def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
+                         generator: torch.Generator | None = None, uniform: torch.Tensor | None = None) -> torch.Tensor:
+    """round_to's rounding computed exactly in float64 with exponent arithmetic (any float32/float64 `x`)."""
+    fmt = FORMATS[dtype]
+    xd = x.to(torch.float64)
+    ok = finite(xd)  # (drift rounds its baseline every decode step: few operations, each a launch)
+    lower, frac, ulp = _between_neighbours(xd, ok, dtype)
     if mode == "nearest":
         odd = torch.remainder(lower, 2) == 1
         up = (frac > 0.5) | ((frac == 0.5) & odd)
