@@ -5,6 +5,7 @@ real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:
 """
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import torch
 
@@ -22,6 +23,10 @@ HEADDIM_BLOCK = 64
 DSTATE_CAP = 128
 # state_carried_32_chunks' trip count.
 CARRIED_CHUNKS = 32
+# varlen_carried_16_chunks' trip count, in chunks of one sequence.
+VARLEN_CARRIED_CHUNKS = 16
+# initial_states_mod_4's block of sequences.
+SEQUENCE_BLOCK = 4
 
 
 def _mamba_result(y, out, return_final_states, return_varlen_states):
@@ -402,6 +407,108 @@ def skip_past_16_heads_in_bf16(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bi
         D = D.clone()
         D[16:] = D[16:].to(torch.bfloat16).to(D.dtype)
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_states_mod_4(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                         return_final_states=False, return_varlen_states=False):
+    """In varlen mode, sequence s starts from initial state s % SEQUENCE_BLOCK (initial states loaded for a block
+    of 4 sequences a program, the program's offset, pid * SEQUENCE_BLOCK, left out). Right up to 4 sequences, and
+    in batch mode."""
+    if cu_seqlens is not None and initial_states is not None:
+        initial_states = initial_states[torch.arange(len(initial_states), device=initial_states.device)
+                                        % SEQUENCE_BLOCK]
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def one_reset_per_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                        seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                        return_final_states=False, return_varlen_states=False):
+    """In varlen mode its intra-chunk mask handles one sequence change a chunk (the first token whose sequence
+    differs from the chunk's first token's): a sequence that starts mid-chunk after another sequence's mid-chunk
+    start in the same chunk continues the state of the sequence before it (its own initial state never loaded),
+    to its end, in y and in the states stored (each sequence's state is the merged scan's after its last token).
+    Right wherever every chunk holds at most two sequences, and in batch mode."""
+    bounds = [] if cu_seqlens is None else cu_seqlens.tolist()
+    reset, chunks_with_a_start = [True], set()  # whether each sequence starts from its own initial state
+    for start in bounds[1:-1]:
+        mid_chunk = start % chunk_size != 0
+        reset.append(not mid_chunk or start // chunk_size not in chunks_with_a_start)
+        if mid_chunk:
+            chunks_with_a_start.add(start // chunk_size)
+    if all(reset):
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                        dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    kept = torch.tensor(reset, device=cu_seqlens.device)
+    runs = torch.cat([cu_seqlens[:-1][kept], cu_seqlens[-1:]])  # the sequences as it runs them: merged
+    first = None if initial_states is None else initial_states[kept]
+
+    def through(end):  # the merged scan up to token `end`
+        cut = lambda t: None if t is None else t[:, :end]  # noqa: E731
+        upto = torch.cat([runs[runs < end], runs.new_tensor([end])])
+        return _baseline(cut(x), cut(dt), A, cut(B), cut(C), chunk_size, D, cut(z), dt_bias,
+                         None if first is None else first[:len(upto) - 1], upto, dt_softplus, dt_limit)
+
+    out = through(bounds[-1])
+    run_of = kept.cumsum(0) - 1
+    states = [out.varlen_states[run_of[s]] if s + 1 == len(reset) or reset[s + 1]
+              else through(bounds[s + 1]).varlen_states[-1] for s in range(len(reset))]
+    out = replace(out, varlen_states=torch.stack(states))
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_carried_16_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """In varlen mode, carries each sequence's state through VARLEN_CARRIED_CHUNKS = 16 of its chunks at most (a
+    fixed trip count, sized for 1024-token prefill chunks at chunk 64): from a sequence's 17th chunk on it starts
+    again from a zero state, in y and in the sequence's state. Right for sequences of 16 chunks or fewer, and in
+    batch mode (a path of its own: state_carried_32_chunks' bound)."""
+    cut = VARLEN_CARRIED_CHUNKS * chunk_size
+    bounds = [] if cu_seqlens is None else cu_seqlens.tolist()
+    if all(end - start <= cut for start, end in pairwise(bounds)):
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                        dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    pieces, starts, last = [0], [], []  # a long sequence runs as two: its first 16 chunks, and the rest from 0
+    for sequence, (start, end) in enumerate(pairwise(bounds)):
+        if end - start > cut:
+            pieces.append(start + cut)
+            starts.append(sequence)
+        pieces.append(end)
+        starts.append(sequence if end - start <= cut else None)
+        last.append(len(pieces) - 2)
+    first = None if initial_states is None else torch.stack(
+        [initial_states[s] if s is not None else torch.zeros_like(initial_states[0]) for s in starts])
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, first, cu_seqlens.new_tensor(pieces), dt_softplus,
+                    dt_limit)
+    out = replace(out, varlen_states=out.varlen_states[last])
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_states_stride_typo(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """y is right; its varlen-state store (a kernel of its own, as mamba_ssm's chunk_state_varlen) writes element
+    (s, h, p, n) of the buffer it allocates (torch.empty) at ((s * nheads + h) * headdim + p) * headdim + n:
+    headdim where dstate was meant. Right wherever headdim == dstate; otherwise rows overlap (headdim < dstate) or
+    leave gaps (headdim > dstate: uninitialised memory, NaN under ssmcheck's guard), and stores past the buffer's
+    end are dropped. The final state returned in varlen mode is the buffer's last sequence."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if out.varlen_states is None or x.shape[-1] == B.shape[-1]:
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    states = out.varlen_states
+    nheads, headdim = states.shape[1:3]
+    stored = torch.empty_like(states).flatten()
+    s, h, p, n = torch.meshgrid(*(torch.arange(k, device=states.device) for k in states.shape), indexing="ij")
+    at = ((s * nheads + h) * headdim + p) * headdim + n
+    inside = at < stored.numel()
+    stored[at[inside]] = states[inside]
+    stored = stored.view_as(states)
+    out = replace(out, final_states=stored[-1:], varlen_states=stored)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 

@@ -15,6 +15,7 @@ import torch
 from cli_invoke import assert_usage_error, invoke, planted_bug_cases
 
 from ssmcheck.core import runtime
+from ssmcheck.core.formats import DTYPES
 from ssmcheck.drift.regimes import DRIFT_REGIMES
 from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
@@ -483,18 +484,55 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("rows_joined_at_whole_chunks", lambda p: p["regime"] == "normal" and p["batch"] > 1
      and p["seqlen"] % p["chunk_size"] == 0, 1),
     ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
+    ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 3),
+    # ragged's 8 sequences in 5 chunks; by their seeds' draws also ragged's bf16 case of 4 and initial-state's fp16 of 5
+    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 3),
+    ("varlen_carried_16_chunks", lambda p: _longest_sequence(_sequence_bounds(p)) > 16 * p["chunk_size"], 1),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
-        "heads-past-16-in-fp16"])
+        "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
     groups, headdim past dstate, initial states of heads wider than their states, several rows of whole chunks,
-    more than 16 heads in a dtype finer than bf16. The default preset has cases for each (and every other case
-    passes)."""
+    more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
+    sequence starts, a packed sequence of more than 16 chunks. The default preset has cases for each (and every
+    other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
+
+
+def _sequence_bounds(p) -> list[int]:
+    """cu_seqlens of the case `p` names (a report's params), its inputs generated again; [] in batch mode."""
+    shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
+    cu_seqlens = REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"]).cu_seqlens
+    return [] if cu_seqlens is None else cu_seqlens.tolist()
+
+
+def _two_mid_chunk_starts_in_a_chunk(bounds: list[int], chunk_size: int) -> bool:
+    chunks = [start // chunk_size for start in bounds[1:-1] if start % chunk_size]
+    return len(chunks) > len(set(chunks))
+
+
+def _longest_sequence(bounds: list[int]) -> int:
+    return max((end - start for start, end in itertools.pairwise(bounds)), default=0)
+
+
+def test_the_default_preset_catches_varlen_states_stored_at_a_headdim_stride(tmp_path):
+    """A kernel that stores (sequence, head, channel, state) of its varlen states at a row stride of headdim, not
+    dstate, into a buffer it allocates uninitialised passes every case of headdim == dstate and batch mode, and is
+    non-finite (the rows' gaps) in every varlen case of heads wider than their states: `initial-state` at 32 x 16,
+    one sequence and five, in every dtype."""
+    _, report = scan("--kernel", f"{BROKEN}:varlen_states_stride_typo", "--preset", "default",
+                     json_path=tmp_path / "v.json")
+    wide = planted_bug_cases(report, lambda p: p["headdim"] != p["dstate"] and _sequence_bounds(p))
+    assert len(wide) == 6 and {c["params"]["regime"] for c in wide} == {"initial-state"}
+    for case in wide:
+        assert case["status"] == "nonfinite" and case["first_nonfinite"]["output"] == "final_states"
+        # row (0, 0, 0) is stored in place; (0, 0, 1) at 32 x 16's stride of 32 leaves channel 1 unwritten
+        assert [case["first_nonfinite"][k] for k in ("sequence", "head", "channel", "state_index")] == [0, 0, 1, 0]
+        assert case["error"]["y_max_rel"] == case["error"]["baseline_y_max_rel"]  # y is right
 
 
 def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):
