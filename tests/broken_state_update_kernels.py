@@ -3,7 +3,7 @@
 Each one is a plausible bug, written in plain PyTorch independently of
 ssmcheck's references, for `ssmcheck drift --kernel tests/broken_state_update_kernels.py:NAME`.
 None takes a `rounding` keyword, so `--rounding` declares what each is supposed to do, except
-the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), random_bits_shared_by_rows,
+the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), the random_bits_shared_by_* kernels,
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
@@ -380,15 +380,25 @@ def contiguous_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     return out
 
 
-def random_bits_shared_by_rows(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
-                               rounding="nearest", seed=0):
-    """Stochastic rounding whose random bits depend on the step's seed and the element's place in its row, not on
-    the row: every batch row is rounded with the same bits (each row on its own exact SR, as `_store` rounds).
-    Right to nearest."""
-    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
-    for row in range(state.shape[0]):
-        _store(state[row], new[row], rounding, seed)
-    return out
+def _bits_shared_along(axis):
+    def kernel(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *, rounding="nearest",
+               seed=0):
+        new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        for i in range(state.shape[axis]):  # each slice along the axis from the same seed: the same bits
+            _store(state.select(axis, i), new.select(axis, i), rounding, seed)
+        return out
+
+    what = ("batch row", "head", "channel", "state index")[axis]
+    kernel.__doc__ = (f"Stochastic rounding whose random bits depend on the step's seed and the element's place, "
+                      f"not on its {what}: every {what} is rounded with the same bits (each on its own exact SR, "
+                      "as `_store` rounds). Right to nearest.")
+    return kernel
+
+
+random_bits_shared_by_rows = _bits_shared_along(0)
+random_bits_shared_by_heads = _bits_shared_along(1)
+random_bits_shared_by_channels = _bits_shared_along(2)
+random_bits_shared_by_state_indices = _bits_shared_along(3)
 
 
 def stores_every_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

@@ -1,5 +1,5 @@
-"""The row-independence check of stochastic-rounding drift cases (drift.independence): two rows given the same
-state and inputs must be rounded with bits of their own."""
+"""The independence check of stochastic-rounding drift cases (drift.independence): twin state elements (the same
+state and inputs) along each axis must be rounded with bits of their own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ssmcheck
-from ssmcheck.drift.independence import SIGMAS
+from ssmcheck.drift.independence import AXES, FALSE_ALARM, lower_tail_bound
 from ssmcheck.ops.rounding.naive import fraction_between_neighbours
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -25,29 +25,51 @@ def _cases(kernel: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
-def test_rows_of_a_correct_stochastic_rounding_differ_as_independent_draws_do(kernel):
+def test_twins_of_a_correct_stochastic_rounding_differ_as_independent_draws_do(kernel):
     for case in _cases(kernel):
         check = case["independence"]
         if case["params"]["rounding"] == "nearest":
             assert check is None
             continue
         assert case["status"] == "pass", case["message"]
-        # 2 heads x 8 channels x dstate 16 elements a row, a third of them expected to differ.
-        assert check["elements"] == 256 and check["expected"] > 40, check
-        assert abs(check["differ"] - check["expected"]) < SIGMAS * check["sigma"], check
+        # 2 heads x 8 channels x dstate 16 elements a row: 256 twin pairs of rows, 128 along each axis of row 0.
+        assert [check[axis]["pairs"] for axis in AXES] == [256, 128, 128, 128], check
+        for axis in AXES:
+            figures = check[axis]
+            assert figures["expected"] > 20, check  # a third of the pairs, or a sixth (stagnation), differ
+            assert abs(figures["differ"] - figures["expected"]) < 6 * figures["sigma"], check
 
 
-def test_rows_rounded_with_the_same_bits_fail_every_stochastic_case():
-    cases = _cases(f"{BROKEN}:random_bits_shared_by_rows")
+@pytest.mark.parametrize(("axis", "words"), [
+    ("rows", "twin batch rows (given the same state and inputs) stored the same bits in 256 of 256 elements"),
+    ("heads", "twin heads (given the same state and inputs) stored the same bits in 128 of 128 elements"),
+    ("channels", "twin channels (given the same state and inputs) stored the same bits in 128 of 128 elements"),
+    ("state_indices", "twin state indices (given the same state and inputs) stored the same bits in 128 of 128"),
+])
+def test_random_bits_shared_along_an_axis_fail_every_stochastic_case_and_name_it(axis, words):
+    cases = _cases(f"{BROKEN}:random_bits_shared_by_{axis}")
     stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
     assert len(stochastic) == 4
+    depends = AXES[axis][1]
     for case in stochastic:
         check = case["independence"]
-        assert case["status"] == "fail" and check["status"] == "fail" and check["differ"] == 0, case["message"]
-        assert (f"rows' random bits: rows 0 and 1, given the same state and inputs, stored the same bits in 256 of "
-                f"256 elements where independent draws differ in {check['expected']:.0f} ± ") in case["message"]
+        assert case["status"] == "fail" and check["status"] == "fail" and check[axis]["differ"] == 0, case["message"]
+        assert words in case["message"] and f"random bits do not depend on {depends}" in case["message"]
+        # The other axes' twins round with bits of their own: only this axis's clause.
+        assert check["message"].count("twin ") == 1, check["message"]
     # To nearest the kernel is right: the check does not run.
     assert all(c["status"] == "pass" and c["independence"] is None for c in cases if c not in stochastic)
+
+
+def test_the_lower_tail_bound_is_a_bound_and_fails_only_far_below_the_mean():
+    # Binomial(n, 1/3) lower tails, exactly, against the bound.
+    from math import comb  # noqa: PLC0415
+
+    for n, k in ((60, 0), (60, 10), (300, 60), (300, 99)):
+        exact = sum(comb(n, i) * (1 / 3) ** i * (2 / 3) ** (n - i) for i in range(k + 1))
+        assert exact <= lower_tail_bound(k, n / 3)
+    assert lower_tail_bound(0, 21.0) < FALSE_ALARM < lower_tail_bound(0, 20.0)
+    assert lower_tail_bound(100, 100.0) == 1.0 and lower_tail_bound(60, 100.0) > FALSE_ALARM
 
 
 def test_the_cli_exits_1_on_rows_that_share_their_random_bits(tmp_path):

@@ -59,7 +59,7 @@ def run_case(
     runs K times from the same state (a race shows as runs that differ). `prefill`: the chunk scan's
     scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill). For a kernel that
     takes slot indices, the padded-slot check (drift.slots) runs too, and for a stochastic-rounding case the
-    row-independence check (drift.independence); both are folded into the verdict."""
+    independence check (drift.independence); both are folded into the verdict."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
@@ -83,15 +83,15 @@ def run_case(
             return DriftResult(case, error_verdict(f"the slot check raised {describe(exc)}"),
                                time.perf_counter() - start, run, transcript.text)
         verdict = slots.combine(verdict, checks)
-    rows = None
-    if case.rounding == "stochastic":  # rows rounding with bits of their own: the row-independence check
+    twins = None
+    if case.rounding == "stochastic":  # twin elements rounding with bits of their own: the independence check
         try:
-            rows = independence.run_check(case, kernel, device, transcript)
+            twins = independence.run_check(case, kernel, device, transcript)
         except Exception as exc:  # noqa: BLE001 (as above)
-            return DriftResult(case, error_verdict(f"the row-independence check raised {describe(exc)}"),
+            return DriftResult(case, error_verdict(f"the independence check raised {describe(exc)}"),
                                time.perf_counter() - start, run, transcript.text)
-        verdict = slots.combine(verdict, [rows])
-    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout, rows)
+        verdict = slots.combine(verdict, [twins])
+    return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout, twins)
 
 
 @contextmanager
