@@ -19,6 +19,22 @@ def slots_correct(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
                                   pad_slot_id, out=out)
 
 
+def out_written_nothing_returned(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                 state_batch_indices=None, pad_slot_id=-1, out=None):
+    """vLLM's convention, correct: y written into the `out` it is given (it takes none of its own) and nothing
+    returned."""
+    selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                           out=out)
+
+
+def out_written_for_the_first_row_only(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                       state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted, in vLLM's convention: the states are right, but y goes into `out`'s first row only (a store
+    masked by a row bound of 1); nothing returned."""
+    y = selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id)
+    out[:1] = y[:1]
+
+
 def pad_clamped_to_slot_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                           state_batch_indices=None, pad_slot_id=-1, out=None):
     """Planted: a pad row's slot id -1 clamped to 0, so pad rows update slot 0 of the pool."""

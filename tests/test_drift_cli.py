@@ -255,7 +255,7 @@ def test_nonfinite_case_reports_its_location_in_json(tmp_path):
     [case] = report["cases"]
     assert case["status"] == "nonfinite" and case["message"].startswith("non-finite state at step")
     assert set(case["first_nonfinite"]) == {"output", "step", "trial", "batch", "head", "channel", "state_index",
-                                            "reads_outside"}
+                                            "reads_outside", "unwritten"}
 
 
 def test_an_inf_stored_at_a_known_element_is_located_exactly_in_json(tmp_path):
@@ -268,7 +268,8 @@ def test_an_inf_stored_at_a_known_element_is_located_exactly_in_json(tmp_path):
         # broken_state_update_kernels: INF_STEP, INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX
         assert case["status"] == "nonfinite"
         assert case["first_nonfinite"] == {"output": "state", "step": 7, "trial": 0, "batch": 2, "head": 1,
-                                           "channel": 3, "state_index": 5, "reads_outside": None}
+                                           "channel": 3, "state_index": 5, "reads_outside": None,
+                                           "unwritten": False}
         assert case["message"] == "non-finite state at step 7 (trial 0, batch 2, head 1, channel 3, state index 5)"
         assert case["checkpoints"][-1]["step"] == 7
 

@@ -97,6 +97,24 @@ def test_out_left_unwritten_fails_though_the_return_value_is_right():
     assert case["slots"]["pad_out"] == {"status": "pass", "message": "", "outputs": "not written"}
 
 
+def test_a_kernel_that_writes_the_out_it_is_given_and_returns_nothing_is_judged_on_that_out():
+    # vLLM's convention: every call, the decode's steps too, gets a NaN-filled out, which is the step's output.
+    case = _case(f"{KERNELS}:out_written_nothing_returned")
+    assert case["status"] == "pass", case["message"]
+    assert [case["slots"][name]["status"] for name in ("live", "untouched", "pad_out")] == ["pass"] * 3
+    assert case["slots"]["pad_out"]["outputs"] == "zeros"
+
+
+def test_an_out_written_in_part_by_a_kernel_that_returns_nothing_is_non_finite_where_it_was_left():
+    # Two rows (batch 2): the decode's second row is never written, and stays ssmcheck's NaN.
+    case = _case(f"{KERNELS}:out_written_for_the_first_row_only", batch=[2])
+    assert case["status"] == "nonfinite", case["message"]
+    assert case["first_nonfinite"]["output"] == "out" and case["first_nonfinite"]["batch"] == 1
+    assert case["first_nonfinite"]["step"] == 1 and case["first_nonfinite"]["unwritten"] is True
+    assert case["message"].startswith("non-finite out at step 1 (trial 0, batch 1, head 0, channel 0): left "
+                                      "unwritten (the NaN ssmcheck filled the out it passed with)"), case["message"]
+
+
 def test_pad_rows_left_unwritten_are_reported_not_failed():
     case = _case(f"{KERNELS}:pad_rows_left_unwritten")
     assert case["status"] == "pass", case["message"]

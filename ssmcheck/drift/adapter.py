@@ -14,7 +14,9 @@ The adapter owns:
   For the built-in kernel, whether hardware stochastic rounding can run here. One that takes
   `state_batch_indices` runs on a state pool with a slot per row (drift.slots checks it), its pad
   rows marked with its `pad_slot_id` keyword's default (vLLM's wrapper: 0, its null block) or -1;
-- the call, with the mamba signature (the runner seeds torch's generator at the
+- the call, with the mamba signature; a MODULE:FUNCTION kernel with an `out` keyword gets a NaN-filled
+  out every call, as engines pass one, and one that returns nothing has written it (vLLM's convention;
+  the runner seeds torch's generator at the
   start of every trial, so a callable drawing its random bits from torch is
   reproducible and independent across trials), under guards: what the kernel
   prints is captured (core.capture), and SystemExit or KeyboardInterrupt raised
@@ -36,6 +38,7 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import dtype_name, saturate
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.guard import KernelExit, describe, guarded_call
+from ssmcheck.core.pool import nan_filled
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -83,6 +86,9 @@ class DriftAdapter:
     pad_slot_id: int | None = None
     takes_pad_slot_id: bool = False  # is told pad_slot_id (a keyword of its own)
     takes_out: bool = False  # writes out into a preallocated `out` keyword (which the slot check NaN-fills)
+    # Every call gets a preallocated out, NaN-filled, as an engine passes one: a MODULE:FUNCTION kernel with an
+    # `out` keyword (of vLLM's convention: it writes out and may return nothing, which is then the output).
+    given_out: bool = False
     # Verifies draft tokens in one call (DRAFT_KEYWORDS, vLLM's speculative decoding): drift.speculative checks it.
     takes_draft_tokens: bool = False
     # Reads its seed from a one-element int64 tensor on the device when given one (a CUDA graph replay
@@ -154,6 +160,8 @@ class DriftAdapter:
         """One call on `state` (in place) with the selective_state_update `arguments` (x, dt, A, B, C, D,
         z, dt_bias, dt_softplus) and `extra` keywords; return out. Raises KernelRaised."""
         keywords = {**self.options, **(extra or {})}
+        if self.given_out and "out" not in keywords:
+            keywords["out"] = nan_filled(tuple(arguments["x"].shape), arguments["x"])
         if self.takes_rounding:
             keywords["rounding"] = rounding
         if self.takes_seed:
@@ -165,6 +173,8 @@ class DriftAdapter:
             raise KernelRaised(f"{exc} ({where})") from exc
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
             raise KernelRaised(f"{describe(exc)} ({where})") from exc
+        if out is None and "out" in keywords:  # it wrote the out it was given, and returned nothing
+            out = keywords["out"]
         _check_out(out, arguments["x"], where)
         return out
 
@@ -213,7 +223,9 @@ def resolve(spec: str | Callable, philox_rounds: int, rounding_impl: str, interp
     if spec in (MAMBA_SSM, VLLM):
         from ssmcheck.peers import mamba_ssm, vllm  # noqa: PLC0415
 
-        return replace(_discovered(spec, (mamba_ssm if spec == MAMBA_SSM else vllm).state_update()), graphable=True)
+        # The peers' wrappers allocate out themselves (ssmcheck.peers): called as they were verified.
+        return replace(_discovered(spec, (mamba_ssm if spec == MAMBA_SSM else vllm).state_update()), graphable=True,
+                       given_out=False)
     fn = spec if callable(spec) else load_callable(spec)
     return _discovered(kernel_name(fn) if callable(spec) else spec, fn)
 
@@ -222,7 +234,8 @@ def _discovered(name: str, fn: Callable) -> DriftAdapter:
     """The adapter of a kernel whose capabilities are the keywords its signature names."""
     named = keywords(fn)
     return DriftAdapter(name, fn, takes_rounding="rounding" in named, takes_seed="seed" in named,
-                        stochastic_unavailable=getattr(fn, STOCHASTIC_UNAVAILABLE, None), **_slot_capabilities(fn))
+                        stochastic_unavailable=getattr(fn, STOCHASTIC_UNAVAILABLE, None), given_out="out" in named,
+                        **_slot_capabilities(fn))
 
 
 def _slot_capabilities(fn: Callable) -> dict:

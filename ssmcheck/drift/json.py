@@ -10,7 +10,7 @@ JSON case keys (always present; figures a case did not produce are null):
     baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,
-    first_nonfinite {output, step, trial, batch, head, channel, state_index, reads_outside},
+    first_nonfinite {output, step, trial, batch, head, channel, state_index, reads_outside, unwritten},
     repeat {runs, identical, max_abs, run, output, trial, step, batch, head, channel}   with --repeat K > 1,
     decode_loop                                      "graph" (the steps ran as CUDA graph replays), "eager",
                                                      or "eager: " and why no graph (null: no steps ran);

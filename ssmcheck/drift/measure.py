@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from ssmcheck.core.pool import POISON_BITS, poisoned
 from ssmcheck.core.tensors import bits, nonfinite_mask
 from ssmcheck.drift.results import Checkpoint, NonfiniteStep
 
@@ -51,7 +52,9 @@ def first_nonfinite(state, out, ref, ref_out, step: int, trial: int) -> Nonfinit
         flat = bad.flatten().nonzero()
         if flat.numel():
             coords = [int(i) for i in torch.unravel_index(flat[0, 0], bad.shape)]
-            return NonfiniteStep(name, step, trial, *coords[:3], coords[3] if name == "state" else None)
+            unwritten = name == "out" and value.dtype in POISON_BITS and bool(poisoned(value[tuple(coords)]))
+            return NonfiniteStep(name, step, trial, *coords[:3], coords[3] if name == "state" else None,
+                                 unwritten=unwritten)
     return None
 
 

@@ -33,6 +33,9 @@ class NonfiniteStep:
     # At a step whose inputs were fenced: the inputs (by storage) whose NaN fences the non-finite values came
     # from (core.outside); None when the values are the kernel's own, or the step was not fenced.
     reads_outside: list[tuple[str, ...]] | None = None
+    # The element of out still holds the NaN ssmcheck filled the out it passed with (drift.adapter's given_out):
+    # the kernel left it unwritten.
+    unwritten: bool = False
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
         if where.state_index is not None:
             index += f", state index {where.state_index}"
         message = f"non-finite {where.output} at step {where.step} (trial {where.trial}, {index})"
+        if where.unwritten:
+            message += ": left unwritten (the NaN ssmcheck filled the out it passed with)"
         if where.reads_outside is not None:
             message += f"; {outside.describe(where.reads_outside)}"
         return DriftVerdict(Status.NONFINITE, message, **figures)
