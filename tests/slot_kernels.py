@@ -19,6 +19,16 @@ def slots_correct(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
                                   pad_slot_id, out=out)
 
 
+def slot_stride_taken_as_the_states_size(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                         state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: slot s read and written at s times a state's size from the pool's start, as if the pool were
+    contiguous: right for a contiguous pool, wrong for a paged one (a slot stride longer than a state)."""
+    contiguous = torch.empty(state.shape).stride()
+    pool = state.as_strided(state.shape, contiguous, state.storage_offset())
+    return selective_state_update(pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                  pad_slot_id, out=out)
+
+
 def out_written_nothing_returned(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                                  state_batch_indices=None, pad_slot_id=-1, out=None):
     """vLLM's convention, correct: y written into the `out` it is given (it takes none of its own) and nothing

@@ -97,6 +97,19 @@ def test_out_left_unwritten_fails_though_the_return_value_is_right():
     assert case["slots"]["pad_out"] == {"status": "pass", "message": "", "outputs": "not written"}
 
 
+def test_the_pool_is_paged_and_a_slot_stride_taken_for_the_states_size_is_caught():
+    correct = _case(f"{KERNELS}:slots_correct")["slots"]["untouched"]
+    # 2 heads x 8 x 16 = 256 elements a state, pages of 256 + 64.
+    assert correct["slot_stride"] == 320 and correct["past_state"] == []
+    case = _case(f"{KERNELS}:slot_stride_taken_as_the_states_size")
+    untouched = case["slots"]["untouched"]
+    assert case["status"] in ("fail", "nonfinite") and untouched["status"] == "fail", case["message"]
+    assert untouched["past_state"], untouched
+    assert "state (the pool's slot stride is 320 elements, a state 256: a kernel that takes one for the other " \
+           "writes there)" in untouched["message"], untouched["message"]
+    assert case["slots"]["live"]["status"] != "pass"
+
+
 def test_a_kernel_that_writes_the_out_it_is_given_and_returns_nothing_is_judged_on_that_out():
     # vLLM's convention: every call, the decode's steps too, gets a NaN-filled out, which is the step's output.
     case = _case(f"{KERNELS}:out_written_nothing_returned")

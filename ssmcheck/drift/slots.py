@@ -22,7 +22,9 @@ Three verdicts, each the inner layout's unless only the ends layout's fails (its
   value): a live row left NaN-filled there was not written, which fails;
 - untouched: every other slot (the spares, the pad slot) and a guard slot on each side of the pool
   (where an index of -1 or one past the end writes) keeps its bits, and so does a guard row on each side
-  of out where the kernel takes one (a store past the batch's last row, unmasked, lands there);
+  of out where the kernel takes one (a store past the batch's last row, unmasked, lands there). The pool is
+  paged as vLLM's cache is (`paged`): each slot's state is followed by more of its page, which must keep
+  its bits too (a kernel that takes the slot stride for the state's size writes there);
 - pad_out: the pad rows' out, NaN-filled (a NaN with its own payload) before the call where the kernel
   takes `out`: wholly written with finite values (zeros, as mamba_ssm and the built-in kernel write,
   or other values, as vLLM's step from a zero state gives) or wholly left (reported as not written,
@@ -83,9 +85,13 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     rows = len(layout["slots"])
     arguments = {"z": None, **dict(step.map(lambda _, t: _own_storage(t[:rows])).given()), "A": problem.A,
                  "D": problem.D, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
-    # The pool between two guard slots: a write at slot -1 or one past the end lands in one of them.
-    buffer = torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]).contiguous()
-    before = buffer.clone()
+    # The pool between two guard slots (a write at slot -1 or one past the end lands in one of them), each slot a
+    # page longer than its state (`paged`).
+    pages = paged(problem.initial_state, layout["pool"] + 2, layout["seed"])
+    buffer = _states(pages, problem.initial_state)
+    buffer.copy_(torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]))
+    pages_before = pages.clone()
+    before = _states(pages_before, problem.initial_state)
     pool = buffer[1:-1]
     slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
     # out between two guard rows, all NaN with a payload of ours: a write past either end of out lands in one.
@@ -103,7 +109,7 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     out = sent if kernel.takes_out else returned
     own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
     return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance, kernel.takes_out, own),
-            _untouched(layout, before, buffer, out_buffer if kernel.takes_out else None),
+            _untouched(layout, before, buffer, out_buffer if kernel.takes_out else None, pages, pages_before),
             _pad_out(layout, out, kernel.takes_out)]
 
 
@@ -124,6 +130,30 @@ def _layout(case: DriftCase, pad: int, placement: str) -> dict:
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
     return {"placement": placement, "seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots,
             "pad_rows": pad_rows}
+
+
+def paged(states: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
+    """`slots` pages, each a slot's state (left for the caller to fill) and more of the page after it: vLLM
+    keeps a layer's states in pages of its paged cache (a view whose slot stride is the page, the conv state
+    beside the SSM state), so a kernel that takes the slot stride for the state's own size reads and writes
+    across slots. The rest of each page holds finite values drawn from `seed`, not NaN: a kernel that reads a
+    NaN there writes back a NaN of the same payload on the CPU, where NaN arithmetic keeps it, and the page
+    would seem untouched."""
+    size = states[0].numel()
+    pages = torch.empty((slots, size + _page_gap(size)), dtype=states.dtype, device=states.device)
+    generator = torch.Generator().manual_seed(seed)
+    pages[:, size:] = torch.randn((slots, pages.shape[1] - size), generator=generator).to(pages)
+    return pages
+
+
+def _page_gap(size: int) -> int:
+    # A quarter of a state more, in whole 16-element blocks (a page is aligned as the state is).
+    return max(16, size // 64 * 16)
+
+
+def _states(pages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The states in `pages` (paged's), shaped like `like`'s rows: a view whose slot stride is the page."""
+    return pages[:, :like[0].numel()].unflatten(1, like.shape[1:])
 
 
 def _own_storage(rows: torch.Tensor) -> torch.Tensor:
@@ -197,15 +227,21 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     return SlotCheck(LIVE, Status.PASS, "", result)
 
 
-def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: torch.Tensor | None) -> SlotCheck:
+def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: torch.Tensor | None,
+               pages: torch.Tensor, pages_before: torch.Tensor) -> SlotCheck:
     live = {s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]}
     changed = changed_slots(before, buffer, live)
     rows = len(layout["slots"])
     # out_buffer index 0 and rows + 1 are its guards: out rows -1 and rows.
     past_out = [] if out_buffer is None else [
         i - 1 for i in (0, rows + 1) if not bool(poisoned(out_buffer[i]).all())]
-    figures = {"checked": buffer.shape[0] - len(live), "changed": changed, "past_out": past_out}
-    if not changed and not past_out:
+    # Page i holds slot i - 1 (the guards' pages too): what follows a slot's state in its page is no slot's.
+    size = buffer[0].numel()
+    past_state = [i - 1 for i in range(pages.shape[0]) if not torch.equal(bits(pages[i, size:]),
+                                                                          bits(pages_before[i, size:]))]
+    figures = {"checked": buffer.shape[0] - len(live), "changed": changed, "past_out": past_out,
+               "past_state": past_state, "slot_stride": pages.stride(0)}
+    if not changed and not past_out and not past_state:
         return SlotCheck(UNTOUCHED, Status.PASS, "", figures)
     pool, pad = layout["pool"], layout["pad_slot_id"]
 
@@ -213,7 +249,9 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: t
         what = "outside the pool" if slot < 0 or slot >= pool else ("the pad slot" if slot == pad else "no row's")
         return f"slot {slot} ({what})"
 
-    wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out)]
+    wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out),
+             *(f"the page after slot {slot}'s state (the pool's slot stride is {pages.stride(0)} elements, a state "
+               f"{size}: a kernel that takes one for the other writes there)" for slot in past_state)]
     return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_PLACED[layout['placement']]}: the step wrote "
                      f"{', '.join(wrote)}; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
 
