@@ -545,6 +545,24 @@ def test_the_speculative_check_catches_a_planted_bug(fakes, tmp_path, monkeypatc
     assert {name for name, s in others.items() if s != "pass"} == {check}
 
 
+def _pool_taken_as_contiguous(real, state, *args, **kwargs):
+    # Planted: the draft path addresses slot s at s times a state's size, as if the pool were contiguous.
+    contiguous = torch.empty(state.shape).stride()
+    return real(state.as_strided(state.shape, contiguous, state.storage_offset()), *args, **kwargs)
+
+
+def test_the_speculative_check_runs_on_a_paged_pool(fakes, tmp_path, monkeypatch):
+    fake = fakes(VLLM_SSU)
+    _draft_variant(fake, monkeypatch, _pool_taken_as_contiguous)
+    _, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--rounding", "nearest", "--batch", "3",
+                       "--regime", "normal", json_path=tmp_path / "r.json")
+    (case,) = report["cases"]
+    kept = case["slots"]["kept"]
+    assert case["status"] != "pass" and kept["status"] == "fail" and kept["past_state"], case["message"]
+    assert "the page after slot " in kept["message"] and case["slots"]["drafts"]["status"] != "pass"
+    assert case["slots"]["live"]["status"] == "pass"  # the one-token path is vLLM's own
+
+
 @pytest.mark.parametrize(("has_sr", "dtype", "capability", "reason"), [
     (True, torch.float16, (10, 0), None),
     (True, torch.float16, (12, 0), None),

@@ -1,7 +1,7 @@
-"""A state cache as a serving engine keeps one: a pool of per-sequence slots, here between two guard slots and
-filled with a NaN of ssmcheck's own before a kernel writes it, so that a slot it leaves, or one it was not to
-write, shows bit for bit. The drift slot and speculative checks (drift.slots, drift.speculative) and scan's
-cache-write check (scan.invariance) build their pools from these."""
+"""A state cache as a serving engine keeps one: a pool of per-sequence slots, here between two guard slots (and
+paged, as vLLM's is) and filled with a NaN of ssmcheck's own before a kernel writes it, so that a slot it
+leaves, or one it was not to write, shows bit for bit. The drift slot and speculative checks (drift.slots,
+drift.speculative) and scan's cache-write check (scan.invariance) build their pools from these."""
 
 from __future__ import annotations
 
@@ -48,3 +48,27 @@ def changed_slots(before: torch.Tensor, buffer: torch.Tensor, written: set[int])
     pool between two guard slots: its index i is slot i - 1, so the guards are slots -1 and pool."""
     return [i - 1 for i in range(buffer.shape[0])
             if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
+
+
+def paged(states: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
+    """`slots` pages, each a slot's state (left for the caller to fill) and more of the page after it: vLLM
+    keeps a layer's states in pages of its paged cache (a view whose slot stride is the page, the conv state
+    beside the SSM state), so a kernel that takes the slot stride for the state's own size reads and writes
+    across slots. The rest of each page holds finite values drawn from `seed`, not NaN: a kernel that reads a
+    NaN there writes back a NaN of the same payload on the CPU, where NaN arithmetic keeps it, and the page
+    would seem untouched."""
+    size = states[0].numel()
+    pages = torch.empty((slots, size + _page_gap(size)), dtype=states.dtype, device=states.device)
+    generator = torch.Generator().manual_seed(seed)
+    pages[:, size:] = torch.randn((slots, pages.shape[1] - size), generator=generator).to(pages)
+    return pages
+
+
+def _page_gap(size: int) -> int:
+    # A quarter of a state more, in whole 16-element blocks (a page is aligned as the state is).
+    return max(16, size // 64 * 16)
+
+
+def paged_states(pages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The states in `pages` (paged's), shaped like `like`'s rows: a view whose slot stride is the page."""
+    return pages[:, :like[0].numel()].unflatten(1, like.shape[1:])

@@ -15,11 +15,12 @@ whose float64 update lies a fraction p of the way from its lower to its upper ne
 stored differently by two independent draws with probability q = 2p(1 - p): over an axis's pairs the number
 that differ has mean E = Σq (the message gives √(Σq(1 - q)) beside it). So few that independent draws differ
 that rarely with probability below FALSE_ALARM (Chernoff's bound on the lower tail: e^-E (eE/k)^k for k < E
-differing) fails, and the message has a clause per axis that does (`random bits: twin batch rows (given the same state and inputs) stored
-the same bits in 256 of 256 elements where independent draws differ in 88 ± 7: the stochastic rounding's random
-bits do not depend on the batch row`; where some twins differ, but too few: `... are correlated across channels`).
-Where E is small (below 21 even none differing passes: an axis of one element, states the step leaves
-representable) that axis cannot tell, and passes with its figures. The values themselves are the decode's to judge, not this check's.
+differing) fails, and the message has a clause per axis that does (`random bits: twin batch rows (given the
+same state and inputs) stored the same bits in 256 of 256 elements where independent draws differ in 88 ± 7:
+the stochastic rounding's random bits do not depend on the batch row`; where some twins differ, but too few:
+`... are correlated across channels`). Where E is small (below 21 even none differing passes: an axis of one
+element, states the step leaves representable) that axis cannot tell, and passes with its figures. The values
+themselves are the decode's to judge, not this check's.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ Three verdicts, each the inner layout's unless only the ends layout's fails (its
   value): a live row left NaN-filled there was not written, which fails;
 - untouched: every other slot (the spares, the pad slot) and a guard slot on each side of the pool
   (where an index of -1 or one past the end writes) keeps its bits, and so does a guard row on each side
-  of out where the kernel takes one (a store past the batch's last row, unmasked, lands there). The pool is
-  paged as vLLM's cache is (`paged`): each slot's state is followed by more of its page, which must keep
-  its bits too (a kernel that takes the slot stride for the state's size writes there);
+  of out where the kernel takes one (a store past the batch's last row, unmasked, lands there). The pool
+  is paged as vLLM's cache is (core.pool.paged): each slot's state is followed by more of its page, which
+  must keep its bits too (a kernel that takes the slot stride for the state's size writes there);
 - pad_out: the pad rows' out, NaN-filled (a NaN with its own payload) before the call where the kernel
   takes `out`: wholly written with finite values (zeros, as mamba_ssm and the built-in kernel write,
   or other values, as vLLM's step from a zero state gives) or wholly left (reported as not written,
@@ -44,7 +44,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.pool import changed_slots, end_slots, inner_slots, nan_filled, poisoned
+from ssmcheck.core.pool import changed_slots, end_slots, inner_slots, nan_filled, paged, paged_states, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -86,12 +86,12 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     arguments = {"z": None, **dict(step.map(lambda _, t: _own_storage(t[:rows])).given()), "A": problem.A,
                  "D": problem.D, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
     # The pool between two guard slots (a write at slot -1 or one past the end lands in one of them), each slot a
-    # page longer than its state (`paged`).
+    # page longer than its state (core.pool.paged).
     pages = paged(problem.initial_state, layout["pool"] + 2, layout["seed"])
-    buffer = _states(pages, problem.initial_state)
+    buffer = paged_states(pages, problem.initial_state)
     buffer.copy_(torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]))
     pages_before = pages.clone()
-    before = _states(pages_before, problem.initial_state)
+    before = paged_states(pages_before, problem.initial_state)
     pool = buffer[1:-1]
     slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
     # out between two guard rows, all NaN with a payload of ours: a write past either end of out lands in one.
@@ -130,30 +130,6 @@ def _layout(case: DriftCase, pad: int, placement: str) -> dict:
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
     return {"placement": placement, "seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots,
             "pad_rows": pad_rows}
-
-
-def paged(states: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
-    """`slots` pages, each a slot's state (left for the caller to fill) and more of the page after it: vLLM
-    keeps a layer's states in pages of its paged cache (a view whose slot stride is the page, the conv state
-    beside the SSM state), so a kernel that takes the slot stride for the state's own size reads and writes
-    across slots. The rest of each page holds finite values drawn from `seed`, not NaN: a kernel that reads a
-    NaN there writes back a NaN of the same payload on the CPU, where NaN arithmetic keeps it, and the page
-    would seem untouched."""
-    size = states[0].numel()
-    pages = torch.empty((slots, size + _page_gap(size)), dtype=states.dtype, device=states.device)
-    generator = torch.Generator().manual_seed(seed)
-    pages[:, size:] = torch.randn((slots, pages.shape[1] - size), generator=generator).to(pages)
-    return pages
-
-
-def _page_gap(size: int) -> int:
-    # A quarter of a state more, in whole 16-element blocks (a page is aligned as the state is).
-    return max(16, size // 64 * 16)
-
-
-def _states(pages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The states in `pages` (paged's), shaped like `like`'s rows: a view whose slot stride is the page."""
-    return pages[:, :like[0].numel()].unflatten(1, like.shape[1:])
 
 
 def _own_storage(rows: torch.Tensor) -> torch.Tensor:

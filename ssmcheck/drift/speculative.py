@@ -17,7 +17,8 @@ reads (vLLM's null block), and its state is stored nowhere. Two verdicts:
   stochastically, the rms over BASELINE_DRAWS draws), and each token's out within what that stored state's
   rounding allows of C·h + D·x (`_out_beyond_storage`);
 - kept: every slot that is no token's destination (the sources, the decoys, a spare, the pad slot) and both
-  guards keep their bits: a store without the pad test writes the pad slot, or the guard before the pool at -1.
+  guards keep their bits: a store without the pad test writes the pad slot, or the guard before the pool at -1;
+  the pool is paged (core.pool.paged), and the rest of every page keeps its bits too.
 
 They fold into the case as the padded-slot checks do (drift.slots.combine).
 """
@@ -32,8 +33,9 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
-from ssmcheck.core.pool import changed_slots, nan_filled
+from ssmcheck.core.pool import changed_slots, nan_filled, paged, paged_states
 from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
@@ -59,10 +61,14 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     # One row per (row, token): its initial state a source or a decoy, its step-1 inputs the token's.
     problem = make_problem(case.regime, replace(case.shape(), batch=tokens), case.dtype, 1, layout["seed"], device)
     step = next(problem.steps())
-    buffer = nan_filled((layout["pool"] + 2, *problem.initial_state.shape[1:]), problem.initial_state)
+    # The pool paged as the slot check's (core.pool.paged), between two guard slots.
+    pages = paged(problem.initial_state, layout["pool"] + 2, layout["seed"])
+    buffer = paged_states(pages, problem.initial_state)
+    buffer.copy_(nan_filled(tuple(buffer.shape), problem.initial_state))
     sources = torch.tensor(layout["sources"], device=device).flatten()
     buffer[1:-1][sources] = problem.initial_state  # source (b, t) holds state row b * TOKENS + t
-    before = buffer.clone()
+    pages_before = pages.clone()
+    before = paged_states(pages_before, problem.initial_state)
     pool = buffer[1:-1]
     arguments = {"z": None, **dict(step.given()), "A": problem.A, "D": problem.D,
                  "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
@@ -81,7 +87,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     except KernelRaised as exc:
         return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
     return [_drafts(layout, problem.initial_state, pool, out, arguments, case, tolerance),
-            _kept(layout, before, buffer)], layout
+            _kept(layout, before, buffer, pages, pages_before)], layout
 
 
 def _int32(values, device: str) -> torch.Tensor:
@@ -191,12 +197,16 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
     return ratio.flatten(1).amax(1).tolist()
 
 
-def _kept(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
+def _kept(layout, before: torch.Tensor, buffer: torch.Tensor, pages: torch.Tensor,
+          pages_before: torch.Tensor) -> SlotCheck:
     pad = layout["pad_slot_id"]
     written = {slot for row in layout["destinations"] for slot in row if slot != pad}
     changed = changed_slots(before, buffer, written)
-    figures = {"checked": buffer.shape[0] - len(written), "changed": changed}
-    if not changed:
+    size = buffer[0].numel()  # page i holds slot i - 1; what follows its state is no slot's
+    past_state = [i - 1 for i in range(pages.shape[0])
+                  if not torch.equal(bits(pages[i, size:]), bits(pages_before[i, size:]))]
+    figures = {"checked": buffer.shape[0] - len(written), "changed": changed, "past_state": past_state}
+    if not changed and not past_state:
         return SlotCheck(KEPT, Status.PASS, "", figures)
     sources = {slot: (b, t) for b, row in enumerate(layout["sources"]) for t, slot in enumerate(row)}
 
@@ -210,4 +220,6 @@ def _kept(layout, before: torch.Tensor, buffer: torch.Tensor) -> SlotCheck:
             return f"slot {slot} (outside the pool)"
         return f"slot {slot} (a spare: no token's destination)"
 
-    return SlotCheck(KEPT, Status.FAIL, "slots kept: the call wrote " + ", ".join(map(named, changed)), figures)
+    wrote = [*map(named, changed), *(f"the page after slot {slot}'s state (the pool's slot stride is "
+                                     f"{pages.stride(0)} elements, a state {size})" for slot in past_state)]
+    return SlotCheck(KEPT, Status.FAIL, "slots kept: the call wrote " + ", ".join(wrote), figures)
