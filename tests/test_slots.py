@@ -105,8 +105,8 @@ def test_the_pool_is_paged_and_a_slot_stride_taken_for_the_states_size_is_caught
     untouched = case["slots"]["untouched"]
     assert case["status"] in ("fail", "nonfinite") and untouched["status"] == "fail", case["message"]
     assert untouched["past_state"], untouched
-    assert "state (the pool's slot stride is 320 elements, a state 256: a kernel that takes one for the other " \
-           "writes there)" in untouched["message"], untouched["message"]
+    assert "(the pool's slot stride is 320 elements, a state 256: a kernel that takes one for the other writes " \
+           "there)" in untouched["message"], untouched["message"]
     assert case["slots"]["live"]["status"] != "pass"
 
 

@@ -72,3 +72,18 @@ def _page_gap(size: int) -> int:
 def paged_states(pages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The states in `pages` (paged's), shaped like `like`'s rows: a view whose slot stride is the page."""
     return pages[:, :like[0].numel()].unflatten(1, like.shape[1:])
+
+
+def past_states(pages: torch.Tensor, pages_before: torch.Tensor, size: int) -> list[int]:
+    """The slots (guards included: page i holds slot i - 1) whose page's rest, after its `size`-element state,
+    a call changed: no slot's memory."""
+    return [i - 1 for i in range(pages.shape[0])
+            if not torch.equal(bits(pages[i, size:]), bits(pages_before[i, size:]))]
+
+
+def past_states_text(slots: list[int], pages: torch.Tensor, size: int) -> str:
+    """What `past_states` found, in words."""
+    which = f"page after slot {slots[0]}'s state" if len(slots) == 1 else (
+        f"pages after the states of slots {', '.join(map(str, slots))}")
+    return (f"the {which} (the pool's slot stride is {pages.stride(0)} elements, a state {size}: a "
+            "kernel that takes one for the other writes there)")

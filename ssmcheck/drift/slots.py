@@ -44,7 +44,8 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.pool import changed_slots, end_slots, inner_slots, nan_filled, paged, paged_states, poisoned
+from ssmcheck.core.pool import (changed_slots, end_slots, inner_slots, nan_filled, paged, paged_states, past_states,
+                                 past_states_text, poisoned)
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -213,8 +214,7 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: t
         i - 1 for i in (0, rows + 1) if not bool(poisoned(out_buffer[i]).all())]
     # Page i holds slot i - 1 (the guards' pages too): what follows a slot's state in its page is no slot's.
     size = buffer[0].numel()
-    past_state = [i - 1 for i in range(pages.shape[0]) if not torch.equal(bits(pages[i, size:]),
-                                                                          bits(pages_before[i, size:]))]
+    past_state = past_states(pages, pages_before, size)
     figures = {"checked": buffer.shape[0] - len(live), "changed": changed, "past_out": past_out,
                "past_state": past_state, "slot_stride": pages.stride(0)}
     if not changed and not past_out and not past_state:
@@ -226,8 +226,7 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: t
         return f"slot {slot} ({what})"
 
     wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out),
-             *(f"the page after slot {slot}'s state (the pool's slot stride is {pages.stride(0)} elements, a state "
-               f"{size}: a kernel that takes one for the other writes there)" for slot in past_state)]
+             *([past_states_text(past_state, pages, size)] if past_state else [])]
     return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_PLACED[layout['placement']]}: the step wrote "
                      f"{', '.join(wrote)}; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
 

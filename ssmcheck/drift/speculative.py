@@ -33,9 +33,8 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
-from ssmcheck.core.pool import changed_slots, nan_filled, paged, paged_states
+from ssmcheck.core.pool import changed_slots, nan_filled, paged, paged_states, past_states, past_states_text
 from ssmcheck.core.status import Status
-from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
@@ -203,8 +202,7 @@ def _kept(layout, before: torch.Tensor, buffer: torch.Tensor, pages: torch.Tenso
     written = {slot for row in layout["destinations"] for slot in row if slot != pad}
     changed = changed_slots(before, buffer, written)
     size = buffer[0].numel()  # page i holds slot i - 1; what follows its state is no slot's
-    past_state = [i - 1 for i in range(pages.shape[0])
-                  if not torch.equal(bits(pages[i, size:]), bits(pages_before[i, size:]))]
+    past_state = past_states(pages, pages_before, size)
     figures = {"checked": buffer.shape[0] - len(written), "changed": changed, "past_state": past_state}
     if not changed and not past_state:
         return SlotCheck(KEPT, Status.PASS, "", figures)
@@ -220,6 +218,5 @@ def _kept(layout, before: torch.Tensor, buffer: torch.Tensor, pages: torch.Tenso
             return f"slot {slot} (outside the pool)"
         return f"slot {slot} (a spare: no token's destination)"
 
-    wrote = [*map(named, changed), *(f"the page after slot {slot}'s state (the pool's slot stride is "
-                                     f"{pages.stride(0)} elements, a state {size})" for slot in past_state)]
+    wrote = [*map(named, changed), *([past_states_text(past_state, pages, size)] if past_state else [])]
     return SlotCheck(KEPT, Status.FAIL, "slots kept: the call wrote " + ", ".join(wrote), figures)
