@@ -98,3 +98,24 @@ def test_fraction_between_neighbours_is_the_place_of_the_value_between_them(dtyp
 def test_fraction_between_neighbours_of_non_finite_values_is_zero():
     values = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1.0], dtype=torch.float64)
     assert fraction_between_neighbours(values, torch.float16).tolist() == [0.0] * 5
+
+
+@settings(max_examples=50, deadline=None)
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6), st.integers(1, 7)),
+       tied=st.booleans())
+def test_twins_are_copies_along_every_axis_and_keep_stride_0_axes(shape, tied):
+    from ssmcheck.drift.independence import _twinned  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(sum(shape))
+    t = torch.randn(shape, generator=g)
+    if tied:  # a per-(row, head) value expanded over channels and state indices, as dt and tied A are passed
+        t = t[..., :1, :1].expand(shape)
+    twin = _twinned(t, (0, 1, 2, 3))
+    assert twin.shape == t.shape
+    assert all(twin.stride(d) == 0 for d in range(4) if t.stride(d) == 0)  # a stride-0 axis stays so
+    for axis, size in enumerate(shape):
+        index = torch.arange(size) // 2 * 2
+        assert torch.equal(twin, twin.index_select(axis, index))  # 2k + 1 holds 2k
+    # The even elements are the input's own.
+    evens = tuple(slice(0, None, 2) for _ in shape)
+    assert torch.equal(twin[evens], t[evens])

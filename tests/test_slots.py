@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ssmcheck
 from ssmcheck.drift import adapter as drift_adapter
@@ -189,3 +191,15 @@ def test_builtin_pad_rows_touch_no_state_and_get_zero_out(device):
     out = selective_state_update(updated, x, dt, A, B, C, state_batch_indices=torch.tensor([-1, 2], device=device))
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isfinite(out[1]).all()
     assert torch.equal(updated[[0, 1, 3]], pool[[0, 1, 3]]) and not torch.equal(updated[2], pool[2])
+
+
+@settings(max_examples=100, deadline=None)
+@given(count=st.integers(2, 6), spare=st.integers(0, 4), skip=st.sampled_from([None, -1, 0]), seed=st.integers(0, 99))
+def test_end_slots_take_both_ends_and_distinct_slots(count, spare, skip, seed):
+    from ssmcheck.core.pool import end_slots  # noqa: PLC0415
+
+    size = count + spare + (1 if skip == 0 else 0)
+    slots = end_slots(count, size, torch.Generator().manual_seed(seed), skip=skip)
+    usable = [s for s in range(size) if s != skip]
+    assert len(slots) == len(set(slots)) == count and set(slots) <= set(usable)
+    assert {usable[0], usable[-1]} <= set(slots)
