@@ -108,7 +108,15 @@ def _write_through_bf16(cache, slots, states):
     cache[slots] = states.to(torch.bfloat16).to(cache.dtype)
 
 
+def _write_as_if_contiguous(cache, slots, states):
+    """Planted: slot s written at s times a state's size from the cache's start, as if the cache were contiguous:
+    right for a contiguous cache, wrong for a paged one (vLLM's: a slot stride longer than a state)."""
+    contiguous = torch.empty(cache.shape).stride()
+    cache.as_strided(cache.shape, contiguous, cache.storage_offset())[slots] = states.to(cache.dtype)
+
+
 cache_write_correct = _writing_cache(_write)
 cache_write_at_sequence_index = _writing_cache(_write_at_sequence_index)
 cache_write_all_heads_but_the_last = _writing_cache(_write_all_heads_but_the_last)
 cache_write_through_bf16 = _writing_cache(_write_through_bf16)
+cache_write_as_if_contiguous = _writing_cache(_write_as_if_contiguous)

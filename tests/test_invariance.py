@@ -145,6 +145,8 @@ def test_a_correct_cache_write_passes_and_a_kernel_without_one_skips_the_check(t
     ("cache_write_at_sequence_index", "wrote slot 0 (no sequence's)"),
     ("cache_write_all_heads_but_the_last", "left unwritten in 64 of 128 elements"),
     ("cache_write_through_bf16", "differs from the state the kernel returns without the cache"),
+    ("cache_write_as_if_contiguous", "(the pool's slot stride is 160 elements, a state 128: a kernel that takes "
+                                     "one for the other writes there)"),
 ])
 def test_the_cache_write_check_catches_a_planted_bug(tmp_path, kernel, words):
     result, report = scan(*SMOKE, "--kernel", f"{SERVING}:{kernel}", "--regime", "ragged", "--dtype", "fp32",
@@ -257,9 +259,14 @@ def test_the_cache_write_verdicts_on_drawn_caches(sequences, dtype, seed):
     def rotated(cache, slots, states):  # each state into the next sequence's slot
         cache[slots.roll(1)] = states
 
-    def spilled(cache, slots, states):  # right, and one element more, past the cache's last slot (the guard)
+    def spilled(cache, slots, states):  # right, and one element more, in the page after the cache (the guard's)
         cache[slots] = states
-        torch.as_strided(cache, (1,), (1,), cache.storage_offset() + cache.numel()).fill_(0)
+        torch.as_strided(cache, (1,), (1,), cache.storage_offset() + cache.shape[0] * cache.stride(0)).fill_(0)
+
+    def past_the_state(cache, slots, states):  # right, and one element more, after the last slot's state
+        cache[slots] = states
+        torch.as_strided(cache, (1,), (1,), cache.storage_offset() + (cache.shape[0] - 1) * cache.stride(0)
+                         + cache[0].numel()).fill_(0)
 
     if sequences > 1:
         check = _cache_check(rotated, sequences, dtype, seed)
@@ -267,6 +274,10 @@ def test_the_cache_write_verdicts_on_drawn_caches(sequences, dtype, seed):
     check = _cache_check(spilled, sequences, dtype, seed)
     assert check.status.value == "fail" and check.figures["changed"] == [check.figures["cache_slots"]]
     assert f"wrote slot {check.figures['cache_slots']} (outside the cache)" in check.message
+    check = _cache_check(past_the_state, sequences, dtype, seed)
+    last = check.figures["cache_slots"] - 1
+    assert check.status.value == "fail" and check.figures["changed"] == [] and check.figures["past_state"] == [last]
+    assert f"wrote the page after slot {last}'s state (the pool's slot stride is " in check.message, check.message
 
 
 @pytest.mark.gpu
