@@ -24,6 +24,13 @@ def _cases(kernel: str) -> list[dict]:
     return ssmcheck.drift(kernel=kernel, **SMALL).to_json()["cases"]
 
 
+# The twin step at SMALL's widths: 2 rows x 2 heads x 128 channels (MIN_CHANNELS) x dstate 16, and per axis its
+# pairings as (distance, pairs): rows and heads (2 long) neighbours only, channels and state indices also a
+# period apart (64 and 8).
+PAIRINGS = {"rows": [(1, 4096)], "heads": [(1, 2048)], "channels": [(1, 2048), (64, 2048)],
+            "state_indices": [(1, 2048), (8, 2048)]}
+
+
 @pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
 def test_twins_of_a_correct_stochastic_rounding_differ_as_independent_draws_do(kernel):
     for case in _cases(kernel):
@@ -32,33 +39,55 @@ def test_twins_of_a_correct_stochastic_rounding_differ_as_independent_draws_do(k
             assert check is None
             continue
         assert case["status"] == "pass", case["message"]
-        # 2 heads x 8 channels x dstate 16 elements a row: 256 twin pairs of rows, 128 along each axis of row 0.
-        assert [check[axis]["pairs"] for axis in AXES] == [256, 128, 128, 128], check
+        assert check["widths"] == [2, 2, 128, 16]
         for axis in AXES:
-            figures = check[axis]
-            assert figures["expected"] > 20, check  # a third of the pairs, or a sixth (stagnation), differ
-            assert abs(figures["differ"] - figures["expected"]) < 6 * figures["sigma"], check
+            assert [(f["distance"], f["pairs"]) for f in check[axis]] == PAIRINGS[axis], check
+            for figures in check[axis]:
+                assert figures["expected"] > 300, check  # a third of the pairs, or a sixth (stagnation), differ
+                assert abs(figures["differ"] - figures["expected"]) < 6 * figures["sigma"], check
 
 
-@pytest.mark.parametrize(("axis", "words"), [
-    ("rows", "twin batch rows (given the same state and inputs) stored the same bits in 256 of 256 elements"),
-    ("heads", "twin heads (given the same state and inputs) stored the same bits in 128 of 128 elements"),
-    ("channels", "twin channels (given the same state and inputs) stored the same bits in 128 of 128 elements"),
-    ("state_indices", "twin state indices (given the same state and inputs) stored the same bits in 128 of 128"),
-])
-def test_random_bits_shared_along_an_axis_fail_every_stochastic_case_and_name_it(axis, words):
+@pytest.mark.parametrize("axis", list(AXES))
+def test_random_bits_shared_along_an_axis_fail_every_stochastic_case_and_name_it(axis):
     cases = _cases(f"{BROKEN}:random_bits_shared_by_{axis}")
     stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
     assert len(stochastic) == 4
-    depends = AXES[axis][1]
+    what, depends = AXES[axis]
     for case in stochastic:
         check = case["independence"]
-        assert case["status"] == "fail" and check["status"] == "fail" and check[axis]["differ"] == 0, case["message"]
-        assert words in case["message"] and f"random bits do not depend on {depends}" in case["message"]
-        # The other axes' twins round with bits of their own: only this axis's clause.
-        assert check["message"].count("twin ") == 1, check["message"]
+        assert case["status"] == "fail" and check["status"] == "fail", case["message"]
+        assert all(f["differ"] == 0 for f in check[axis])
+        for distance, pairs in PAIRINGS[axis]:
+            twins = what if distance == 1 else f"{what} {distance} apart"
+            assert (f"twin {twins} (given the same state and inputs) stored the same bits in {pairs} of {pairs} "
+                    "elements where independent draws differ in ") in case["message"], case["message"]
+        assert f"random bits do not depend on {depends}" in case["message"]
+        # The other axes' twins round with bits of their own: only this axis's clauses.
+        assert check["message"].count("twin ") == len(PAIRINGS[axis]), check["message"]
     # To nearest the kernel is right: the check does not run.
     assert all(c["status"] == "pass" and c["independence"] is None for c in cases if c not in stochastic)
+
+
+def _bits_repeating_every_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                      rounding="nearest", seed=0):
+    """Planted: SR whose offsets restart with each block of 64 channels: channels c and c + 64 share bits."""
+    from broken_state_update_kernels import _fp32_step, _store  # noqa: PLC0415
+
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    for start in range(0, state.shape[2], 64):
+        _store(state[:, :, start:start + 64], new[:, :, start:start + 64], rounding, seed)
+    return out
+
+
+def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
+    cases = ssmcheck.drift(kernel=_bits_repeating_every_64_channels, **SMALL).to_json()["cases"]
+    for case in (c for c in cases if c["params"]["rounding"] == "stochastic"):
+        check = case["independence"]
+        assert case["status"] == "fail", case["message"]
+        assert [f["differ"] == 0 for f in check["channels"]] == [False, True], check["channels"]
+        assert check["message"] == check["message"].split("; ")[0]  # one clause
+        assert "twin channels 64 apart (given the same state and inputs) stored the same bits in 2048 of 2048" \
+               in check["message"] and check["message"].endswith("random bits are the same channels 64 apart")
 
 
 def test_the_lower_tail_bound_is_a_bound_and_fails_only_far_below_the_mean():
@@ -101,7 +130,7 @@ def test_fraction_between_neighbours_of_non_finite_values_is_zero():
 
 
 @settings(max_examples=50, deadline=None)
-@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6), st.integers(1, 7)),
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 9), st.integers(1, 7)),
        tied=st.booleans())
 def test_twins_are_copies_along_every_axis_and_keep_stride_0_axes(shape, tied):
     from ssmcheck.drift.independence import _twinned  # noqa: PLC0415
@@ -113,9 +142,12 @@ def test_twins_are_copies_along_every_axis_and_keep_stride_0_axes(shape, tied):
     twin = _twinned(t, (0, 1, 2, 3))
     assert twin.shape == t.shape
     assert all(twin.stride(d) == 0 for d in range(4) if t.stride(d) == 0)  # a stride-0 axis stays so
+    sources = []
     for axis, size in enumerate(shape):
-        index = torch.arange(size) // 2 * 2
-        assert torch.equal(twin, twin.index_select(axis, index))  # 2k + 1 holds 2k
-    # The even elements are the input's own.
-    evens = tuple(slice(0, None, 2) for _ in shape)
-    assert torch.equal(twin[evens], t[evens])
+        period = size // 4 * 2
+        index = torch.arange(size) % period // 2 * 2 if period else torch.zeros(size, dtype=torch.long)
+        assert torch.equal(twin, twin.index_select(axis, index))  # every element a copy of its source
+        sources.append(index.unique())
+    # The sources hold the input's own values.
+    grid = torch.meshgrid(*sources, indexing="ij")
+    assert torch.equal(twin[grid], t[grid])

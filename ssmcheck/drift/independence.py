@@ -8,17 +8,23 @@ element on its own is exact stochastic rounding, so the bias test and the drift 
 errors are one and the same, and what decodes alike drifts alike.
 
 One step, the case's regime, state dtype and kernel call, on inputs made of twins: a batch of 2 whose row 1 is a
-copy of row 0 (state and every step input), and within it heads, channels and state indices in pairs, 2k + 1 a
-copy of 2k (its state, inputs and parameters; every group's B and C group 0's, so that twin heads read the same
-ones). The pairs along each axis (AXES: rows, heads, channels, state indices) are compared apart. An element
+copy of row 0 (state and every step input), and within it heads, channels and state indices in twins: along an
+axis of n >= 4 elements, with the period P = 2 * (n // 4), element k + P a copy of k and 2j + 1 a copy of 2j below
+2P (its state, inputs and parameters; every group's B and C group 0's, so that twin heads read the same ones; an
+axis under 4 long all copies of its first). The step's heads are MIN_CHANNELS wide at least, so that channels
+have twins 64 apart, past the block of channels a program takes, where offsets that restart with each block
+repeat. The twins along each axis (AXES: rows, heads, channels, state indices), neighbours and a period apart,
+are compared apart. An element
 whose float64 update lies a fraction p of the way from its lower to its upper neighbour in the state dtype is
 stored differently by two independent draws with probability q = 2p(1 - p): over an axis's pairs the number
 that differ has mean E = Σq (the message gives √(Σq(1 - q)) beside it). So few that independent draws differ
 that rarely with probability below FALSE_ALARM (Chernoff's bound on the lower tail: e^-E (eE/k)^k for k < E
 differing) fails, and the message has a clause per axis that does (`random bits: twin batch rows (given the
-same state and inputs) stored the same bits in 256 of 256 elements where independent draws differ in 88 ± 7:
-the stochastic rounding's random bits do not depend on the batch row`; where some twins differ, but too few:
-`... are correlated across channels`). Where E is small (below 21 even none differing passes: an axis of one
+same state and inputs) stored the same bits in 4096 of 4096 elements where independent draws differ in 1413 ± 29:
+the stochastic rounding's random bits do not depend on the batch row`; where some twins differ, but too few,
+and no axis's twins are all the same (those would explain the shortfall):
+`... are correlated across channels`; a period apart: `twin channels 64 apart ...: the stochastic rounding's
+random bits are the same channels 64 apart`). Where E is small (below 21 even none differing passes: an axis of one
 element, states the step leaves representable) that axis cannot tell, and passes with its figures. The values
 themselves are the decode's to judge, not this check's.
 """
@@ -57,10 +63,16 @@ _INPUT_AXES = {
 }
 
 
+# The twin step's heads are at least this wide: its channels then have twins 64 apart, past a block of 64 (or
+# fewer) channels a program, where a kernel whose offsets restart with each block repeats its bits.
+MIN_CHANNELS = 128
+
+
 def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript) -> SlotCheck:
     """The verdict of `case` (a stochastic-rounding one) for `kernel`."""
     seed = sweep.case_seed(case.seed, {"check": NAME})
-    problem = make_problem(case.regime, replace(case.shape(), batch=2), case.dtype, 1, seed, device)
+    shape = replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS))
+    problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
     step = next(problem.steps())
     given = {"state": problem.initial_state, **dict(step.given()), "A": problem.A, "D": problem.D,
              "dt_bias": problem.dt_bias}
@@ -81,19 +93,23 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
                                  dt_softplus=problem.dt_softplus)
     p = fraction_between_neighbours(exact, case.dtype)
     stored = bits(state)
-    figures, failed = {}, []
+    figures, failed = {"widths": list(state.shape)}, []
     for axis, name in enumerate(AXES):
-        first, second = _pairs(axis, stored.shape[axis])
-        q = 2 * p[first] * (1 - p[first])
-        expected, spread = q.sum().item(), math.sqrt((q * (1 - q)).sum().item())
-        differ = int((stored[first] != stored[second]).sum())
-        figures[name] = {"pairs": q.numel(), "differ": differ, "expected": round(expected, 1),
-                         "sigma": round(spread, 2)}
-        if lower_tail_bound(differ, expected) < FALSE_ALARM:
-            failed.append(name)
+        figures[name] = []
+        for distance, first, second in _pairs(axis, stored.shape[axis]):
+            q = 2 * p[first] * (1 - p[first])
+            expected, spread = q.sum().item(), math.sqrt((q * (1 - q)).sum().item())
+            differ = int((stored[first] != stored[second]).sum())
+            figures[name].append({"distance": distance, "pairs": q.numel(), "differ": differ,
+                                  "expected": round(expected, 1), "sigma": round(spread, 2)})
+            if lower_tail_bound(differ, expected) < FALSE_ALARM:
+                failed.append((name, figures[name][-1]))
     if not failed:
         return SlotCheck(NAME, Status.PASS, "", figures)
-    return SlotCheck(NAME, Status.FAIL, f"{TITLE}: " + "; ".join(_failure(name, figures[name]) for name in failed),
+    # Twins that never differ are certain; bits shared along one axis also make the other axes' pairs fail to be
+    # independent of each other, and a count over them can then fall short by itself: those go unnamed.
+    certain = [(name, f) for name, f in failed if f["differ"] == 0]
+    return SlotCheck(NAME, Status.FAIL, f"{TITLE}: " + "; ".join(_failure(name, f) for name, f in certain or failed),
                      figures)
 
 
@@ -108,16 +124,30 @@ def lower_tail_bound(k: int, mean: float) -> float:
 def _failure(name: str, f: dict) -> str:
     what, depends = AXES[name]
     why = f"do not depend on {depends}" if f["differ"] == 0 else f"are correlated across {what}"
+    if f["distance"] > 1:
+        what = f"{what} {f['distance']} apart"
+        why = f"are the same {what}" if f["differ"] == 0 else f"are correlated {what}"
     return (f"twin {what} (given the same state and inputs) stored the same bits in {f['pairs'] - f['differ']} of "
             f"{f['pairs']} elements where independent draws differ in {f['expected']:.0f} ± {f['sigma']:.0f}: the "
             f"stochastic rounding's random bits {why}")
 
 
-def _pairs(axis: int, size: int) -> tuple[tuple, tuple]:
-    """The indices of the state's twins along `axis` (of `size`): the elements 2k, and the elements 2k + 1. Rows
-    whole; along the other axes, in row 0."""
+def _twin_period(size: int) -> int:
+    """Along an axis of `size`: elements k and k + period are twins, and so are 2j and 2j + 1 below 2 * period
+    (an even period; 0 for an axis under 4 long, all of whose elements are twins)."""
+    return size // 4 * 2
+
+
+def _pairs(axis: int, size: int) -> list[tuple[int, tuple, tuple]]:
+    """The state's twins along `axis` (of `size`), as (distance, the first elements, their twins): neighbours,
+    and elements a period apart. Rows whole; along the other axes, in row 0."""
     row = () if axis == 0 else (0,) + (slice(None),) * (axis - 1)
-    return row + (slice(0, size // 2 * 2, 2),), row + (slice(1, size, 2),)
+    period = _twin_period(size)
+    end = 2 * period if period else size // 2 * 2
+    pairs = [(1, row + (slice(0, end, 2),), row + (slice(1, end, 2),))] if end else []
+    if period > 1:
+        pairs.append((period, row + (slice(0, period),), row + (slice(period, 2 * period),)))
+    return pairs
 
 
 def _twinned(t: torch.Tensor | None, axes: tuple[int | None, ...]) -> torch.Tensor | None:
@@ -129,6 +159,9 @@ def _twinned(t: torch.Tensor | None, axes: tuple[int | None, ...]) -> torch.Tens
     twin = t[tuple(slice(0, 1) if d in zero else slice(None) for d in range(t.dim()))]
     for axis in axes:
         if axis is not None and axis not in zero:
-            index = torch.arange(t.shape[axis], device=t.device) // 2 * 2
+            size = t.shape[axis]
+            period = _twin_period(size)
+            index = torch.arange(size, device=t.device)
+            index = index % period // 2 * 2 if period else torch.zeros_like(index)
             twin = twin.index_select(axis, index)
     return twin.contiguous().expand(t.shape)
