@@ -450,6 +450,12 @@ def _stores_the_tokens_not_kept(real, state, *args, dst_state_batch_indices, **k
     return result
 
 
+def _rows_at_a_fixed_stride(real, *args, cu_seqlens, **kwargs):
+    # Planted: row b's tokens taken from b * 3 on (the most draft tokens a row has), not from cu_seqlens[b].
+    fixed = (torch.arange(len(cu_seqlens), device=cu_seqlens.device) * 3).clamp(max=int(cu_seqlens[-1]))
+    return real(*args, cu_seqlens=fixed.to(cu_seqlens.dtype), **kwargs)
+
+
 def _every_token_gets_the_first_tokens_out(real, state, x, *args, out, cu_seqlens, **kwargs):
     # Planted: the states are right, but each row's out holds its first token's for every token.
     real(state, x, *args, out=out, cu_seqlens=cu_seqlens, **kwargs)
@@ -465,12 +471,14 @@ def test_drift_kernel_vllm_verifies_draft_tokens_as_speculative_decoding_does(fa
     for case in report["cases"]:
         spec = case["slots"]["speculative"]
         assert case["slots"]["drafts"]["status"] == case["slots"]["kept"]["status"] == "pass"
-        assert spec["tokens"] == 3 and spec["accepted"] == [3, 2, 1]
-        # The last row's last token is not kept: its destination the null block, 0, which is no other token's.
-        assert spec["destinations"][-1][-1] == 0
-        slots = [s for row in spec["sources"] + spec["destinations"] for s in row][:-1]
-        assert len(set(slots)) == len(slots) == 17 and 0 not in slots
-        assert case["slots"]["drafts"]["tokens"] == 9
+        assert spec["tokens"] == 3 and spec["accepted"] == [3, 2, 1] and spec["lengths"] == [2, 3, 2]
+        # Columns past a row's tokens, and the last row's last token (not kept), have the null block, 0, for
+        # destination; no source or kept token has it.
+        assert spec["not_kept"] == [2, 1] and [row.count(0) for row in spec["destinations"]] == [1, 0, 2]
+        slots = [s for row in spec["sources"] + spec["destinations"] for s in row if s != 0]
+        assert len(set(slots)) == len(slots) == 9 + 2 + 3 + 1
+        assert 0 not in [s for row in spec["sources"] for s in row]
+        assert case["slots"]["drafts"]["tokens"] == 7
     verified = [call for call in fake.CALLS if call["num_accepted_tokens"] is not None]
     assert len(verified) == len(report["cases"])
 
@@ -529,7 +537,8 @@ def test_a_vllm_without_the_fused_cache_write_gets_no_cache_check(fakes, tmp_pat
     (_stores_the_last_token_only, "drafts", "nonfinite", "non-finite (NaN where it was not written)"),
     (_writes_back_the_source, "kept", "fail", "slots kept: the call wrote slot "),
     (_stores_the_tokens_not_kept, "kept", "fail",
-     "slots kept: the call wrote slot 0 (the pad id: row 2 token 2's destination)"),
+     "slots kept: the call wrote slot 0 (the pad id: row 2 token 1's destination)"),
+    (_rows_at_a_fixed_stride, "drafts", "fail", "draft tokens: row "),
     (_every_token_gets_the_first_tokens_out, "drafts", "fail", "farther from C·(its stored state) than"),
 ])
 def test_the_speculative_check_catches_a_planted_bug(fakes, tmp_path, monkeypatch, variant, check, status, words):

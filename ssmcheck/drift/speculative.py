@@ -5,7 +5,8 @@ state-update call: x, dt, B and C hold every row's tokens packed (`cu_seqlens`),
 the slot of its last accepted token (`state_batch_indices[b, num_accepted_tokens[b] - 1]`), and the state after
 each of its tokens t goes to slot `dst_state_batch_indices[b, t]`, so that the next step can start from
 whichever token the verifier accepts. For a kernel that takes these keywords (vLLM's), each case runs one such
-call: its rows, TOKENS tokens each, from a pool whose source slots hold the regime's states (the one at the
+call: its rows, of TOKENS - 1 and TOKENS tokens in turn (packed by cu_seqlens: a kernel that takes a row's tokens
+at a fixed stride reads the next row's wrong), from a pool whose source slots hold the regime's states (the one at the
 accepted index is the row's; the others are decoys, other states), each token's destination slot NaN-filled (a
 NaN with ssmcheck's payload: unwritten shows), and a guard slot on each side of the pool. The last row's last
 token is not to be kept: its destination is the pad id, as an engine marks a token whose state no later step
@@ -56,10 +57,12 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     """The two verdicts of `case` for `kernel` (which takes draft tokens: DriftAdapter.takes_draft_tokens), and
     the layout they ran."""
     layout = _layout(case, kernel.pad_slot_id)
-    rows, tokens = case.batch, case.batch * TOKENS
-    # One row per (row, token): its initial state a source or a decoy, its step-1 inputs the token's.
-    problem = make_problem(case.regime, replace(case.shape(), batch=tokens), case.dtype, 1, layout["seed"], device)
-    step = next(problem.steps())
+    starts = _starts(layout["lengths"])
+    # One row per (row, column) of the source table: its initial state a source or a decoy; the first of them,
+    # one per token, the tokens' step-1 inputs, packed row after row.
+    problem = make_problem(case.regime, replace(case.shape(), batch=case.batch * TOKENS), case.dtype, 1,
+                           layout["seed"], device)
+    step = next(problem.steps()).map(lambda _, t: t[:starts[-1]])
     # The pool paged as the slot check's (core.pool.paged), between two guard slots.
     pages = paged(problem.initial_state, layout["pool"] + 2, layout["seed"])
     buffer = paged_states(pages, problem.initial_state)
@@ -75,7 +78,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     extra = {"state_batch_indices": _int32(layout["sources"], device),
              "dst_state_batch_indices": _int32(layout["destinations"], device),
              "num_accepted_tokens": _int32(layout["accepted"], device),
-             "cu_seqlens": _int32([TOKENS * b for b in range(rows + 1)], device)}
+             "cu_seqlens": _int32(starts, device)}
     if kernel.takes_pad_slot_id:
         extra["pad_slot_id"] = kernel.pad_slot_id
     if kernel.takes_out:
@@ -108,12 +111,26 @@ def _layout(case: DriftCase, pad: int) -> dict:
     # Row 0 accepted every draft token (its source the last, the farthest from a kernel that reads the first),
     # the next rows one fewer each, round again: every count where there are TOKENS rows or more.
     accepted = [TOKENS - b % TOKENS for b in range(case.batch)]
+    # Rows of TOKENS - 1 and TOKENS tokens in turn, from row 0 (packed by cu_seqlens: a kernel that takes row b's
+    # tokens at b * TOKENS reads row 1's in the wrong place); a column past a row's tokens is the pad id.
+    lengths = [TOKENS - 1 if b % 2 == 0 else TOKENS for b in range(case.batch)]
+    for b, length in enumerate(lengths):
+        destinations[b][length:] = [pad] * (TOKENS - length)
     # The last row's last token is not kept (its destination the pad id, as an engine marks a token whose state
     # no later step reads): a store without the pad test lands in the pad slot, or before the pool at -1. Its
-    # destination slot stays a spare.
-    destinations[-1][-1] = pad
-    return {"seed": seed, "pool": pool, "pad_slot_id": pad, "tokens": TOKENS, "sources": sources,
-            "destinations": destinations, "accepted": accepted}
+    # destination slot stays a spare, as do those of the columns past a row's tokens.
+    not_kept = [case.batch - 1, lengths[-1] - 1]
+    destinations[-1][lengths[-1] - 1] = pad
+    return {"seed": seed, "pool": pool, "pad_slot_id": pad, "tokens": TOKENS, "lengths": lengths,
+            "sources": sources, "destinations": destinations, "accepted": accepted, "not_kept": not_kept}
+
+
+def _starts(lengths: list[int]) -> list[int]:
+    """cu_seqlens of rows of `lengths` tokens."""
+    starts = [0]
+    for length in lengths:
+        starts.append(starts[-1] + length)
+    return starts
 
 
 def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: Tolerance) -> SlotCheck:
@@ -129,14 +146,16 @@ def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: To
     fixed = {"A": arguments["A"].double(), "D": arguments["D"].double(), "dt_bias": arguments["dt_bias"].double(),
              "dt_softplus": arguments["dt_softplus"]}
     worst, failed, nonfinite = None, None, None
+    lengths, starts = layout["lengths"], _starts(layout["lengths"])
     for t in range(TOKENS):
-        tokens = [b * TOKENS + t for b in range(rows)]
+        # Row b's token t, where it has one (a row past its last token steps on its last one's inputs, unjudged).
+        tokens = [starts[b] + min(t, lengths[b] - 1) for b in range(rows)]
         x, dt, B, C = (arguments[k][tokens].double() for k in ("x", "dt", "B", "C"))
         z = None if arguments["z"] is None else arguments["z"][tokens].double()
         new, _ = state_update_step(torch.cat([exact[None], base]), x, dt, fixed["A"], B, C, D=fixed["D"], z=z,
                                    dt_bias=fixed["dt_bias"], dt_softplus=fixed["dt_softplus"])
         exact, base = new[0], round_to(new[1:], case.dtype, case.rounding, generator).double()
-        kept = [b for b in range(rows) if layout["destinations"][b][t] != layout["pad_slot_id"]]
+        kept = [b for b in range(rows) if t < lengths[b] and layout["destinations"][b][t] != layout["pad_slot_id"]]
         stored = pool[[layout["destinations"][b][t] for b in kept]].double()
         beyond = _out_beyond_storage(stored, out[[tokens[b] for b in kept]].double(), C[kept], x[kept],
                                      None if z is None else z[kept], fixed["D"], case.dtype)
@@ -160,7 +179,7 @@ def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: To
                 failed = f"{where}: {'; '.join(over)}"
             if worst is None or figures["state_rel"] > worst["state_rel"]:
                 worst = figures
-    result = {"tokens": rows * TOKENS, "worst": worst}
+    result = {"tokens": starts[-1], "worst": worst}
     if nonfinite is not None:
         return SlotCheck(DRAFTS, Status.NONFINITE, f"draft tokens: {nonfinite}", result)
     if failed is not None:
@@ -213,7 +232,8 @@ def _kept(layout, before: torch.Tensor, buffer: torch.Tensor, pages: torch.Tenso
             b, t = sources[slot]
             return f"slot {slot} (row {b}'s source {t})"
         if slot == pad:
-            return f"slot {slot} (the pad id: row {len(layout['destinations']) - 1} token {TOKENS - 1}'s destination)"
+            b, t = layout["not_kept"]
+            return f"slot {slot} (the pad id: row {b} token {t}'s destination)"
         if slot < 0 or slot >= layout["pool"]:
             return f"slot {slot} (outside the pool)"
         return f"slot {slot} (a spare: no token's destination)"
