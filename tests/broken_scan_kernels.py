@@ -658,3 +658,55 @@ def writes_past_x(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, init
     if end < flat.numel():
         flat[end] = 0.0
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_group_of_head_by_ngroups(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                    return_final_states=False, return_varlen_states=False):
+    """The varlen path (its own pointer setup) reads head h's B and C from group h // ngroups (clamped to the last
+    group), not h // (nheads / ngroups): right at 4 heads in 2 groups, or one group; batch mode is right."""
+    nheads, ngroups = x.shape[2], B.shape[2]
+    if cu_seqlens is not None and ngroups > 1:
+        group = (torch.arange(nheads, device=x.device) // ngroups).clamp(max=ngroups - 1)
+        B, C = B[:, :, group], C[:, :, group]  # a group per head: the one it reads
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+@dataclass(frozen=True)
+class _SecondBlockOfCBDropped(Arithmetic):
+    """C·Bᵀ of a 128-token chunk tiled in blocks of 64 tokens, the block of rows 64..127 by columns 64..127 never
+    computed (its k-loop bound at the block's start): 0 there."""
+
+    def matmul(self, a, b):
+        product = super().matmul(a, b)
+        if product.shape[-2:] == (128, 128):  # the chunk's C·Bᵀ (no other product at the preset's chunk-128 widths)
+            product[..., 64:, 64:] = 0.0
+        return product
+
+
+def chunk_128_cb_block_dropped(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """At chunk 128 (Nemotron-H's; a tuned configuration of 64-token blocks for that size) C·Bᵀ misses its block of
+    the chunk's second 64 tokens by themselves; other chunk sizes are right. The baseline's arithmetic otherwise."""
+    if chunk_size != 128:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    arith = _SecondBlockOfCBDropped(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False)
+    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith,
+                   y_dtype=x.dtype)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_states_dropped_at_whole_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                           initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                           dt_limit=(0.0, float("inf")), return_final_states=False,
+                                           return_varlen_states=False):
+    """Batch mode with seqlen a multiple of chunk_size takes an unmasked fast path (written for training, which
+    has no initial states) that never loads initial_states: every row starts from zero. Right for a partial last
+    chunk and in varlen mode."""
+    if cu_seqlens is None and x.shape[1] % chunk_size == 0:
+        initial_states = None
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

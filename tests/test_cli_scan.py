@@ -481,22 +481,29 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 1),
     ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 6),
     ("initial_state_head_stride_squared", lambda p: p["headdim"] != p["dstate"] and "initial-state" in p["regime"], 6),
-    ("rows_joined_at_whole_chunks", lambda p: p["regime"] == "normal" and p["batch"] > 1
-     and p["seqlen"] % p["chunk_size"] == 0, 1),
+    ("rows_joined_at_whole_chunks", lambda p: p["regime"] in ("normal", "long") and p["batch"] > 1
+     and p["seqlen"] % p["chunk_size"] == 0, 3),
     ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
     ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 3),
     # ragged's 8 sequences in 5 chunks; by their seeds' draws also ragged's bf16 case of 4 and initial-state's fp16 of 5
     ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 3),
     ("varlen_carried_16_chunks", lambda p: _longest_sequence(_sequence_bounds(p)) > 16 * p["chunk_size"], 1),
+    ("varlen_group_of_head_by_ngroups", lambda p: _is_varlen(p) and p["ngroups"] > 1
+     and p["ngroups"] ** 2 != p["nheads"], 1),
+    ("chunk_128_cb_block_dropped", lambda p: p["chunk_size"] == 128, 1),
+    ("initial_states_dropped_at_whole_chunks", lambda p: p["regime"] == "long" and p["batch"] > 1
+     and p["seqlen"] % p["chunk_size"] == 0, 1),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
-        "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks"])
+        "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
+        "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
     groups, headdim past dstate, initial states of heads wider than their states, several rows of whole chunks,
     more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
-    sequence starts, a packed sequence of more than 16 chunks. The default preset has cases for each (and every
+    sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
+    batch-mode initial states of whole chunks. The default preset has cases for each (and every
     other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
@@ -508,6 +515,10 @@ def _sequence_bounds(p) -> list[int]:
     shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
     cu_seqlens = REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"]).cu_seqlens
     return [] if cu_seqlens is None else cu_seqlens.tolist()
+
+
+def _is_varlen(p) -> bool:
+    return bool(_sequence_bounds(p))
 
 
 def _two_mid_chunk_starts_in_a_chunk(bounds: list[int], chunk_size: int) -> bool:
