@@ -436,12 +436,12 @@ def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_
 
 def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_state(tmp_path):
     """A kernel that starts every batch row from the first row's initial state passes every varlen and one-row
-    case, and fails the default preset's `long` case of 2 rows."""
+    case, and fails the default preset's `long` cases of 2 rows (512 and 520 tokens)."""
     _, report = scan("--kernel", f"{BROKEN}:initial_state_of_row_0", "--preset", "default",
                      json_path=tmp_path / "i.json")
     rows = planted_bug_cases(report, lambda p: p["regime"] == "long" and p["batch"] > 1)
     # wrong from the row's first chunk
-    assert len(rows) == 1 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)
+    assert len(rows) == 2 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)
 
 
 def test_the_default_preset_catches_a_state_carried_through_32_chunks_at_most(tmp_path):
@@ -470,7 +470,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     _, report = scan("--kernel", f"{BROKEN}:dt_limit_upper_only", "--preset", "default",
                      json_path=tmp_path / "l.json")
     limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "large-magnitude", "large-output"))
-    assert len(limited) == 9 and all(c["status"] == "fail" for c in limited)
+    assert len(limited) == 10 and all(c["status"] == "fail" for c in limited)
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
