@@ -45,6 +45,14 @@ def out_written_for_the_first_row_only(state, x, dt, A, B, C, D=None, z=None, dt
     out[:1] = y[:1]
 
 
+def pad_rows_found_by_sign(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: takes pad_slot_id but finds pad rows by a negative index (PAD_SLOT_ID -1), whatever it is told: a
+    pad row given vLLM's null block, 0, is stepped on slot 0 like a live row."""
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, -1,
+                                  out=out)
+
+
 def pad_clamped_to_slot_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                           state_batch_indices=None, pad_slot_id=-1, out=None):
     """Planted: a pad row's slot id -1 clamped to 0, so pad rows update slot 0 of the pool."""

@@ -4,6 +4,7 @@ pad rows, on the CPU through the Triton interpreter."""
 from __future__ import annotations
 
 import pytest
+import slot_kernels
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,6 +129,27 @@ def test_an_out_written_in_part_by_a_kernel_that_returns_nothing_is_non_finite_w
     assert case["first_nonfinite"]["step"] == 1 and case["first_nonfinite"]["unwritten"] is True
     assert case["message"].startswith("non-finite out at step 1 (trial 0, batch 1, head 0, channel 0): left "
                                       "unwritten (the NaN ssmcheck filled the out it passed with)"), case["message"]
+
+
+def test_a_kernel_told_its_pad_id_is_also_told_the_null_block_and_a_pad_test_by_sign_fails():
+    correct = _case(f"{KERNELS}:slots_correct")
+    null = correct["slots"]["null_slot"]
+    assert null["pad_slot_id"] == 0 and null["placement"] == "null_slot" and correct["status"] == "pass"
+    assert all(null["slots"][r] == 0 for r in null["pad_rows"]) and 0 not in [
+        s for r, s in enumerate(null["slots"]) if r not in null["pad_rows"]]
+    case = _case(f"{KERNELS}:pad_rows_found_by_sign")
+    untouched = case["slots"]["untouched"]
+    assert case["status"] == "fail" and untouched["status"] == "fail" and untouched["changed"] == [0], case["message"]
+    assert untouched["message"].startswith("slots untouched (pad rows given slot id 0, a null block): the step "
+                                           "wrote slot 0 (the pad slot)"), untouched["message"]
+    # A kernel that takes no pad_slot_id keyword cannot be told another: no such layout.
+    def without_the_keyword(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                            state_batch_indices=None, out=None):
+        return slot_kernels.slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                          out=out)
+
+    (plain,) = ssmcheck.drift(kernel=without_the_keyword, **SMALL).to_json()["cases"]
+    assert plain["status"] == "pass" and "ends" in plain["slots"] and "null_slot" not in plain["slots"]
 
 
 def test_pad_rows_left_unwritten_are_reported_not_failed():

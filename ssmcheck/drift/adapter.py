@@ -131,12 +131,14 @@ class DriftAdapter:
         return storages(_inputs(problem, step))
 
     def update_slots(self, pool: torch.Tensor, slots: torch.Tensor, arguments: dict, out: torch.Tensor,
-                     rounding: str, seed: int, where: str, transcript: Transcript | None = None) -> torch.Tensor:
-        """One call on the state `pool` (in place), row i on slot slots[i] (pad_slot_id: a pad row), y into
-        `out` where the kernel takes one; return out. Raises KernelRaised."""
+                     rounding: str, seed: int, where: str, transcript: Transcript | None = None,
+                     pad_slot_id: int | None = None) -> torch.Tensor:
+        """One call on the state `pool` (in place), row i on slot slots[i] (the pad slot id, the kernel's or
+        `pad_slot_id` where it takes the keyword: a pad row), y into `out` where the kernel takes one; return
+        out. Raises KernelRaised."""
         extra = {"state_batch_indices": slots}
         if self.takes_pad_slot_id:
-            extra["pad_slot_id"] = self.pad_slot_id
+            extra["pad_slot_id"] = self.pad_slot_id if pad_slot_id is None else pad_slot_id
         if self.takes_out:
             extra["out"] = out
         return self.fenced_update(pool, arguments, rounding, seed, where, transcript, extra)

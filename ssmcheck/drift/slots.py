@@ -11,9 +11,13 @@ the regime's own states and inputs. It runs in two layouts of the pool (LAYOUTS)
   row's index clamped into range or wrapped around (-1) writes a spare, where the write shows whatever
   the order of the stores (on a live row's slot it races that row's own store);
 - ends: live rows on the pool's first and last slots (the pad slot aside), the spares inside. A bounds
-  or pad test off by one (`slot > 0`, `slot < pool - 1`) leaves a live row there behind.
+  or pad test off by one (`slot > 0`, `slot < pool - 1`) leaves a live row there behind;
+- null_slot, for a kernel told its pad slot id (a keyword) whose default is not 0: the inner layout with pad
+  rows given slot id 0, vLLM's null block, in the pool. A kernel that finds pad rows by a negative index, not
+  by the id it was told, writes slot 0.
 
-Three verdicts, each the inner layout's unless only the ends layout's fails (its message says so):
+Three verdicts, each the inner layout's unless another layout's fails (the first, in that order; its message
+says which):
 
 - live: each live row's slot holds the float64 step of its own state and inputs, and its out the
   step's output, within the tolerance rule (the baseline: the float64 step stored in the state dtype
@@ -60,9 +64,10 @@ LIVE, UNTOUCHED, PAD_OUT = "live", "untouched", "pad_out"
 TITLES = {LIVE: "slots", UNTOUCHED: "slots untouched", PAD_OUT: "pad rows' out"}
 PAD_ROWS = 2  # pad rows added to the case's batch
 SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
-INNER, ENDS = "inner", "ends"  # where the live rows sit in the pool (the module docstring)
-LAYOUTS = (INNER, ENDS)
-_PLACED = {INNER: "", ENDS: " (live rows on the pool's first and last slots)"}
+INNER, ENDS, NULL_SLOT = "inner", "ends", "null_slot"  # the pool's layouts (the module docstring)
+LAYOUTS = (INNER, ENDS, NULL_SLOT)
+_PLACED = {INNER: "", ENDS: " (live rows on the pool's first and last slots)",
+           NULL_SLOT: " (pad rows given slot id 0, a null block)"}
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
 
@@ -71,10 +76,14 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
               transcript: Transcript) -> tuple[list[SlotCheck], dict]:
     """The three verdicts of `case` for `kernel` (which takes slot indices), and the layouts they ran (the inner
     one's pool, slots and pad rows, the ends one's under ENDS)."""
-    layouts = {placement: _layout(case, kernel.pad_slot_id, placement) for placement in LAYOUTS}
-    inner, ends = (_run_layout(case, kernel, tolerance, device, transcript, layouts[p]) for p in LAYOUTS)
-    checks = [e if i.status is Status.PASS and e.status is not Status.PASS else i for i, e in zip(inner, ends)]
-    return checks, {**layouts[INNER], ENDS: layouts[ENDS]}
+    # A kernel told its pad slot id (a keyword) is also told vLLM's, 0: one that finds pad rows by another test
+    # (a negative index) takes them for live rows there.
+    placements = [p for p in LAYOUTS if p != NULL_SLOT or (kernel.takes_pad_slot_id and kernel.pad_slot_id != 0)]
+    layouts = {p: _layout(case, 0 if p == NULL_SLOT else kernel.pad_slot_id, p) for p in placements}
+    verdicts = [_run_layout(case, kernel, tolerance, device, transcript, layouts[p]) for p in placements]
+    # Each check: the first layout's verdict that did not pass, in LAYOUTS' order (the inner one's if all did).
+    checks = [next((c for c in by_layout if c.status is not Status.PASS), by_layout[0]) for by_layout in zip(*verdicts)]
+    return checks, {**layouts[INNER], **{p: layouts[p] for p in placements if p != INNER}}
 
 
 def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str, transcript: Transcript,
@@ -102,7 +111,7 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     placed = _PLACED[layout["placement"]]
     try:
         returned = kernel.update_slots(pool, slots, arguments, sent, case.rounding, seed, "slot check" + placed,
-                                       transcript)
+                                       transcript, pad_slot_id=layout["pad_slot_id"])
     except KernelRaised as exc:
         return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}{placed}: {exc}") for name in (LIVE, UNTOUCHED, PAD_OUT)]
     # An engine reads the out it passed, whatever the call returns; only that NaN-filled out shows what the
@@ -125,7 +134,7 @@ def _layout(case: DriftCase, pad: int, placement: str) -> dict:
     pool = rows + SPARE_SLOTS
     if 0 <= pad <= pool:  # the pad id names a slot of the pool (vLLM's null block): never a live one
         pool += 1
-    live = (inner_slots if placement == INNER else end_slots)(live_rows, pool, generator, skip=pad)
+    live = (end_slots if placement == ENDS else inner_slots)(live_rows, pool, generator, skip=pad)
     pad_rows = sorted(torch.randperm(rows, generator=generator)[:PAD_ROWS].tolist())
     it = iter(live)
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
