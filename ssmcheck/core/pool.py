@@ -5,6 +5,8 @@ drift.speculative) and scan's cache-write check (scan.invariance) build their po
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ssmcheck.core.tensors import bits
@@ -43,47 +45,59 @@ def poisoned(t: torch.Tensor) -> torch.Tensor:
     return bits(t) == POISON_BITS[t.dtype]
 
 
-def changed_slots(before: torch.Tensor, buffer: torch.Tensor, written: set[int]) -> list[int]:
-    """The pool slots, guards included, that a call changed (bit for bit) and was not to write. `buffer` is the
-    pool between two guard slots: its index i is slot i - 1, so the guards are slots -1 and pool."""
-    return [i - 1 for i in range(buffer.shape[0])
-            if i - 1 not in written and not torch.equal(bits(before[i]), bits(buffer[i]))]
+@dataclass
+class PagedPool:
+    """A pool between two guard slots (page i holds slot i - 1), paged as vLLM's cache is: each slot's state
+    is followed by more of its page, so a kernel that takes the slot stride for the state's own size reads and
+    writes across slots. `states` views every page's state (guards included), `pool` the slots a kernel is
+    given; `states_before` and `pages_before` are a copy taken before the call."""
+    pages: torch.Tensor
+    states: torch.Tensor
+    pages_before: torch.Tensor
+    states_before: torch.Tensor
+
+    @property
+    def pool(self) -> torch.Tensor:
+        return self.states[1:-1]
+
+    @property
+    def size(self) -> int:
+        """A state's elements."""
+        return self.states[0].numel()
+
+    def changed_slots(self, written: set[int]) -> list[int]:
+        """The slots, guards included (slots -1 and len(pool)), that a call changed (bit for bit) and was not to
+        write."""
+        return [i - 1 for i in range(self.states.shape[0])
+                if i - 1 not in written and not torch.equal(bits(self.states_before[i]), bits(self.states[i]))]
+
+    def past_states(self) -> list[int]:
+        """The slots (guards included) whose page's rest, after the state, a call changed: no slot's memory."""
+        return [i - 1 for i in range(self.pages.shape[0])
+                if not torch.equal(bits(self.pages[i, self.size:]), bits(self.pages_before[i, self.size:]))]
+
+    def past_states_text(self, slots: list[int]) -> str:
+        """What `past_states` found, in words."""
+        which = f"page after slot {slots[0]}'s state" if len(slots) == 1 else (
+            f"pages after the states of slots {', '.join(map(str, slots))}")
+        return (f"the {which} (the pool's slot stride is {self.pages.stride(0)} elements, a state {self.size}: a "
+                "kernel that takes one for the other writes there)")
 
 
-def paged(states: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
-    """`slots` pages, each a slot's state (left for the caller to fill) and more of the page after it: vLLM
-    keeps a layer's states in pages of its paged cache (a view whose slot stride is the page, the conv state
-    beside the SSM state), so a kernel that takes the slot stride for the state's own size reads and writes
-    across slots. The rest of each page holds finite values drawn from `seed`, not NaN: a kernel that reads a
-    NaN there writes back a NaN of the same payload on the CPU, where NaN arithmetic keeps it, and the page
-    would seem untouched."""
-    size = states[0].numel()
-    pages = torch.empty((slots, size + _page_gap(size)), dtype=states.dtype, device=states.device)
+def paged_pool(contents: torch.Tensor, seed: int) -> PagedPool:
+    """A PagedPool holding `contents` (one state per page, the guards first and last). The rest of each page
+    holds finite values drawn from `seed`, not NaN: a kernel that reads a NaN there writes back a NaN of the
+    same payload on the CPU, where NaN arithmetic keeps it, and the page would seem untouched."""
+    size = contents[0].numel()
+    pages = torch.empty((contents.shape[0], size + _page_gap(size)), dtype=contents.dtype, device=contents.device)
     generator = torch.Generator().manual_seed(seed)
-    pages[:, size:] = torch.randn((slots, pages.shape[1] - size), generator=generator).to(pages)
-    return pages
+    pages[:, size:] = torch.randn((pages.shape[0], pages.shape[1] - size), generator=generator).to(pages)
+    states = pages[:, :size].unflatten(1, contents.shape[1:])
+    states.copy_(contents)
+    pages_before = pages.clone()
+    return PagedPool(pages, states, pages_before, pages_before[:, :size].unflatten(1, contents.shape[1:]))
 
 
 def _page_gap(size: int) -> int:
     # A quarter of a state more, in whole 16-element blocks (a page is aligned as the state is).
     return max(16, size // 64 * 16)
-
-
-def paged_states(pages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The states in `pages` (paged's), shaped like `like`'s rows: a view whose slot stride is the page."""
-    return pages[:, :like[0].numel()].unflatten(1, like.shape[1:])
-
-
-def past_states(pages: torch.Tensor, pages_before: torch.Tensor, size: int) -> list[int]:
-    """The slots (guards included: page i holds slot i - 1) whose page's rest, after its `size`-element state,
-    a call changed: no slot's memory."""
-    return [i - 1 for i in range(pages.shape[0])
-            if not torch.equal(bits(pages[i, size:]), bits(pages_before[i, size:]))]
-
-
-def past_states_text(slots: list[int], pages: torch.Tensor, size: int) -> str:
-    """What `past_states` found, in words."""
-    which = f"page after slot {slots[0]}'s state" if len(slots) == 1 else (
-        f"pages after the states of slots {', '.join(map(str, slots))}")
-    return (f"the {which} (the pool's slot stride is {pages.stride(0)} elements, a state {size}: a "
-            "kernel that takes one for the other writes there)")

@@ -27,7 +27,7 @@ says which):
 - untouched: every other slot (the spares, the pad slot) and a guard slot on each side of the pool
   (where an index of -1 or one past the end writes) keeps its bits, and so does a guard row on each side
   of out where the kernel takes one (a store past the batch's last row, unmasked, lands there). The pool
-  is paged as vLLM's cache is (core.pool.paged): each slot's state is followed by more of its page, which
+  is paged as vLLM's cache is (core.pool.PagedPool): each slot's state is followed by more of its page, which
   must keep its bits too (a kernel that takes the slot stride for the state's size writes there);
 - pad_out: the pad rows' out, NaN-filled (a NaN with its own payload) before the call where the kernel
   takes `out`: wholly written with finite values (zeros, as mamba_ssm and the built-in kernel write,
@@ -48,8 +48,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.pool import (changed_slots, end_slots, inner_slots, nan_filled, paged, paged_states, past_states,
-                                 past_states_text, poisoned)
+from ssmcheck.core.pool import PagedPool, end_slots, inner_slots, nan_filled, paged_pool, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -96,13 +95,10 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     arguments = {"z": None, **dict(step.map(lambda _, t: _own_storage(t[:rows])).given()), "A": problem.A,
                  "D": problem.D, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
     # The pool between two guard slots (a write at slot -1 or one past the end lands in one of them), each slot a
-    # page longer than its state (core.pool.paged).
-    pages = paged(problem.initial_state, layout["pool"] + 2, layout["seed"])
-    buffer = paged_states(pages, problem.initial_state)
-    buffer.copy_(torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]))
-    pages_before = pages.clone()
-    before = paged_states(pages_before, problem.initial_state)
-    pool = buffer[1:-1]
+    # page longer than its state (core.pool.PagedPool).
+    paged = paged_pool(torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]),
+                       layout["seed"])
+    pool = paged.pool
     slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
     # out between two guard rows, all NaN with a payload of ours: a write past either end of out lands in one.
     out_buffer = nan_filled((rows + 2, *arguments["x"].shape[1:]), arguments["x"])
@@ -118,8 +114,8 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     # kernel left: one it allocated itself holds whatever it held.
     out = sent if kernel.takes_out else returned
     own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
-    return [_live(layout, before[1:-1], pool, out, arguments, case, tolerance, kernel.takes_out, own),
-            _untouched(layout, before, buffer, out_buffer if kernel.takes_out else None, pages, pages_before),
+    return [_live(layout, paged.states_before[1:-1], pool, out, arguments, case, tolerance, kernel.takes_out, own),
+            _untouched(layout, paged, out_buffer if kernel.takes_out else None),
             _pad_out(layout, out, kernel.takes_out)]
 
 
@@ -213,19 +209,16 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
     return SlotCheck(LIVE, Status.PASS, "", result)
 
 
-def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: torch.Tensor | None,
-               pages: torch.Tensor, pages_before: torch.Tensor) -> SlotCheck:
+def _untouched(layout, paged: PagedPool, out_buffer: torch.Tensor | None) -> SlotCheck:
     live = {s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]}
-    changed = changed_slots(before, buffer, live)
+    changed = paged.changed_slots(live)
     rows = len(layout["slots"])
     # out_buffer index 0 and rows + 1 are its guards: out rows -1 and rows.
     past_out = [] if out_buffer is None else [
         i - 1 for i in (0, rows + 1) if not bool(poisoned(out_buffer[i]).all())]
-    # Page i holds slot i - 1 (the guards' pages too): what follows a slot's state in its page is no slot's.
-    size = buffer[0].numel()
-    past_state = past_states(pages, pages_before, size)
-    figures = {"checked": buffer.shape[0] - len(live), "changed": changed, "past_out": past_out,
-               "past_state": past_state, "slot_stride": pages.stride(0)}
+    past_state = paged.past_states()
+    figures = {"checked": paged.states.shape[0] - len(live), "changed": changed, "past_out": past_out,
+               "past_state": past_state, "slot_stride": paged.pages.stride(0)}
     if not changed and not past_out and not past_state:
         return SlotCheck(UNTOUCHED, Status.PASS, "", figures)
     pool, pad = layout["pool"], layout["pad_slot_id"]
@@ -235,7 +228,7 @@ def _untouched(layout, before: torch.Tensor, buffer: torch.Tensor, out_buffer: t
         return f"slot {slot} ({what})"
 
     wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out),
-             *([past_states_text(past_state, pages, size)] if past_state else [])]
+             *([paged.past_states_text(past_state)] if past_state else [])]
     return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_PLACED[layout['placement']]}: the step wrote "
                      f"{', '.join(wrote)}; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
 

@@ -19,13 +19,14 @@ reads (vLLM's null block), and its state is stored nowhere. Two verdicts:
   rounding allows of C·h + D·x (`_out_beyond_storage`);
 - kept: every slot that is no token's destination (the sources, the decoys, a spare, the pad slot) and both
   guards keep their bits: a store without the pad test writes the pad slot, or the guard before the pool at -1;
-  the pool is paged (core.pool.paged), and the rest of every page keeps its bits too.
+  the pool is paged (core.pool.PagedPool), and the rest of every page keeps its bits too.
 
 They fold into the case as the padded-slot checks do (drift.slots.combine).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -34,7 +35,7 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import ulp
-from ssmcheck.core.pool import changed_slots, nan_filled, paged, paged_states, past_states, past_states_text
+from ssmcheck.core.pool import PagedPool, nan_filled, paged_pool
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
@@ -63,15 +64,12 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     problem = make_problem(case.regime, replace(case.shape(), batch=case.batch * TOKENS), case.dtype, 1,
                            layout["seed"], device)
     step = next(problem.steps()).map(lambda _, t: t[:starts[-1]])
-    # The pool paged as the slot check's (core.pool.paged), between two guard slots.
-    pages = paged(problem.initial_state, layout["pool"] + 2, layout["seed"])
-    buffer = paged_states(pages, problem.initial_state)
-    buffer.copy_(nan_filled(tuple(buffer.shape), problem.initial_state))
+    # The pool paged as the slot check's (core.pool.PagedPool), between two guard slots.
+    contents = nan_filled((layout["pool"] + 2, *problem.initial_state.shape[1:]), problem.initial_state)
     sources = torch.tensor(layout["sources"], device=device).flatten()
-    buffer[1:-1][sources] = problem.initial_state  # source (b, t) holds state row b * TOKENS + t
-    pages_before = pages.clone()
-    before = paged_states(pages_before, problem.initial_state)
-    pool = buffer[1:-1]
+    contents[1:-1][sources] = problem.initial_state  # source (b, t) holds state row b * TOKENS + t
+    paged = paged_pool(contents, layout["seed"])
+    pool = paged.pool
     arguments = {"z": None, **dict(step.given()), "A": problem.A, "D": problem.D,
                  "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
     out = nan_filled(tuple(arguments["x"].shape), arguments["x"])
@@ -89,7 +87,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     except KernelRaised as exc:
         return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
     return [_drafts(layout, problem.initial_state, pool, out, arguments, case, tolerance),
-            _kept(layout, before, buffer, pages, pages_before)], layout
+            _kept(layout, paged)], layout
 
 
 def _int32(values, device: str) -> torch.Tensor:
@@ -127,10 +125,7 @@ def _layout(case: DriftCase, pad: int) -> dict:
 
 def _starts(lengths: list[int]) -> list[int]:
     """cu_seqlens of rows of `lengths` tokens."""
-    starts = [0]
-    for length in lengths:
-        starts.append(starts[-1] + length)
-    return starts
+    return list(itertools.accumulate(lengths, initial=0))
 
 
 def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: Tolerance) -> SlotCheck:
@@ -215,14 +210,12 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
     return ratio.flatten(1).amax(1).tolist()
 
 
-def _kept(layout, before: torch.Tensor, buffer: torch.Tensor, pages: torch.Tensor,
-          pages_before: torch.Tensor) -> SlotCheck:
+def _kept(layout, paged: PagedPool) -> SlotCheck:
     pad = layout["pad_slot_id"]
     written = {slot for row in layout["destinations"] for slot in row if slot != pad}
-    changed = changed_slots(before, buffer, written)
-    size = buffer[0].numel()  # page i holds slot i - 1; what follows its state is no slot's
-    past_state = past_states(pages, pages_before, size)
-    figures = {"checked": buffer.shape[0] - len(written), "changed": changed, "past_state": past_state}
+    changed = paged.changed_slots(written)
+    past_state = paged.past_states()
+    figures = {"checked": paged.states.shape[0] - len(written), "changed": changed, "past_state": past_state}
     if not changed and not past_state:
         return SlotCheck(KEPT, Status.PASS, "", figures)
     sources = {slot: (b, t) for b, row in enumerate(layout["sources"]) for t, slot in enumerate(row)}
@@ -238,5 +231,5 @@ def _kept(layout, before: torch.Tensor, buffer: torch.Tensor, pages: torch.Tenso
             return f"slot {slot} (outside the pool)"
         return f"slot {slot} (a spare: no token's destination)"
 
-    wrote = [*map(named, changed), *([past_states_text(past_state, pages, size)] if past_state else [])]
+    wrote = [*map(named, changed), *([paged.past_states_text(past_state)] if past_state else [])]
     return SlotCheck(KEPT, Status.FAIL, "slots kept: the call wrote " + ", ".join(wrote), figures)

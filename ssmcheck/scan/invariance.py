@@ -13,7 +13,7 @@
 - cache_write: for a kernel that writes its final states straight into a state cache
   (scan.adapter.CACHE_WRITE_KEYWORDS, vLLM 0.33's fused write, as its model code calls it): the case run
   again into a cache of CACHE_SPARES more slots than sequences, NaN-filled (core.pool) between two guard
-  slots and paged as vLLM's is (core.pool.paged: the rest of each page must keep its bits), each sequence's
+  slots and paged as vLLM's is (core.pool.PagedPool: the rest of each page must keep its bits), each sequence's
   slot drawn at random but never the first or the last (where a slot index clamped or wrapped around lands).
   Each sequence's slot must hold the states the kernel returns without the cache, and y must be the same,
   bitwise (or, with --batch-invariance tolerance, within the tolerance rule); no other slot, guard or spare,
@@ -35,8 +35,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.guard import describe
-from ssmcheck.core.pool import (changed_slots, inner_slots, nan_filled, paged, paged_states, past_states,
-                                 past_states_text, poisoned)
+from ssmcheck.core.pool import inner_slots, nan_filled, paged_pool, poisoned
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
@@ -308,23 +307,20 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
     generator = torch.Generator().manual_seed(sweep.case_seed(seed, {"check": CACHE_WRITE}))
     size = count + CACHE_SPARES
     slots = inner_slots(count, size, generator)
-    # The cache between two guard slots, paged as vLLM's is (core.pool.paged), every slot NaN-filled.
-    pages = paged(returned, size + 2, sweep.case_seed(seed, {"check": CACHE_WRITE, "pages": True}))
-    buffer = paged_states(pages, returned)
-    buffer.copy_(nan_filled(tuple(buffer.shape), returned))
-    pages_before = pages.clone()
-    before = paged_states(pages_before, returned)
-    cache = buffer[1:-1]
+    # The cache between two guard slots, paged as vLLM's is (core.pool.PagedPool), every slot NaN-filled.
+    paged = paged_pool(nan_filled((size + 2, *returned.shape[1:]), returned),
+                       sweep.case_seed(seed, {"check": CACHE_WRITE, "pages": True}))
+    cache = paged.pool
     y = _called("kernel (writing its final states into a cache)", serving.write_cache, inputs, cache,
                 torch.tensor(slots, dtype=torch.int32, device=returned.device))
     stored = cache[slots]
-    changed = changed_slots(before, buffer, set(slots))
-    past_state = past_states(pages, pages_before, returned[0].numel())
+    changed = paged.changed_slots(set(slots))
+    past_state = paged.past_states()
     unwritten = [i for i in range(count) if bool(poisoned(stored[i]).any())]
     differs = [i for i in range(count) if not same_bits(stored[i], returned[i])]
     y_first = _first_token(y.flatten(0, 1), out[0].flatten(0, 1))  # over the rows' tokens end to end
     figures = {"cache_slots": size, "slots": slots, "unwritten": unwritten, "changed": changed,
-               "past_state": past_state, "slot_stride": pages.stride(0),
+               "past_state": past_state, "slot_stride": paged.pages.stride(0),
                "differs": differs, "y_identical": y_first is None,
                "mode": "exact" if serving.batch_exact else "tolerance",
                "state_rel": _rel(stored.double() - returned.double(), ref[1]),
@@ -340,8 +336,7 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
         failed.append(f"slot {slots[i]} (sequence {i}) left unwritten in {left} of {stored[i].numel()} elements")
     if changed or past_state:
         failed.append("wrote " + ", ".join([*(f"slot {s} ({_slot_owner(s, size)})" for s in changed),
-                                             *([past_states_text(past_state, pages, returned[0].numel())]
-                                               if past_state else [])]))
+                                             *([paged.past_states_text(past_state)] if past_state else [])]))
     if serving.batch_exact:
         wrong = [i for i in differs if i not in unwritten]
         if wrong:
