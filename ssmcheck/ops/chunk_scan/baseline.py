@@ -84,6 +84,7 @@ def scan_baseline(
     x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
     dt_softplus=False, dt_limit=NO_DT_LIMIT, state_dtype=torch.float32, rounding="nearest", seed=0,
     matmul_operand_bits: int | None = None, accumulate: torch.dtype = torch.float32, record_stages: bool = False,
+    state_weights: str = "B",
 ) -> ScanOutput:
     """The SSD form as a straightforward implementation in x.dtype computes it.
 
@@ -110,9 +111,12 @@ def scan_baseline(
       chunk, D·x and the gate. That is a kernel computing in fp16 throughout; its
       cumulative sums of log-decays dominate its error (about 10x the fp16 baseline's
       at chunk 256). States are still stored in state_dtype.
+    - state_weights: "B" (default) rounds B scaled by the tokens' weights in a chunk's state matmul, as
+      mamba_ssm's and vLLM's kernels do; "x" rounds x scaled instead, as ssmcheck's own kernel does. At a few
+      tokens a state the two roundings' errors can differ by more than 2x by chance (tests/test_chunk_scan.py).
     With `record_stages`, ScanOutput.stages holds the SSD form's intermediates (naive._ssd).
     """
-    arith = _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate)
+    arith = _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate, state_weights)
     return scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
                     dt_limit, arith, record_stages, y_dtype=x.dtype)
 
@@ -128,15 +132,16 @@ def baseline_stream(
                      arith, y_dtype=x.dtype)
 
 
-def _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate) -> Arithmetic:
+def _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate, state_weights="B") -> Arithmetic:
     generator = torch.Generator(device=x.device).manual_seed(seed)
 
     def store_state(s):
         return round_to(s.to(torch.float32), state_dtype, rounding, generator)
 
     if matmul_operand_bits is None and accumulate == torch.float32:
-        return Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False)
+        return Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False,
+                          state_weights=state_weights)
     if accumulate not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"accumulate must be float32, float16 or bfloat16, got {accumulate}")
     return _ReducedArithmetic(accumulate, x.dtype, store_state=store_state, exact_segments=False,
-                              operand_bits=matmul_operand_bits)
+                              state_weights=state_weights, operand_bits=matmul_operand_bits)

@@ -201,6 +201,9 @@ class Arithmetic:
     operand: torch.dtype  # matmul operands are rounded to this first (what tensor cores read)
     store_state: Callable[[torch.Tensor], torch.Tensor]  # state in `compute` -> state as stored
     exact_segments: bool  # decays from direct segment sums (reference) or cumsum differences (peers)
+    # Which operand of a chunk's state matmul (xᵀ · B) the tokens' weights (decay to the chunk's end × dt) scale
+    # before it is rounded: "B" as mamba_ssm's and vLLM's chunk-state kernels, "x" as ssmcheck's own.
+    state_weights: str = "B"
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a.to(self.operand).to(self.compute), b.to(self.operand).to(self.compute))
@@ -284,7 +287,10 @@ def _ssd(x, dt, A, B, C, pieces: list[_Piece], carry, initial_states, seq_states
         y_intra = arith.matmul(CB * decays * dtq[:, :, None, :], xq)  # (P, nheads, Q, headdim)
         to_end = decays[..., Q - 1, :] * dtq  # (P, nheads, Q): weight of token j in the piece's state
         Bh = heads_of_groups(Bq, nheads, dim=1)  # (P, nheads, Q, dstate)
-        piece_states = arith.matmul(xq.transpose(-1, -2), Bh * to_end[..., None])  # (P, nheads, headdim, dstate)
+        if arith.state_weights == "x":
+            piece_states = arith.matmul((xq * to_end[..., None]).transpose(-1, -2), Bh)
+        else:
+            piece_states = arith.matmul(xq.transpose(-1, -2), Bh * to_end[..., None])  # (P, nheads, headdim, dstate)
         piece_decay = torch.exp(cum[..., -1])  # (P, nheads)
         incoming = []
         for k, p in enumerate(blk):
