@@ -6,6 +6,7 @@ None takes a `rounding` keyword, so `--rounding` declares what each is supposed 
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), the random_bits_shared_by_* kernels,
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
+softplus_in_inputs_dtype, update_in_inputs_dtype,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
@@ -21,8 +22,8 @@ import torch
 _DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
 
 
-def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True):
-    """The recurrence in fp32: returns (new_state, out)."""
+def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True, update_dtype=torch.float32):
+    """The recurrence in fp32 (the update dt*x*B formed in `update_dtype`): returns (new_state, out)."""
     dt = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
     if dt_softplus:
         dt = torch.nn.functional.softplus(dt)
@@ -33,7 +34,7 @@ def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True):
     new = state.float()
     if decay:
         new = new * torch.exp(dt[..., None] * A.float())
-    new = new + (dt * x.float())[..., None] * Bh
+    new = new + ((dt.to(update_dtype) * x.to(update_dtype))[..., None] * Bh.to(update_dtype)).float()
     out = (new * Ch).sum(-1)
     if D is not None:
         out = out + D.float() * x.float()
@@ -330,6 +331,29 @@ def gate_in_fp16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
     if z is None:
         return out
     return (out.float() * torch.nn.functional.silu(z.half()).float()).to(x.dtype)
+
+
+def softplus_in_inputs_dtype(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                             rounding="nearest", seed=0):
+    """Takes dt + dt_bias and its softplus in dt's own dtype (the bias cast to it), the rest in fp32: right for
+    fp32 inputs; with a bf16 model's activations dt is off by up to 2**-8 of itself every step. Both rounding
+    modes, as `_store` does."""
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if dt_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, None, False)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def update_in_inputs_dtype(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                           rounding="nearest", seed=0):
+    """Forms the update dt*x*B in x's dtype (dt processed in fp32, then cast), the decay and the rest in fp32:
+    right for fp32 inputs, off by up to 2**-8 of the update in bf16 ones. Both rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, update_dtype=x.dtype)
+    _store(state, new, rounding, seed)
+    return out
 
 
 def contiguous_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

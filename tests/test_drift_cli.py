@@ -111,6 +111,16 @@ def test_the_default_preset_catches_what_only_an_fp32_state_shows(kernel, tmp_pa
     assert "output error" in wide["message"]
 
 
+@pytest.mark.parametrize("kernel", ["softplus_in_inputs_dtype", "update_in_inputs_dtype"])
+def test_the_default_preset_catches_arithmetic_in_the_inputs_dtype(kernel, tmp_path):
+    """A state update that takes dt's softplus, or forms dt*x*B, in its inputs' dtype passes every float32-input
+    case (right there) and fails `bf16-inputs` (a bf16 model's activations) into an fp32 and an fp16 state."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "i.json")
+    activations = planted_bug_cases(report, lambda p: p["regime"] == "bf16-inputs")
+    assert len(activations) == 3 and all(c["status"] == "fail" for c in activations)
+    assert {c["params"]["state_dtype"] for c in activations} == {"fp32", "fp16"}
+
+
 def test_the_default_preset_catches_a_gate_read_as_if_contiguous(tmp_path):
     """A state update that reads z as if contiguous passes every case without a gate, and fails `untied` (Mamba1's
     call: z a view into each step's buffer, 2 rows) in every state dtype and rounding."""

@@ -2,7 +2,7 @@
 
 A regime fixes the per-head parameters (A, D, dt_bias), the initial state and
 the distribution of every step's x, dt, B and C. Inputs are float32 (so the
-only rounding under test is the state's storage), drawn on the CPU from
+only rounding under test is the state's storage) but in `bf16-inputs`, drawn on the CPU from
 generators seeded with the case's seed (a case is the same on every device)
 and moved to the device. `DecodeProblem.steps()` replays the identical stream
 each time it is called, so every trial of a case sees the same inputs.
@@ -58,6 +58,10 @@ DRIFT_REGIMES: dict[str, str] = {
     "no-softplus": "normal's ranges with dt_softplus off: raw dt 1e-3..0.05 + dt_bias 0.01..0.05 is the step's dt, "
     "as a caller that takes its own softplus passes it; a kernel that takes a softplus "
     "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
+    "bf16-inputs": "normal's values rounded to bf16 and passed in bf16 (x, dt, B and C), as serving engines pass a "
+    "bf16 model's activations (A, D and dt_bias stay float32 parameters); out is bf16 too. A kernel that computes "
+    "in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of float32 fails here, plainest into an fp32 "
+    "state",
 }
 
 # Regimes whose step inputs reach the kernel as views into one buffer per step (drift.lockstep.StepWindow): `strided`
@@ -65,6 +69,7 @@ DRIFT_REGIMES: dict[str, str] = {
 # are halves of one in_proj row there), so that every input of theirs, z included, has a row stride of its own.
 FUSED_REGIMES = ("strided", "untied")
 LONG_STEPS_FACTOR = 4
+ACTIVATIONS = torch.bfloat16  # the step inputs' dtype in `bf16-inputs`
 STEP_BLOCK = 256  # steps drawn at once, from one generator
 
 
@@ -81,7 +86,7 @@ class DecodeShape:
 class StepInputs:
     """The per-token arguments of one selective_state_update call."""
 
-    x: torch.Tensor  # (batch, nheads, headdim) float32
+    x: torch.Tensor  # (batch, nheads, headdim) float32 (ACTIVATIONS in `bf16-inputs`, as are dt, B and C)
     dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim (whole in `untied`)
     B: torch.Tensor  # (batch, ngroups, dstate) float32
     C: torch.Tensor  # (batch, ngroups, dstate) float32
@@ -270,6 +275,19 @@ def _no_softplus(shape, state_dtype, nsteps, generator):
     return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw), dt_softplus=False)
 
 
+def _bf16_inputs(shape, state_dtype, nsteps, generator):
+    """normal's draws, every step input rounded to ACTIVATIONS (dt before its stride-0 expansion over headdim, so
+    that it stays a view, as Mamba2 passes it)."""
+    params = _normal(shape, state_dtype, nsteps, generator)
+
+    def draw_steps(g, n):
+        steps = params.draw_steps(g, n)
+        return replace(steps, x=steps.x.to(ACTIVATIONS), B=steps.B.to(ACTIVATIONS), C=steps.C.to(ACTIVATIONS),
+                       dt=steps.dt[..., :1].to(ACTIVATIONS).expand(steps.dt.shape))
+
+    return replace(params, draw_steps=draw_steps)
+
+
 def _long(shape, state_dtype, nsteps, generator):
     return _normal(shape, state_dtype, nsteps, generator, decay_steps=nsteps)
 
@@ -419,5 +437,5 @@ def _overflow(shape, state_dtype, nsteps, generator):
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
-             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus}
+             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "bf16-inputs": _bf16_inputs}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)

@@ -53,6 +53,7 @@ from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.follow import output_rounded
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import DriftVerdict, SlotCheck
 from ssmcheck.drift.spec import DriftCase
@@ -174,7 +175,8 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
         got_state, got_out = pool[slot], out[row]
         figures = {"row": row, "slot": slot, "state_rel": relative_error(got_state, ref[i]),
                    "out_rel": relative_error(got_out, ref_out[i]),
-                   "baseline_state_rel": relative_error(stored[i], ref[i])}
+                   "baseline_state_rel": relative_error(stored[i], ref[i]),
+                   "baseline_out_rel": relative_error(output_rounded(ref_out[i], out.dtype), ref_out[i])}
         figures["limit"] = tolerance_limit(figures["baseline_state_rel"], *rule)
         if unwritten is None and took_out and bool(poisoned(got_out).any()):
             unwritten = (figures, int(poisoned(got_out).sum()), got_out.numel())
@@ -182,7 +184,8 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
             nonfinite = figures
         over = [f"{what} error {figures[f'{what}_rel']:.3g} > limit {limit:.3g}"
                 for what, base, limit in (("state", figures["baseline_state_rel"], figures["limit"]),
-                                          ("out", 0.0, tolerance_limit(0.0, *rule)))
+                                          ("out", figures["baseline_out_rel"],
+                                           tolerance_limit(figures["baseline_out_rel"], *rule)))
                 if not within_tolerance(figures[f"{what}_rel"], base, *rule)]
         if failed is None and over:
             # A row the step skipped (a bounds or pad test that took it for a pad row) keeps its state's bits.

@@ -152,7 +152,7 @@ def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: To
         exact, base = new[0], round_to(new[1:], case.dtype, case.rounding, generator).double()
         kept = [b for b in range(rows) if t < lengths[b] and layout["destinations"][b][t] != layout["pad_slot_id"]]
         stored = pool[[layout["destinations"][b][t] for b in kept]].double()
-        beyond = _out_beyond_storage(stored, out[[tokens[b] for b in kept]].double(), C[kept], x[kept],
+        beyond = _out_beyond_storage(stored, out[[tokens[b] for b in kept]], C[kept], x[kept],
                                      None if z is None else z[kept], fixed["D"], case.dtype)
         for i, b in enumerate(kept):  # a token not kept has no state to judge, nor an out to judge by it
             slot = layout["destinations"][b][t]
@@ -195,7 +195,8 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
     """Per row: the largest |out - y(stored)| over the bound the state's storage allows, where y(h) = C·h + D·x,
     gated. A kernel computes out from its state before storing it (vLLM goes on in fp32 across draft tokens), and
     the stored state is that within an ulp of `dtype` an element, so |out - y(stored)| <= sum_n |C_n| ulp(h_n)
-    (times |silu(z)|), plus fp32's rounding of the sums (FP32_UNIT_ROUNDOFF). A deterministic bound: no draw of
+    (times |silu(z)|), plus fp32's rounding of the sums (FP32_UNIT_ROUNDOFF) and out's own rounding into its
+    dtype (x's: half an ulp of out there, a bf16 out's 2**-9 of itself). A deterministic bound: no draw of
     the kernel's rounding exceeds it by chance, as one would a comparison of later tokens' out with a baseline's
     (their outs follow the kernel's own random roundings of the tokens before)."""
     nheads = stored.shape[1]
@@ -205,8 +206,9 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
     gate = 1.0 if z is None else torch.nn.functional.silu(z).abs()
     magnitude = (terms.abs().sum(-1) + (D * x).abs()) * gate
     arithmetic = (stored.shape[-1] + 4) * FP32_UNIT_ROUNDOFF * magnitude
-    bound = (ulp(stored, dtype) * Ch.abs()).sum(-1) * gate + arithmetic + torch.finfo(torch.float64).tiny
-    ratio = ((out - y).abs() / bound).nan_to_num(math.inf)
+    rounded = ulp(out.double(), out.dtype) / 2
+    bound = (ulp(stored, dtype) * Ch.abs()).sum(-1) * gate + arithmetic + rounded + torch.finfo(torch.float64).tiny
+    ratio = ((out.double() - y).abs() / bound).nan_to_num(math.inf)
     return ratio.flatten(1).amax(1).tolist()
 
 
