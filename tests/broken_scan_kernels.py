@@ -710,3 +710,15 @@ def initial_states_dropped_at_whole_chunks(x, dt, A, B, C, chunk_size, D=None, z
         initial_states = None
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_states_only_with_returned_states(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                             initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                             dt_limit=(0.0, float("inf")), return_final_states=False,
+                                             return_varlen_states=False):
+    """Loads initial_states only on the path that returns states (a prefill that keeps no state was taken to
+    start from zero): every call that asks for states is right, a call for y alone from initial states is not."""
+    if not (return_final_states or return_varlen_states):
+        initial_states = None
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

@@ -301,10 +301,12 @@ def test_scan_kernel_mamba_ssm_passes_every_smoke_case(fakes, tmp_path):
     assert result.exit_code == 0, result.output
     assert report["summary"]["pass"] == 12 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
     each_case = _calls_of_each_case(fake.CALLS, report["cases"])
-    varlen = [call for pair in each_case for call in pair if call["return_varlen_states"]]
-    # ragged, aligned, initial-state and aligned-initial-state, each with its SSM-part call
-    assert len(varlen) == 8 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
-    assert all(call["return_final_states"] for call in fake.CALLS if not call["return_varlen_states"])
+    # ragged, aligned, initial-state and aligned-initial-state; their SSM-part calls ask for y alone, with seq_idx
+    varlen = [call for call, _ in each_case if call["return_varlen_states"]]
+    assert len(varlen) == 4 and all(call["seq_idx"].shape == (1, 80) for call in varlen)
+    assert all(call["return_final_states"] for call, _ in each_case if not call["return_varlen_states"])
+    assert not any(ssm["return_final_states"] or ssm["return_varlen_states"] for _, ssm in each_case)
+    assert all(ssm["seq_idx"] is not None for (call, ssm) in each_case if call["return_varlen_states"])
 
 
 def test_a_chunk_size_vllm_cannot_take_is_a_usage_error(fakes):

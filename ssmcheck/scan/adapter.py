@@ -178,6 +178,21 @@ class ScanAdapter:
         _check_inputs(fenced)
         return (sent.case_y(y) if sent else y), states
 
+    def call_y(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> torch.Tensor:
+        """Run the kernel on `inputs` without the return flags, as a caller that wants y alone calls it (Mamba2's
+        training forward, a prefill that keeps no state); return y. A kernel that uses its initial states, or its
+        sequences' boundaries, only when asked for states gives another y here. A tuple back is taken for
+        (y, ...). Raises as `call` does."""
+        result, sent, fenced = self._fenced_call(self.fn, inputs, case, False, transcript)
+        y = result[0] if isinstance(result, tuple) and result else result
+        if not isinstance(y, torch.Tensor):
+            raise KernelOutputError(f"expected y (a tensor) from a call without the return flags, got "
+                                    f"{type(y).__name__}")
+        x = fenced.originals["x"]
+        _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
+        _check_inputs(fenced)
+        return sent.case_y(y) if sent else y
+
     def write_cache(self, inputs: ScanInputs, case: ScanCase, cache: torch.Tensor, slots: torch.Tensor,
                     transcript: Transcript | None = None) -> torch.Tensor:
         """Run the kernel on `inputs` writing sequence i's final state into cache[slots[i]] (CACHE_WRITE_KEYWORDS);

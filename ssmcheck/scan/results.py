@@ -60,7 +60,7 @@ class Comparison:
 class NonfiniteToken:
     """The first non-finite element of a scan output where the reference is finite, and its spread."""
 
-    output: str  # "y", "final_states" or "ssm_y" (y of the call without D and z: the SSM part C·h)
+    output: str  # "y", "final_states" or "ssm_y" (y of the call without D, z and the return flags: the SSM part C·h)
     sequence: int
     token: int | None  # within its sequence (y only)
     chunk: int | None  # token // chunk_size: the sequence's own chunking (y only)

@@ -76,15 +76,15 @@ class Streamed:
     kernel_groups: measure.GroupSums
     baseline_groups: list[measure.GroupSums]  # one per baseline stream
     first_nonfinite: measure.FirstNonfinite
-    first_nonfinite_ssm: measure.FirstNonfinite | None  # in the SSM part (the call without D and z)
+    first_nonfinite_ssm: measure.FirstNonfinite | None  # in the SSM part (the call without D, z and the return flags)
     reference_states: torch.Tensor
     baseline_states: torch.Tensor
 
 
 def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]], reference, kernel_y: torch.Tensor,
             kernel_ssm: torch.Tensor | None, baselines: list) -> Streamed:
-    """The kernel's y (and its SSM part, from the call without D and z) against the `reference` stream,
-    beside the `baselines` streams (the case's own first; the others' group sums only), over `segments`."""
+    """The kernel's y (and its SSM part, from the call without D, z and the return flags) against the `reference`
+    stream, beside the `baselines` streams (the case's own first; the others' group sums only), over `segments`."""
     tokens = inputs.token_map()
     shape, dtype = kernel_y.shape, inputs.x.dtype
     per_token = shape[2] * shape[3]

@@ -5,7 +5,8 @@
 - fail: with --repeat, runs on identical inputs that differ bit for bit (unless the kernel is
   declared nondeterministic: its spread is then judged like an error); or one judged figure exceeds tol_factor x the baseline's same figure + floor (or --rtol):
   y over the whole output, the final states, y in its worst (sequence, chunk, head) group against
-  the baseline's worst group, and the SSM part C·h alone (without D·x, before the z gate). One
+  the baseline's worst group, and the SSM part C·h alone (without D·x, before the z gate: a call without D, z
+  and the return flags, so initial states used only when states are asked for fail there too). One
   global figure averages a local error away: a 2% error in a partial last chunk, or a 1% error in
   C·h under the larger D·x, passes bf16 cases that way;
 - pass otherwise.
@@ -69,7 +70,7 @@ def nondeterminism_message(spread: RepeatSpread) -> str:
 def nonfinite_message(where: NonfiniteToken) -> str:
     inputs = "inputs finite" if where.inputs_finite else "inputs NOT finite"
     if where.output in ("y", "ssm_y"):
-        what = "y" if where.output == "y" else "the SSM part C·h (the call without D and z)"
+        what = "y" if where.output == "y" else "the SSM part C·h (the call without D, z and the return flags)"
         return (
             f"{what} non-finite from sequence {where.sequence} token {where.token} (chunk {where.chunk}) head "
             f"{where.head} channel {where.channel}, {inputs}; spread: {where.count} elements, "

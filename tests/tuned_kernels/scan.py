@@ -6,5 +6,7 @@ from tests.tuned_kernels.copy import copy
 
 
 def chunk_scan(x, dt, A, B, C, chunk_size, **kwargs):
-    y, *states = torch_kernel(x, dt, A, B, C, chunk_size, **kwargs)
-    return (copy(y.flatten().float()).view_as(y).to(y.dtype), *states)
+    result = torch_kernel(x, dt, A, B, C, chunk_size, **kwargs)
+    y, *states = result if isinstance(result, tuple) else (result,)  # y alone without the return flags
+    copied = copy(y.flatten().float()).view_as(y).to(y.dtype)
+    return (copied, *states) if states else copied

@@ -1,7 +1,8 @@
 """Fake `mamba_chunk_scan_combined` with mamba_ssm 2.3.2's signature, computed with ssmcheck's
 baseline (states in fp32). Like the real one it reads cu_seqlens only with return_varlen_states (and
-then needs batch 1) and takes seq_idx as (batch, seqlen); unlike it, it takes one initial state per
-sequence of a varlen row (mamba_ssm 2.3.2 asserts one per row). Every call is recorded in CALLS."""
+then needs batch 1), takes seq_idx as (batch, seqlen) and parts y's sequences by it (without cu_seqlens too);
+unlike it, it takes one initial state per sequence of a varlen row (mamba_ssm 2.3.2 asserts one per row).
+Every call is recorded in CALLS."""
 
 import torch
 
@@ -24,10 +25,20 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     CALLS.append({"seq_idx": seq_idx, "cu_seqlens": cu_seqlens, "return_final_states": return_final_states,
                   "return_varlen_states": return_varlen_states})
     result = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                           cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                           cu_seqlens=_sequences(cu_seqlens, seq_idx), dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
                            state_dtype=torch.float32)
     if not return_varlen_states:
         return result.y if not return_final_states else (result.y, result.final_states)
     if not return_final_states:
         return result.y, result.varlen_states
     return result.y, result.final_states, result.varlen_states
+
+
+def _sequences(cu_seqlens, seq_idx):
+    """cu_seqlens, or else the boundaries seq_idx (1, seqlen) marks, as the real kernel's chunk scan keeps the
+    sequences apart by seq_idx alone; None in batch mode."""
+    if cu_seqlens is not None or seq_idx is None or seq_idx.shape[0] != 1:
+        return cu_seqlens
+    row = seq_idx[0]
+    starts = [0, *(torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist(), row.shape[0]]
+    return torch.tensor(starts, dtype=torch.int32, device=row.device)
