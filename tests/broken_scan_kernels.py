@@ -722,3 +722,13 @@ def initial_states_only_with_returned_states(x, dt, A, B, C, chunk_size, D=None,
         initial_states = None
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def gate_only_with_d(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                     seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                     return_final_states=False, return_varlen_states=False):
+    """Applies the gate z in the D branch only ((C·h + D·x) * silu(z) when D is given, else C·h ungated): right
+    wherever D comes with z, as in Mamba2's own layers."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z if D is not None else None, dt_bias, initial_states, cu_seqlens,
+                    dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

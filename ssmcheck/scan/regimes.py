@@ -268,6 +268,9 @@ def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: tor
     and a whole chunk of tiny ones sums to under half an ulp of any nonzero
     integer partial sum, so every partial sum of the cumsum rounds to the exact
     integer whatever the order of additions.
+
+    A gate z and no D: the one regime where y is C·h gated alone, so a kernel that gates only along with D·x
+    (or takes D as given) fails here.
     """
     g = _generator(seed)
     rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
@@ -277,8 +280,8 @@ def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: tor
                      -_integers(g, (rows, seqlen, nheads), 23, 40))
     A = -torch.exp2(_integers(g, nheads, 0, 4))
     return _finish(
-        dtype, "raw dt = 21..100 or -40..-23 through softplus, A in -1..-16", dt=dt, A=A,
-        D=_normal(g, nheads), dt_softplus=True, **u,
+        dtype, "raw dt = 21..100 or -40..-23 through softplus, A in -1..-16, a gate z and no D", dt=dt, A=A,
+        dt_softplus=True, **u,
     )
 
 
@@ -453,7 +456,7 @@ REGIMES: dict[str, Regime] = {
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
                "1e4..1e9, exact-zero dt padding", decay_extreme),
         Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
-               "(88.7), or -40..-23, very negative (dt ~ 1e-10..1e-18)", dt_extreme),
+               "(88.7), or -40..-23, very negative (dt ~ 1e-10..1e-18); a gate z and no D", dt_extreme),
         Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
