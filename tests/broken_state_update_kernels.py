@@ -6,7 +6,7 @@ None takes a `rounding` keyword, so `--rounding` declares what each is supposed 
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), the random_bits_shared_by_* kernels,
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
-softplus_in_inputs_dtype, update_in_inputs_dtype,
+softplus_in_inputs_dtype, update_in_inputs_dtype, flushes_subnormals,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
@@ -20,6 +20,7 @@ import torch
 
 # fraction bits dropped by fp32 -> dtype for normal values, and the bits of the kept part
 _DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
+_FRACTION_BITS = {torch.float16: 10, torch.bfloat16: 7}
 
 
 def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True, update_dtype=torch.float32):
@@ -165,12 +166,32 @@ def plain_nearest(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
 
 
 def plain_stochastic(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
-    """Correct software SR with every dropped bit random, drawn from torch's generator (normals only)."""
+    """Correct software SR, subnormals included, its uniforms drawn from torch's generator."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    state.copy_(_stochastic(new, state.dtype, torch.rand(new.shape, device=new.device)))
+    return out
+
+
+def sr_normals_only(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Software SR with every dropped bit random (torch's generator), written for normals: it adds random bits
+    below a normal's 10 (fp16) or 7 (bf16) fraction bits and truncates them, so a value the format holds as a
+    subnormal (fewer fraction bits) is rounded to nearest from there, its random bits lost."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     dropped = _DROPPED_BITS[state.dtype]
     random_bits = torch.randint(0, 1 << dropped, new.shape, dtype=torch.int32, device=new.device)
     state.copy_(_round_magnitude_bits(new, state.dtype, random_bits))
     return out
+
+
+def _stochastic(value, dtype, uniform):
+    """fp32 `value` rounded to `dtype` stochastically (normals and subnormals): down to the multiple of the
+    format's spacing there, up with probability the remainder's fraction of it (`uniform` in [0, 1))."""
+    magnitude = value.abs().clamp_min(torch.finfo(dtype).tiny)  # subnormals share the smallest normal's spacing
+    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2**exponent, m in [0.5, 1)
+    spacing = torch.exp2((exponent - 1 - _FRACTION_BITS[dtype]).float())
+    down = torch.floor(value / spacing) * spacing  # exact: spacing is a power of two
+    up = torch.where(uniform < (value - down) / spacing, down + spacing, down)
+    return up.to(dtype)
 
 
 # skips_one_store leaves the state untouched at this decode step of every trial (11 is not
@@ -193,13 +214,11 @@ def _step_number(state) -> int:
 
 
 def _store(state, new, rounding, seed):
-    """Store fp32 `new` into `state` rounded to nearest, or stochastically with every dropped bit
-    random (normals only), the bits drawn from a generator seeded with `seed`."""
+    """Store fp32 `new` into `state` rounded to nearest, or stochastically (`_stochastic`, subnormals
+    included), its uniforms drawn from a generator seeded with `seed`."""
     if rounding == "stochastic" and state.dtype in _DROPPED_BITS:
         generator = torch.Generator(device=new.device).manual_seed(seed)
-        random_bits = torch.randint(0, 1 << _DROPPED_BITS[state.dtype], new.shape, dtype=torch.int32,
-                                    device=new.device, generator=generator)
-        state.copy_(_round_magnitude_bits(new.contiguous(), state.dtype, random_bits))
+        state.copy_(_stochastic(new, state.dtype, torch.rand(new.shape, device=new.device, generator=generator)))
     else:
         state.copy_(new.to(state.dtype))
 
@@ -331,6 +350,15 @@ def gate_in_fp16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
     if z is None:
         return out
     return (out.float() * torch.nn.functional.silu(z.half()).float()).to(x.dtype)
+
+
+def flushes_subnormals(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                       rounding="nearest", seed=0):
+    """Stores every value below the state dtype's smallest normal as zero (a flush-to-zero store): right wherever
+    the state stays normal, as in every regime but `subnormal`. Both rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, torch.where(new.abs() < torch.finfo(state.dtype).tiny, 0.0, new), rounding, seed)
+    return out
 
 
 def softplus_in_inputs_dtype(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

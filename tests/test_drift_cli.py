@@ -121,6 +121,20 @@ def test_the_default_preset_catches_arithmetic_in_the_inputs_dtype(kernel, tmp_p
     assert {c["params"]["state_dtype"] for c in activations} == {"fp32", "fp16"}
 
 
+def test_the_default_preset_catches_subnormals_flushed_or_rounded_as_normals(tmp_path):
+    """A store that flushes fp16 subnormals to zero, or a stochastic rounding written for normals (random bits
+    below a normal's 10 fraction bits, lost below 2**-14), passes every case but `subnormal`'s."""
+    _, report = drift("--kernel", f"{BROKEN}:flushes_subnormals", "--preset", "default", "--rounding", "nearest",
+                      json_path=tmp_path / "f.json")
+    (flushed,) = planted_bug_cases(report, lambda p: p["regime"] == "subnormal")
+    assert flushed["status"] == "fail" and "state drift" in flushed["message"]
+    _, report = drift("--kernel", f"{BROKEN}:sr_normals_only", "--preset", "default", "--rounding", "stochastic",
+                      json_path=tmp_path / "s.json")
+    (normals_only,) = planted_bug_cases(report, lambda p: p["regime"] == "subnormal")
+    assert normals_only["status"] == "fail"
+    assert "twins along every axis" in normals_only["message"] and "do not reach them" in normals_only["message"]
+
+
 def test_the_default_preset_catches_a_gate_read_as_if_contiguous(tmp_path):
     """A state update that reads z as if contiguous passes every case without a gate, and fails `untied` (Mamba1's
     call: z a view into each step's buffer, 2 rows) in every state dtype and rounding."""

@@ -158,7 +158,9 @@ def test_a_single_skipped_state_store_fails_in_both_modes(regime, state_dtype, r
 def test_correct_callables_without_rounding_keyword_pass_what_they_declare(name, rounding, seed):
     results = run(broken(name), rounding=rounding, state_dtype="fp16,bf16", seed=seed)
     assert len(results) == 2 * len(DRIFT_REGIMES)
-    assert all(r.status is Status.PASS for r in results), [(r.case.id, r.verdict.message) for r in results]
+    ran = [r for r in results if r.status is not Status.SKIPPED]  # subnormal is fp16's alone
+    assert len(ran) == 2 * len(DRIFT_REGIMES) - 1
+    assert all(r.status is Status.PASS for r in ran), [(r.case.id, r.verdict.message) for r in ran]
 
 
 def test_torch_generator_is_seeded_per_trial():
@@ -179,10 +181,12 @@ def test_torch_generator_is_seeded_per_trial():
 def test_torch_kernel_passes_in_both_modes(seed):
     results = run("torch", state_dtype="fp16,bf16,fp32", rounding="nearest,stochastic", seed=seed)
     ran = [r for r in results if r.status is not Status.SKIPPED]
-    assert len(ran) == 5 * len(DRIFT_REGIMES)  # every regime, (fp16, bf16) x both modes + fp32 nearest
+    # every regime, (fp16, bf16) x both modes + fp32 nearest; subnormal fp16's alone
+    assert len(ran) == 5 * len(DRIFT_REGIMES) - 3
     assert all(r.status is Status.PASS for r in ran), [(r.case.id, r.verdict.message) for r in ran]
     skipped = [r for r in results if r.status is Status.SKIPPED]
-    assert {(r.case.state_dtype, r.case.rounding) for r in skipped} == {("fp32", "stochastic")}
+    assert {(r.case.state_dtype, r.case.rounding) for r in skipped if r.case.regime != "subnormal"} == {
+        ("fp32", "stochastic")}
 
 
 def test_builtin_kernel_passes_in_both_modes():

@@ -40,7 +40,7 @@ def _truth(problem):
 
 def test_every_regime_is_named_and_explained_in_one_line():
     assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
-                                  "no-softplus", "bf16-inputs"}
+                                  "no-softplus", "bf16-inputs", "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 

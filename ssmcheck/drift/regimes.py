@@ -58,6 +58,9 @@ DRIFT_REGIMES: dict[str, str] = {
     "no-softplus": "normal's ranges with dt_softplus off: raw dt 1e-3..0.05 + dt_bias 0.01..0.05 is the step's dt, "
     "as a caller that takes its own softplus passes it; a kernel that takes a softplus "
     "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
+    "subnormal": "normal's dynamics with the state and x scaled by 2**-16, so an fp16 state lies mostly below its "
+    "smallest normal (2**-14), in subnormals whose spacing is 2**-24: a store that flushes subnormals to zero, or a "
+    "stochastic rounding that assumes a normal's 10 fraction bits, fails here (fp16 states only)",
     "bf16-inputs": "normal's values rounded to bf16 and passed in bf16 (x, dt, B and C), as serving engines pass a "
     "bf16 model's activations (A, D and dt_bias stay float32 parameters); out is bf16 too. A kernel that computes "
     "in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of float32 fails here, plainest into an fp32 "
@@ -288,6 +291,23 @@ def _bf16_inputs(shape, state_dtype, nsteps, generator):
     return replace(params, draw_steps=draw_steps)
 
 
+# subnormal: the linear recurrence scales with its initial state and x, so normal's run times SUBNORMAL_SCALE is a
+# run whose states are normal's (about 0.5 .. a few) times 2**-16, mostly subnormal in fp16. bf16's and fp32's
+# subnormals lie below 1.2e-38, where a kernel's fp32 products may be flushed by the compiler: fp16 only.
+SUBNORMAL_SCALE = 2.0**-16
+SUBNORMAL_DTYPES = ("fp16",)
+
+
+def _subnormal(shape, state_dtype, nsteps, generator):
+    params = _normal(shape, state_dtype, nsteps, generator)
+
+    def draw_steps(g, n):
+        steps = params.draw_steps(g, n)
+        return replace(steps, x=steps.x * SUBNORMAL_SCALE)
+
+    return replace(params, initial_state=params.initial_state * SUBNORMAL_SCALE, draw_steps=draw_steps)
+
+
 def _long(shape, state_dtype, nsteps, generator):
     return _normal(shape, state_dtype, nsteps, generator, decay_steps=nsteps)
 
@@ -437,5 +457,6 @@ def _overflow(shape, state_dtype, nsteps, generator):
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
-             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "bf16-inputs": _bf16_inputs}
+             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "bf16-inputs": _bf16_inputs,
+             "subnormal": _subnormal}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)

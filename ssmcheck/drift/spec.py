@@ -20,7 +20,7 @@ from ssmcheck.core.models import WIDTHS
 from ssmcheck.core.spec import Axis, CommandTable, Setting
 from ssmcheck.core.status import FAIL_ON
 from ssmcheck.core.tolerance import DEFAULT_TOL_FACTOR, Tolerance
-from ssmcheck.drift.regimes import DRIFT_REGIMES, DecodeShape, regime_steps
+from ssmcheck.drift.regimes import DRIFT_REGIMES, SUBNORMAL_DTYPES, DecodeShape, regime_steps
 
 STATE_DTYPES = ("fp16", "bf16", "fp32")
 
@@ -146,6 +146,9 @@ def _skip_reason(case: DriftCase) -> str | None:
         return f"nheads {case.nheads} is not a multiple of ngroups {case.ngroups}"
     if case.rounding == "stochastic" and case.state_dtype == "fp32":
         return "stochastic rounding needs an fp16 or bf16 state: an fp32 state is stored as computed"
+    if case.regime == "subnormal" and case.state_dtype not in SUBNORMAL_DTYPES:
+        return (f"the subnormal regime is for fp16 states: {case.state_dtype}'s subnormals lie below 1.2e-38, where "
+                "a kernel's fp32 products may be flushed")
     if case.from_prefill and case.regime == "untied":
         return "a chunk-scan prefill takes one A and dt per head (Mamba2); the untied regime has one per channel"
     return None
