@@ -6,7 +6,7 @@ None takes a `rounding` keyword, so `--rounding` declares what each is supposed 
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), the random_bits_shared_by_* kernels,
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
-softplus_in_inputs_dtype, update_in_inputs_dtype, flushes_subnormals,
+softplus_in_inputs_dtype, update_in_inputs_dtype, flushes_subnormals, random_bits_ignore_the_seed,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
@@ -445,6 +445,16 @@ def _bits_shared_along(axis):
                       f"not on its {what}: every {what} is rounded with the same bits (each on its own exact SR, "
                       "as `_store` rounds). Right to nearest.")
     return kernel
+
+
+def random_bits_ignore_the_seed(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                rounding="nearest", seed=0):
+    """Stochastic rounding with a fixed key (its seed keyword unread, as a Philox key left constant or an offset
+    that never advances): each element exact SR on its own and every element's bits its own, but every decode step
+    rounds with the same bits. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, 0)
+    return out
 
 
 random_bits_shared_by_rows = _bits_shared_along(0)

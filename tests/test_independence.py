@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ssmcheck
-from ssmcheck.drift.independence import AXES, FALSE_ALARM, lower_tail_bound
+from ssmcheck.drift.independence import AXES, CALLS, FALSE_ALARM, TWINS, lower_tail_bound
 from ssmcheck.ops.rounding.naive import fraction_between_neighbours
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -28,7 +28,7 @@ def _cases(kernel: str) -> list[dict]:
 # pairings as (distance, pairs): rows and heads (2 long) neighbours only, channels and state indices also a
 # period apart (64 and 8).
 PAIRINGS = {"rows": [(1, 4096)], "heads": [(1, 2048)], "channels": [(1, 2048), (64, 2048)],
-            "state_indices": [(1, 2048), (8, 2048)]}
+            "state_indices": [(1, 2048), (8, 2048)], CALLS: [(1, 8192)]}
 
 
 @pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
@@ -40,7 +40,7 @@ def test_twins_of_a_correct_stochastic_rounding_differ_as_independent_draws_do(k
             continue
         assert case["status"] == "pass", case["message"]
         assert check["widths"] == [2, 2, 128, 16]
-        for axis in AXES:
+        for axis in TWINS:
             assert [(f["distance"], f["pairs"]) for f in check[axis]] == PAIRINGS[axis], check
             for figures in check[axis]:
                 assert figures["expected"] > 300, check  # a third of the pairs, or a sixth (stagnation), differ
@@ -66,6 +66,23 @@ def test_random_bits_shared_along_an_axis_fail_every_stochastic_case_and_name_it
         assert check["message"].count("twin ") == len(PAIRINGS[axis]), check["message"]
     # To nearest the kernel is right: the check does not run.
     assert all(c["status"] == "pass" and c["independence"] is None for c in cases if c not in stochastic)
+
+
+def test_random_bits_that_ignore_the_seed_fail_every_stochastic_case_and_name_it():
+    """A rounding keyed by a constant (its seed unread) rounds the same step called twice with two seeds alike,
+    every element: the calls' clause alone, though each element's bits are its own along every axis."""
+    cases = _cases(f"{BROKEN}:random_bits_ignore_the_seed")
+    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
+    assert len(stochastic) == 4
+    for case in stochastic:
+        check = case["independence"]
+        assert check["status"] == "fail" and check[CALLS][0]["differ"] == 0, check
+        assert check["message"] == (
+            "random bits: twin calls (given the same state and inputs) stored the same bits in 8192 of 8192 elements "
+            f"where independent draws differ in {check[CALLS][0]['expected']:.0f} ± {check[CALLS][0]['sigma']:.0f}: "
+            "the stochastic rounding's random bits do not depend on the seed")
+        for axis in AXES:  # along the state's axes its bits are independent
+            assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
 
 
 def _bits_repeating_every_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

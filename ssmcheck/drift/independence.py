@@ -14,7 +14,8 @@ axis of n >= 4 elements, with the period P = 2 * (n // 4), element k + P a copy 
 axis under 4 long all copies of its first). The step's heads are MIN_CHANNELS wide at least, so that channels
 have twins 64 apart, past the block of channels a program takes, where offsets that restart with each block
 repeat. The twins along each axis (AXES: rows, heads, channels, state indices), neighbours and a period apart,
-are compared apart. An element
+are compared apart; and so is the step called twice on the same twin state and inputs with two seeds (CALLS), every
+element its own twin. An element
 whose float64 update lies a fraction p of the way from its lower to its upper neighbour in the state dtype is
 stored differently by two independent draws with probability q = 2p(1 - p): over an axis's pairs the number
 that differ has mean E = Σq (the message gives √(Σq(1 - q)) beside it). So few that independent draws differ
@@ -54,6 +55,11 @@ FALSE_ALARM = 1e-9
 # of the state (batch, nheads, headdim, dstate).
 AXES = {"rows": ("batch rows", "the batch row"), "heads": ("heads", "the head"),
         "channels": ("channels", "the channel"), "state_indices": ("state indices", "the state index")}
+# And the step called twice on the same state and inputs with two seeds (each call's seed keyword, or torch's
+# generator, which the first call advances): a kernel whose bits ignore the seed (a constant Philox key, an
+# offset that never advances) rounds every decode step with the same bits.
+CALLS = "calls"
+TWINS = {**AXES, CALLS: ("calls", "the seed")}
 # Where each axis lies in each input: (batch, heads, channels, state indices); None where it has none. A, D and
 # dt_bias are parameters (no batch axis); B and C have groups for heads (made one group's, below).
 _INPUT_AXES = {
@@ -81,10 +87,12 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
     twins = {name: _twinned(t, _INPUT_AXES[name]) for name, t in given.items()}
     state = twins.pop("state")
     before = state.double()
+    again = state.clone()  # the same step once more, with another seed
     arguments = {"z": None, **twins, "dt_softplus": problem.dt_softplus}
     try:
-        kernel.update(state, arguments, case.rounding, sweep.case_seed(seed, {"step": 1}), "independence check",
-                      transcript)
+        for twin, step_seed in ((state, 1), (again, 2)):
+            kernel.update(twin, arguments, case.rounding, sweep.case_seed(seed, {"step": step_seed}),
+                          "independence check", transcript)
     except KernelRaised as exc:
         return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
     double = {name: None if t is None else t.double() for name, t in arguments.items() if name != "dt_softplus"}
@@ -104,12 +112,20 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
                                   "expected": round(expected, 1), "sigma": round(spread, 2)})
             if lower_tail_bound(differ, expected) < FALSE_ALARM:
                 failed.append((name, figures[name][-1]))
+    # Calls: every element of the call with another seed is its twin.
+    q = 2 * p * (1 - p)
+    expected, spread = q.sum().item(), math.sqrt((q * (1 - q)).sum().item())
+    differ = int((stored != bits(again)).sum())
+    figures[CALLS] = [{"distance": 1, "pairs": q.numel(), "differ": differ, "expected": round(expected, 1),
+                       "sigma": round(spread, 2)}]
+    if lower_tail_bound(differ, expected) < FALSE_ALARM:
+        failed.append((CALLS, figures[CALLS][0]))
     if not failed:
         return SlotCheck(NAME, Status.PASS, "", figures)
     # Twins that never differ are certain; bits shared along one axis also make the other axes' pairs fail to be
     # independent of each other, and a count over them can then fall short by itself: those go unnamed.
     certain = [(name, f) for name, f in failed if f["differ"] == 0]
-    if not certain and {name for name, _ in failed} == {name for name in AXES if figures[name]}:
+    if not certain and {name for name, _ in failed} == {name for name in TWINS if figures[name]}:
         # Alike along every axis at once: not bits shared along one, but stores the draws hardly move (a
         # rounding whose random bits do not reach these values, rounding them to nearest instead).
         return SlotCheck(NAME, Status.FAIL, f"{TITLE}: twins along every axis stored the same bits far more often "
@@ -124,7 +140,7 @@ def _alike(failed: list[tuple[str, dict]]) -> str:
     first = {}
     for name, f in failed:
         first.setdefault(name, f)
-    return ", ".join(f"{AXES[name][0]} {f['pairs'] - f['differ']} of {f['pairs']} alike where {f['expected']:.0f} ± "
+    return ", ".join(f"{TWINS[name][0]} {f['pairs'] - f['differ']} of {f['pairs']} alike where {f['expected']:.0f} ± "
                      f"{f['sigma']:.0f} differ" for name, f in first.items())
 
 
@@ -137,7 +153,7 @@ def lower_tail_bound(k: int, mean: float) -> float:
 
 
 def _failure(name: str, f: dict) -> str:
-    what, depends = AXES[name]
+    what, depends = TWINS[name]
     why = f"do not depend on {depends}" if f["differ"] == 0 else f"are correlated across {what}"
     if f["distance"] > 1:
         what = f"{what} {f['distance']} apart"
