@@ -732,3 +732,14 @@ def gate_only_with_d(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, i
     out = _baseline(x, dt, A, B, C, chunk_size, D, z if D is not None else None, dt_bias, initial_states, cu_seqlens,
                     dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def dt_limit_only_with_a_lower_end(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                   seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                   return_final_states=False, return_varlen_states=False):
+    """Clamps dt only where dt_limit's lower end is above 0 (`if dt_min > 0:`, taking (0, inf) for the only
+    limit without one): right for no limit and for limits with both ends, wrong for (0, max)."""
+    if dt_limit[0] <= 0.0:
+        dt_limit = (0.0, float("inf"))
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

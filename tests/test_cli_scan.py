@@ -152,8 +152,8 @@ def test_a_state_leaking_across_varlen_boundaries_fails_only_where_there_are_bou
 
 def _y_float64(inputs, starts):
     """y (tokens, nheads, headdim) of a ragged case's one packed row in float64, token by token, the
-    state reset to zero at each token in `starts` (ragged: no z, no initial states, no dt limit)."""
-    assert inputs.z is None and inputs.initial_states is None and inputs.dt_limit == (0.0, float("inf"))
+    state reset to zero at each token in `starts` (ragged: no z, no initial states, dt limited above only)."""
+    assert inputs.z is None and inputs.initial_states is None and inputs.dt_limit[0] == 0.0
     assert inputs.dt_softplus
     x, dt, B, C = (t[0].double() for t in (inputs.x, inputs.dt, inputs.B, inputs.C))
     A, D, dt_bias = inputs.A.double(), inputs.D.double(), inputs.dt_bias.double()  # D: (nheads, headdim)
@@ -163,7 +163,7 @@ def _y_float64(inputs, starts):
     for t in range(x.shape[0]):
         if t in starts:
             state = torch.zeros_like(state)
-        step = torch.nn.functional.softplus(dt[t] + dt_bias)  # (nheads,)
+        step = torch.nn.functional.softplus(dt[t] + dt_bias).clamp(max=inputs.dt_limit[1])  # (nheads,)
         Bt, Ct = (v[t].repeat_interleave(heads_per_group, 0)[:, None, :] for v in (B, C))
         state = state * torch.exp(step * A)[:, None, None] + (step[:, None] * x[t])[..., None] * Bt
         ys.append((state * Ct).sum(-1) + D * x[t])
@@ -497,18 +497,19 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
                                                                           "long"), 14),
     ("gate_only_with_d", lambda p: p["regime"] == "dt-extreme", 3),
+    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 8),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
         "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks",
-        "initial-states-only-with-returned-states", "gate-without-d"])
+        "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
     groups, headdim past dstate, initial states of heads wider than their states, several rows of whole chunks,
     more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
     sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
-    batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D. The default
+    batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D, a dt_limit without a lower end. The default
     preset has cases for each (and every
     other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssmcheck.core.sweep import case_seed
+from ssmcheck.ops.naive import NO_DT_LIMIT
 from ssmcheck.scan.inputs import ScanInputs, ScanShape
 
 GENERATION_BLOCK = 4096  # tokens per block of token-wise inputs (normal, long)
@@ -189,7 +190,7 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
-            boundaries=_ragged_cu_seqlens, gated: bool = False) -> ScanInputs:
+            boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT) -> ScanInputs:
     """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
     no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel)."""
     g = _generator(seed)
@@ -207,14 +208,18 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
             u.pop("z")
     note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
     note += ", D per channel under a gate z" if gated else ""
+    note += f", dt clamped to {dt_limit}" if dt_limit != NO_DT_LIMIT else ""
     return _finish(
         dtype, note, dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), cu_seqlens=cu,
-        dt_softplus=True, **u, **extra,
+        dt_softplus=True, dt_limit=dt_limit, **u, **extra,
     )
 
 
 def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    return _varlen(shape, dtype, seed, with_initial_states=False)
+    """Packed sequences of uneven lengths, their dt limited above only (RAGGED_DT_LIMIT: no lower end, as a
+    model's time_step_limit (0, max) is), which clamps 1% to half of a case's tokens (those of its heads with the
+    largest dt): a kernel that applies a dt_limit only when its lower end is above 0 fails here."""
+    return _varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT)
 
 
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -312,6 +317,7 @@ def cumsum_cancel(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
 
 
 LARGE_MAGNITUDE_DT_LIMIT = (0.0175, 0.0325)
+RAGGED_DT_LIMIT = (0.0, 0.02)
 
 
 def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -442,7 +448,7 @@ REGIMES: dict[str, Regime] = {
         Regime("normal", "trained-model ranges: A = -exp(U(log 1, log 16)), dt in [1e-3, 0.1] via dt_bias "
                "and softplus, unit-scale x/B/C, D and z", normal),
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
-               "sequences (batch 1: a lone sequence)", ragged),
+               "sequences (batch 1: a lone sequence); dt limited above only, dt_limit (0, 0.02)", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
                "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z",
                aligned),
