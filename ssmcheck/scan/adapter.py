@@ -183,15 +183,11 @@ class ScanAdapter:
         training forward, a prefill that keeps no state); return y. A kernel that uses its initial states, or its
         sequences' boundaries, only when asked for states gives another y here. A tuple back is taken for
         (y, ...). Raises as `call` does."""
-        result, sent, fenced = self._fenced_call(self.fn, inputs, case, False, transcript)
-        y = result[0] if isinstance(result, tuple) and result else result
-        if not isinstance(y, torch.Tensor):
-            raise KernelOutputError(f"expected y (a tensor) from a call without the return flags, got "
-                                    f"{type(y).__name__}")
-        x = fenced.originals["x"]
-        _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
-        _check_inputs(fenced)
-        return sent.case_y(y) if sent else y
+        def y_first(*args, **kwargs):
+            result = self.fn(*args, **kwargs)
+            return result[0] if isinstance(result, tuple) and result else result
+
+        return self._y_alone(y_first, inputs, case, transcript, "a call without the return flags")
 
     def write_cache(self, inputs: ScanInputs, case: ScanCase, cache: torch.Tensor, slots: torch.Tensor,
                     transcript: Transcript | None = None) -> torch.Tensor:
@@ -200,11 +196,17 @@ class ScanAdapter:
         def into_cache(*args, **kwargs):
             return self.fn(*args, **kwargs, final_states_out=cache, final_state_indices=slots)
 
-        y, sent, fenced = self._fenced_call(into_cache, inputs, case, False, transcript)
-        x = fenced.originals["x"]
+        return self._y_alone(into_cache, inputs, case, transcript,
+                             f"a call with {', '.join(CACHE_WRITE_KEYWORDS)}")
+
+    def _y_alone(self, fn: Callable, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None,
+                 called: str) -> torch.Tensor:
+        """`fn`'s fenced call on `inputs` without the return flags, which returns y alone (checked, on the case's
+        own tokens); `called` names the call in the error for anything else."""
+        y, sent, fenced = self._fenced_call(fn, inputs, case, False, transcript)
         if not isinstance(y, torch.Tensor):
-            raise KernelOutputError(f"expected y alone (a tensor) from a call with {', '.join(CACHE_WRITE_KEYWORDS)}, "
-                                    f"got {type(y).__name__}")
+            raise KernelOutputError(f"expected y alone (a tensor) from {called}, got {type(y).__name__}")
+        x = fenced.originals["x"]
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
         _check_inputs(fenced)
         return sent.case_y(y) if sent else y
