@@ -101,25 +101,17 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
                                  dt_softplus=problem.dt_softplus)
     p = fraction_between_neighbours(exact, case.dtype)
     stored = bits(state)
-    figures, failed = {"widths": list(state.shape)}, []
-    for axis, name in enumerate(AXES):
-        figures[name] = []
-        for distance, first, second in _pairs(axis, stored.shape[axis]):
-            q = 2 * p[first] * (1 - p[first])
-            expected, spread = q.sum().item(), math.sqrt((q * (1 - q)).sum().item())
-            differ = int((stored[first] != stored[second]).sum())
-            figures[name].append({"distance": distance, "pairs": q.numel(), "differ": differ,
-                                  "expected": round(expected, 1), "sigma": round(spread, 2)})
-            if lower_tail_bound(differ, expected) < FALSE_ALARM:
-                failed.append((name, figures[name][-1]))
-    # Calls: every element of the call with another seed is its twin.
-    q = 2 * p * (1 - p)
-    expected, spread = q.sum().item(), math.sqrt((q * (1 - q)).sum().item())
-    differ = int((stored != bits(again)).sum())
-    figures[CALLS] = [{"distance": 1, "pairs": q.numel(), "differ": differ, "expected": round(expected, 1),
-                       "sigma": round(spread, 2)}]
-    if lower_tail_bound(differ, expected) < FALSE_ALARM:
-        failed.append((CALLS, figures[CALLS][0]))
+    # (name, distance, the first elements' p, their stored bits, their twins'): along each axis, and the call with
+    # another seed, every element's twin.
+    pairings = [(name, distance, p[first], stored[first], stored[second]) for axis, name in enumerate(AXES)
+                for distance, first, second in _pairs(axis, stored.shape[axis])]
+    pairings.append((CALLS, 1, p, stored, bits(again)))
+    figures, failed = {"widths": list(state.shape), **{name: [] for name in TWINS}}, []
+    for name, distance, *twins_of in pairings:
+        pairing, fails = _pairing(distance, *twins_of)
+        figures[name].append(pairing)
+        if fails:
+            failed.append((name, pairing))
     if not failed:
         return SlotCheck(NAME, Status.PASS, "", figures)
     # Twins that never differ are certain; bits shared along one axis also make the other axes' pairs fail to be
@@ -133,6 +125,18 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
                          "deterministically, the random bits do not reach them", figures)
     return SlotCheck(NAME, Status.FAIL, f"{TITLE}: " + "; ".join(_failure(name, f) for name, f in certain or failed),
                      figures)
+
+
+def _pairing(distance: int, p: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> tuple[dict, bool]:
+    """Twins whose stored bits are `first` and `second`, the first's exact updates a fraction `p` of the way
+    between their neighbours: their figures, and whether so few differ that independent draws would differ that
+    rarely with probability below FALSE_ALARM."""
+    q = 2 * p * (1 - p)
+    expected, spread = q.sum().item(), math.sqrt((q * (1 - q)).sum().item())
+    differ = int((first != second).sum())
+    figures = {"distance": distance, "pairs": q.numel(), "differ": differ, "expected": round(expected, 1),
+               "sigma": round(spread, 2)}
+    return figures, lower_tail_bound(differ, expected) < FALSE_ALARM
 
 
 def _alike(failed: list[tuple[str, dict]]) -> str:

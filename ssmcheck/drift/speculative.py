@@ -206,9 +206,10 @@ def _out_beyond_storage(stored, out, C, x, z, D, dtype) -> list[float]:
     gate = 1.0 if z is None else torch.nn.functional.silu(z).abs()
     magnitude = (terms.abs().sum(-1) + (D * x).abs()) * gate
     arithmetic = (stored.shape[-1] + 4) * FP32_UNIT_ROUNDOFF * magnitude
-    rounded = ulp(out.double(), out.dtype) / 2
+    got = out.double()
+    rounded = ulp(got, out.dtype) / 2
     bound = (ulp(stored, dtype) * Ch.abs()).sum(-1) * gate + arithmetic + rounded + torch.finfo(torch.float64).tiny
-    ratio = ((out.double() - y).abs() / bound).nan_to_num(math.inf)
+    ratio = ((got - y).abs() / bound).nan_to_num(math.inf)
     return ratio.flatten(1).amax(1).tolist()
 
 
