@@ -153,7 +153,8 @@ def stage_launches():
     launches = {}
     for stage, module, name, call in (
         ("output", chunk_output, "_chunk_output_kernel", lambda: chunk_output.chunk_output(
-            x, None, C, torch.empty(h), torch.empty(nc, g, cs, cs), dt, dA, torch.empty(nc, h, p, n),
+            x, None, C, torch.empty(h), torch.empty(nc, g, cs, cs), dt, torch.empty(nc, h, 2, cs),
+            torch.empty(nc, h, p, n),
             torch.empty_like(x), mm, table, False)),
         ("chunk states", chunk_state, "_chunk_state_kernel",
          lambda: chunk_state.chunk_state(x, B, dt, dA, mm, table, False)),

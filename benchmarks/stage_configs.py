@@ -67,7 +67,7 @@ def worker(stage_name: str, seqlen: int, start: int, deadline: float) -> None:
     def output_stage(config, poisoned=False):
         if poisoned:  # an unwritten element shows
             y.fill_(float("nan"))
-        chunk_output(x, None, C, s["D"], s["cb"], dt_proc, dA_cs, s["states"], y, mm, table, False, config)
+        chunk_output(x, None, C, s["D"], s["cb"], dt_proc, s["log2_pairs"], s["states"], y, mm, table, False, config)
         return y
 
     stage, axes = {"chunk states": (state_stage, STATE_GRID), "output": (output_stage, OUTPUT_GRID)}[stage_name]

@@ -24,9 +24,13 @@ from ssmcheck.ops.chunk_scan import chunk
 
 
 def _exclusive_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table, alloc=torch.empty):
-    """Each token's own dt·A left out of its cumulative sum (an off-by-one scan)."""
-    dt_proc, dA_cs = chunk.dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table, alloc=alloc)
-    return dt_proc, dA_cs - (dt_proc * A.float()[None, :, None]).double()
+    """Each token's own dt·A left out of its cumulative sum (an off-by-one scan), in the fp64 sums and in the
+    output stage's (hi, lo) base-2 pairs alike."""
+    dt_proc, dA_cs, _ = chunk.dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table, alloc=alloc)
+    dA_cs = dA_cs - (dt_proc * A.float()[None, :, None]).double()
+    log2 = dA_cs * 1.4426950408889634
+    hi = log2.float()
+    return dt_proc, dA_cs, torch.stack([hi, (log2 - hi.double()).float()], dim=2)
 
 
 def _undecayed_state_passing(local, dA_cs, *args, **kwargs):
@@ -40,9 +44,9 @@ def _strict_cb_mask(C, B, mm_dtype, table, interpret, config=None, alloc=torch.e
     return cb * torch.ones(cb.shape[-2:], device=cb.device).tril(-1)
 
 
-def _output_without_state(x, z, C, D, cb, dt_proc, dA_cs, states, *args, **kwargs):
+def _output_without_state(x, z, C, D, cb, dt_proc, log2_pairs, states, *args, **kwargs):
     """The output stage reads zero incoming states: only the intra-chunk part and D·x remain."""
-    return chunk.chunk_output(x, z, C, D, cb, dt_proc, dA_cs, torch.zeros_like(states), *args, **kwargs)
+    return chunk.chunk_output(x, z, C, D, cb, dt_proc, log2_pairs, torch.zeros_like(states), *args, **kwargs)
 
 
 def _unwritten_chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table, interpret, config=None, alloc=torch.empty):

@@ -187,7 +187,7 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
     z2 = z.reshape(ntok, nheads, headdim) if z is not None else None
     D2 = D.contiguous() if D is not None else None
 
-    dt_proc, dA_cs = pipeline.dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
+    dt_proc, dA_cs, log2_pairs = pipeline.dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
                                         dt_bias.contiguous() if dt_bias is not None else None,
                                         dt_softplus, dt_limit, table, alloc=alloc)
     local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
@@ -196,7 +196,7 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
     if not keep_stages:
         del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
     cb = pipeline.chunk_cb(C2, B2, mm_dtype, table, interpret, alloc=alloc)
-    pipeline.chunk_output(x2, z2, C2, D2, cb, dt_proc, dA_cs, states, y, mm_dtype, table, interpret)
+    pipeline.chunk_output(x2, z2, C2, D2, cb, dt_proc, log2_pairs, states, y, mm_dtype, table, interpret)
     if seq_idx is not None:
         y[seq_idx.flatten() < 0] = 0  # pad tokens lie in no chunk: their output is defined as 0
 

@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcheck.ops.host import next_power_of_2
+
 from .layout import ChunkTable
 from .numerics import mma, operand, program_coords
 
@@ -45,10 +47,10 @@ def default_config(dstate: int, chunk_size: int, interpret: bool = False) -> dic
     another and each tile op is one numpy call, so fewer, larger programs run faster (the default
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
     if interpret:
-        return dict(BLOCK_M=chunk_size, BLOCK_K=chunk_size, BLOCK_D=max(16, triton.next_power_of_2(dstate)),
+        return dict(BLOCK_M=chunk_size, BLOCK_K=chunk_size, BLOCK_D=max(16, next_power_of_2(dstate)),
                     num_warps=4, num_stages=1)
     return dict(BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 64),
-                BLOCK_D=max(16, min(triton.next_power_of_2(dstate), 64)), num_warps=4, num_stages=3)
+                BLOCK_D=max(16, min(next_power_of_2(dstate), 64)), num_warps=4, num_stages=3)
 
 
 def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None, alloc=torch.empty):

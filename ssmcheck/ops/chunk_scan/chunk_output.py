@@ -14,20 +14,20 @@ per score only what the score needs:
   score is then 0 · decay · dt_k = 0, the decay clamped into [0, 1]: a non-finite dt_k
   (or x_k, as in any tensor-core product) of a later token can reach the rows of its
   own BLOCK_K column block, which finite inputs never meet;
-- the decays' base-2 logs arrive as fp32 (hi, lo) pairs (`log2_pairs`, one small kernel
-  from the fp64 cumulative sums), not as fp64 to scale and split per column block.
+- the decays' base-2 logs arrive as fp32 (hi, lo) pairs (dt_cumsum writes them beside the fp64
+  cumulative sums), not as fp64 to scale and split per column block.
 Together: 361 -> 253 SASS instructions per loop iteration (benchmarks/sass_loop.py), the stage
 0.530 -> 0.374 ms at 16k tokens on the H200 (benchmarks/RESULTS.md, 2026-12-01).
 """
 
-import torch
 import triton
 import triton.language as tl
 
+from ssmcheck.ops.host import cdiv, next_power_of_2
 from ssmcheck.ops.rounding.stochastic import round_saturating, triton_dtype
 
 from .layout import ChunkTable
-from .numerics import LOG2E, decay2, mma, operand, program_coords, split
+from .numerics import decay2, mma, operand, program_coords
 
 
 @triton.jit
@@ -93,7 +93,7 @@ def _chunk_output_kernel(
             k = k0 + tl.arange(0, BLOCK_K)
             kv = k < n
             # Unmasked (so vectorised): chunk_cb writes every entry, zero past the chunk's end and above
-            # the diagonal; log2_pairs and dt_cumsum write the whole chunk (flat past its end, dt 0 there).
+            # the diagonal; dt_cumsum writes the whole chunk (flat past its end, dt 0 there).
             cb = tl.load(cb_chunk + m[:, None] * CHUNK + k[None, :])
             hi_k = tl.load(hi_row + k)
             lo_k = tl.load(hi_row + CHUNK + k)
@@ -117,32 +117,6 @@ def _chunk_output_kernel(
                  round_saturating(acc, OUT_DTYPE), mask=out_mask)
 
 
-@triton.jit
-def _log2_pairs_kernel(dA_cs_ptr, pairs_ptr, nrows, CHUNK: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    # BLOCK_ROWS (chunk, head) rows: CHUNK fp64 cumulative log-decays each -> CHUNK his, then CHUNK los.
-    r = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]
-    t = tl.arange(0, CHUNK)[None, :]
-    rv = r < nrows
-    hi, lo = split(tl.load(dA_cs_ptr + r * CHUNK + t, mask=rv) * LOG2E)
-    tl.store(pairs_ptr + 2 * r * CHUNK + t, hi, mask=rv)
-    tl.store(pairs_ptr + (2 * r + 1) * CHUNK + t, lo, mask=rv)
-
-
-def log2_pairs(dA_cs):
-    """The cumulative log-decays (nchunks, nheads, chunk_size) fp64 as base-2 logs, scaled in fp64 and
-    split into fp32 (hi, lo) (numerics.split): (nchunks, nheads, 2, chunk_size) fp32, [..., 0, :] the
-    his. Differences of huge sums keep their small values in fp32 tile arithmetic, and the output
-    stage's loop pays neither fp64 loads nor the split per column block."""
-    nchunks, nheads, chunk_size = dA_cs.shape
-    pairs = torch.empty((nchunks, nheads, 2, chunk_size), device=dA_cs.device, dtype=torch.float32)
-    # Up to 2048 decays a program. The interpreter runs programs one by one at a fixed cost per tile op: at the
-    # default preset's shape a program per row took 1,312 of a call's 21,832 tile ops, all rows in one 49.
-    block_rows = min(triton.next_power_of_2(nchunks * nheads), max(1, 2048 // chunk_size))
-    _log2_pairs_kernel[(triton.cdiv(nchunks * nheads, block_rows),)](
-        dA_cs, pairs, nchunks * nheads, CHUNK=chunk_size, BLOCK_ROWS=block_rows, num_warps=4)
-    return pairs
-
-
 def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool = False) -> dict:
     """Best of the block configurations measured on the H200 (benchmarks/RESULTS.md: the fastest of the whole
     grid of 120 at 16k within noise; Triton 3.6 miscompiles five others, those with BLOCK_K=64 BLOCK_P=32
@@ -155,26 +129,27 @@ def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool =
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
     if interpret:
         return dict(BLOCK_ROWS=chunk_size, BLOCK_M=chunk_size, BLOCK_K=chunk_size,
-                    BLOCK_P=max(16, triton.next_power_of_2(headdim)), num_warps=4, num_stages=1)
+                    BLOCK_P=max(16, next_power_of_2(headdim)), num_warps=4, num_stages=1)
     return dict(BLOCK_ROWS=chunk_size, BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 32),
-                BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)), num_warps=4, num_stages=2)
+                BLOCK_P=max(16, min(next_power_of_2(headdim), 64)), num_warps=4, num_stages=2)
 
 
-def chunk_output(x, z, C, D, cb, dt_proc, dA_cs, states, y, mm_dtype, table: ChunkTable, interpret: bool,
+def chunk_output(x, z, C, D, cb, dt_proc, log2_pairs, states, y, mm_dtype, table: ChunkTable, interpret: bool,
                  config: dict | None = None):
-    """Writes y (ntok, nheads, headdim) in place: every token of every chunk."""
+    """Writes y (ntok, nheads, headdim) in place: every token of every chunk. `log2_pairs`: dt_cumsum's
+    (nchunks, nheads, 2, chunk_size) fp32 (hi, lo) base-2 cumulative log-decays."""
     _, nheads, headdim = x.shape
     ngroups, dstate = C.shape[1], C.shape[2]
     cs = table.chunk_size
     cfg = {**default_config(headdim, dstate, cs, interpret), **(config or {})}
-    grid = (table.nchunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
+    grid = (table.nchunks * nheads * cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
     zz = z if z is not None else x
     _chunk_output_kernel[grid](
-        x, zz, C, D if D is not None else x, cb, dt_proc, log2_pairs(dA_cs), states, table.chunk_token,
+        x, zz, C, D if D is not None else x, cb, dt_proc, log2_pairs, states, table.chunk_token,
         table.chunk_len, y,
         nheads, ngroups, headdim, dstate,
         *x.stride(), *zz.stride(), *C.stride(), *y.stride(),
         HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
         MM_DTYPE=mm_dtype, OUT_DTYPE=triton_dtype(y.dtype), CHUNK=cs,
-        BLOCK_D=max(16, triton.next_power_of_2(dstate)), **cfg,
+        BLOCK_D=max(16, next_power_of_2(dstate)), **cfg,
     )

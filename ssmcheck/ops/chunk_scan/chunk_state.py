@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcheck.ops.host import cdiv, next_power_of_2
+
 from .layout import ChunkTable
 from .numerics import LOG2E, decay2, mma, operand, program_coords
 
@@ -68,10 +70,10 @@ def default_config(headdim: int, dstate: int, chunk_size: int, interpret: bool =
     another and each tile op is one numpy call, so fewer, larger programs run faster (the default
     preset's kernel time fell about 4x), and no register or shared-memory limit binds there."""
     if interpret:
-        return dict(BLOCK_T=chunk_size, BLOCK_P=max(16, triton.next_power_of_2(headdim)),
-                    BLOCK_N=max(16, triton.next_power_of_2(dstate)), num_warps=8, num_stages=1)
-    return dict(BLOCK_T=min(chunk_size, 32), BLOCK_P=max(16, min(triton.next_power_of_2(headdim), 64)),
-                BLOCK_N=max(16, min(triton.next_power_of_2(dstate), 128)), num_warps=4, num_stages=3)
+        return dict(BLOCK_T=chunk_size, BLOCK_P=max(16, next_power_of_2(headdim)),
+                    BLOCK_N=max(16, next_power_of_2(dstate)), num_warps=8, num_stages=1)
+    return dict(BLOCK_T=min(chunk_size, 32), BLOCK_P=max(16, min(next_power_of_2(headdim), 64)),
+                BLOCK_N=max(16, min(next_power_of_2(dstate), 128)), num_warps=4, num_stages=3)
 
 
 def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bool, config: dict | None = None,
@@ -82,7 +84,7 @@ def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bo
     ngroups, dstate = B.shape[1], B.shape[2]
     cfg = {**default_config(headdim, dstate, table.chunk_size, interpret), **(config or {})}
     local = alloc((table.nchunks, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
-    grid = (table.nchunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * triton.cdiv(dstate, cfg["BLOCK_N"]),)
+    grid = (table.nchunks * nheads * cdiv(headdim, cfg["BLOCK_P"]) * cdiv(dstate, cfg["BLOCK_N"]),)
     _chunk_state_kernel[grid](
         x, B, dt_proc, dA_cs, table.chunk_token, table.chunk_len, local,
         nheads, ngroups, headdim, dstate, *x.stride(), *B.stride(),

@@ -1,17 +1,24 @@
-"""Stage 1: dt processing (dt_bias, softplus, dt_limit) and the cumulative log-decay per chunk."""
+"""Stage 1: dt processing (dt_bias, softplus, dt_limit) and the cumulative log-decay per chunk.
+
+The log-decays are kept twice: in fp64 (the chunk states' weights and the passing read them), and as base-2
+logs split into fp32 (hi, lo) pairs for the output stage's inner loop (chunk_output.py says why). Written
+by this kernel, the pairs cost no launch of their own: a short prefill's time is the host's.
+"""
 
 import torch
 import triton
 import triton.language as tl
 
 from ssmcheck.ops.common import softplus
+from ssmcheck.ops.host import cdiv, next_power_of_2
 
 from .layout import ChunkTable
+from .numerics import LOG2E, split
 
 
 @triton.jit
 def _dt_cumsum_kernel(
-    dt_ptr, A_ptr, dt_bias_ptr, chunk_token_ptr, chunk_len_ptr, dt_out_ptr, dA_cs_ptr,
+    dt_ptr, A_ptr, dt_bias_ptr, chunk_token_ptr, chunk_len_ptr, dt_out_ptr, dA_cs_ptr, pairs_ptr,
     nheads, stride_dt_tok, stride_dt_head, dt_min, dt_max,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -44,22 +51,29 @@ def _dt_cumsum_kernel(
     out = (c * nheads + h[None, :]) * CHUNK + t[:, None]
     tl.store(dt_out_ptr + out, dt, mask=hv[None, :])
     tl.store(dA_cs_ptr + out, dA_cs, mask=hv[None, :])
+    # (hi, lo) of the base-2 logs, scaled in fp64: row (c, h) holds CHUNK his, then CHUNK los.
+    hi, lo = split(dA_cs * LOG2E)
+    pair = (c * nheads + h[None, :]) * (2 * CHUNK) + t[:, None]
+    tl.store(pairs_ptr + pair, hi, mask=hv[None, :])
+    tl.store(pairs_ptr + pair + CHUNK, lo, mask=hv[None, :])
 
 
 def dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table: ChunkTable, alloc=torch.empty):
-    """dt (ntok, nheads) -> (dt processed (fp32), cumulative dt*A (fp64)), each (nchunks, nheads, chunk_size).
-    `alloc` (torch.empty's signature) allocates the results."""
+    """dt (ntok, nheads) -> (dt processed (fp32), cumulative dt*A (fp64)), each (nchunks, nheads, chunk_size),
+    and the cumulative sums as fp32 (hi, lo) pairs of base-2 logs (nchunks, nheads, 2, chunk_size), [..., 0, :]
+    the his (numerics.split). `alloc` (torch.empty's signature) allocates the results."""
     nheads = dt.shape[1]
     shape = (table.nchunks, nheads, table.chunk_size)
     dt_out = alloc(shape, device=dt.device, dtype=torch.float32)
     dA_cs = alloc(shape, device=dt.device, dtype=torch.float64)
+    pairs = alloc((table.nchunks, nheads, 2, table.chunk_size), device=dt.device, dtype=torch.float32)
     has_limit = tuple(dt_limit) != (0.0, float("inf"))
-    block_h = min(triton.next_power_of_2(nheads), max(1, 2048 // table.chunk_size))
-    grid = (table.nchunks, triton.cdiv(nheads, block_h))
+    block_h = min(next_power_of_2(nheads), max(1, 2048 // table.chunk_size))
+    grid = (table.nchunks, cdiv(nheads, block_h))
     _dt_cumsum_kernel[grid](
-        dt, A, dt_bias if dt_bias is not None else A, table.chunk_token, table.chunk_len, dt_out, dA_cs,
+        dt, A, dt_bias if dt_bias is not None else A, table.chunk_token, table.chunk_len, dt_out, dA_cs, pairs,
         nheads, dt.stride(0), dt.stride(1), float(dt_limit[0]), float(dt_limit[1]),
         HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit,
         CHUNK=table.chunk_size, BLOCK_H=block_h, num_warps=4,
     )
-    return dt_out, dA_cs
+    return dt_out, dA_cs, pairs

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ssmcheck.ops.host import cdiv, next_power_of_2
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, round_to_storage, triton_dtype
 
 from .layout import ChunkTable
@@ -66,7 +67,7 @@ def _state_passing_kernel(
 
 def default_config(headdim: int, dstate: int) -> dict:
     """Block size and launch options: enough programs to keep loads in flight; not yet swept on a GPU."""
-    return dict(BLOCK=min(triton.next_power_of_2(headdim * dstate), 1024), num_warps=4)
+    return dict(BLOCK=min(next_power_of_2(headdim * dstate), 1024), num_warps=4)
 
 
 def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, seed: int, table: ChunkTable,
@@ -77,7 +78,7 @@ def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, s
     cfg = {**default_config(headdim, dstate), **(config or {})}
     states = alloc(local.shape, device=local.device, dtype=state_dtype)
     final = alloc((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)
-    grid = (table.nseq * nheads * triton.cdiv(headdim * dstate, cfg["BLOCK"]),)
+    grid = (table.nseq * nheads * cdiv(headdim * dstate, cfg["BLOCK"]),)
     init = initial_states if initial_states is not None else states
     _state_passing_kernel[grid](
         local, dA_cs, init, table.seq_chunk, states, final, seed,

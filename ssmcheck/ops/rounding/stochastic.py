@@ -44,6 +44,7 @@ import triton.language as tl
 
 from ssmcheck.core.formats import DTYPES, ROUNDINGS
 from ssmcheck.ops import interpreting
+from ssmcheck.ops.host import cdiv
 
 ROUNDING_IMPLS = ("software", "hardware")
 HARDWARE_SR_CAPABILITY = (10, 0)
@@ -429,7 +430,7 @@ def stochastic_round_tensor(x: torch.Tensor, dtype: torch.dtype, seed: int, phil
     if n == 0:
         return out
     block = 4096
-    _stochastic_round_kernel[(triton.cdiv(n, block),)](x, out, n, seed, DTYPE=triton_dtype(dtype),
+    _stochastic_round_kernel[(cdiv(n, block),)](x, out, n, seed, DTYPE=triton_dtype(dtype),
                                                        N_ROUNDS=philox_rounds, HARDWARE=rounding_impl == "hardware",
                                                        Q=block // 4)
     return out

@@ -50,6 +50,7 @@ from triton.language.extra import libdevice
 
 from ssmcheck.ops import interpreting
 from ssmcheck.ops.common import softplus
+from ssmcheck.ops.host import cdiv, next_power_of_2
 from ssmcheck.ops.rounding.stochastic import (
     DEFAULT_PHILOX_ROUNDS,
     check_rounding,
@@ -101,10 +102,10 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, interpret
     The interpreter pays per program, not per byte: there one program takes up to 64 channels.
     """
     if interpreter:
-        return LaunchConfig(block_p=max(ROW_GROUPS, min(64, triton.next_power_of_2(headdim))), num_warps=1)
-    row_bytes = triton.next_power_of_2(dstate) * state_dtype.itemsize
+        return LaunchConfig(block_p=max(ROW_GROUPS, min(64, next_power_of_2(headdim))), num_warps=1)
+    row_bytes = next_power_of_2(dstate) * state_dtype.itemsize
     channels = ROW_GROUPS * max(1, 32 * 16 // row_bytes)  # a warp's 32 threads x 16 bytes per row group
-    return LaunchConfig(block_p=max(ROW_GROUPS, min(channels, triton.next_power_of_2(headdim))), num_warps=1,
+    return LaunchConfig(block_p=max(ROW_GROUPS, min(channels, next_power_of_2(headdim))), num_warps=1,
                         sr_blocks={torch.float16: 4, torch.bfloat16: 2}.get(state_dtype, 1),
                         sr_maxnreg=96 if state_dtype == torch.float16 else None)
 
@@ -114,7 +115,7 @@ def blocks_per_program(config: LaunchConfig, blocks: int, heads: int) -> int:
     nheads) heads: config.sr_blocks, or the largest power of two up to `blocks` if smaller (a program's pad rows
     are a power of two), where that leaves SR_MIN_PROGRAMS programs, else 1."""
     per_program = min(config.sr_blocks, 1 << (blocks.bit_length() - 1))
-    return per_program if -(-blocks // per_program) * heads >= SR_MIN_PROGRAMS else 1
+    return per_program if cdiv(blocks, per_program) * heads >= SR_MIN_PROGRAMS else 1
 
 
 @triton.jit
@@ -562,13 +563,12 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
     d_strides = D.stride() if D is not None else (0, 0)
     dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
-    # Plain integer arithmetic: triton.cdiv and next_power_of_2 cost a few microseconds a call in Triton 3.
-    blocks = -(-headdim // config.block_p)
+    blocks = cdiv(headdim, config.block_p)
     per_program = 1
     if rounding == "stochastic" and rounding_impl == "software":
         per_program = blocks_per_program(config, blocks, batch * nheads)
     options = {"maxnreg": config.sr_maxnreg} if per_program > 1 and config.sr_maxnreg else {}
-    grid = (-(-blocks // per_program), nheads, batch)
+    grid = (cdiv(blocks, per_program), nheads, batch)
     _state_update_kernel[grid](
         state, x, dt, dt_bias_, A, B, C, D_, z_, out, state_batch_indices if state_batch_indices is not None else x,
         seed, nheads, headdim, dstate, pad_slot_id,
@@ -582,7 +582,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
         SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
         INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p,
-        BLOCK_N=max(2, 1 << (dstate - 1).bit_length()),
+        BLOCK_N=max(2, next_power_of_2(dstate)),
         num_warps=config.num_warps, **options,
     )
     return out
