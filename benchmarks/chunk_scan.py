@@ -4,6 +4,10 @@
 batch 1 (DESIGN §7); medians of triton.testing.do_bench on fresh random inputs, every
 kernel in this process on the same inputs (benchmarks/peers.py: vLLM and mamba_ssm where
 they can be imported, their metadata made outside the timed call), each checked finite.
+Every kernel runs once at a length (compiling, autotuning) before any is timed, and then
+they are timed in turn for --rounds rounds, the median of the rounds kept: a short prefill's
+time is its host's, and a single timing of it, first in its process, moved by up to 2x
+between runs on the H200 (benchmarks/RESULTS.md, 2026-12-03).
 Not a test: run it by hand on the GPU machine from the checkout, e.g.
 
     PYTHONPATH=.:.peers/v033:.peers/mamba python benchmarks/chunk_scan.py --stages
@@ -15,6 +19,7 @@ command, to benchmarks/RESULTS.md (or --results PATH).
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from peers import chunk_scans
 from record import append_section, commit, markdown_table
@@ -101,6 +106,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="4096,16384,65536", help="comma-separated sequence lengths")
     parser.add_argument("--state-dtype", default="fp32", choices=list(DTYPES))
     parser.add_argument("--stages", action="store_true", help="also time each pipeline stage alone")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of timing every kernel in turn (median kept)")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
     opts = parser.parse_args()
@@ -129,18 +135,28 @@ def main() -> None:
 
         peers, missing = chunk_scans(args, SHAPE["chunk_size"])
         left_out.update(missing)
-        times, cells = {}, {}
-        for name, fn in {"ours": run, **peers}.items():
+        kernels = {"ours": run, **peers}
+        times, cells, failed = {}, {}, set()
+        for name, fn in kernels.items():
             origins[name] = getattr(fn, "origin", "ssmcheck.ops.chunk_scan")
             try:
-                ms = bench(fn)
                 finite = bool(torch.isfinite(fn()).all())  # a non-finite y is not a time
             except Exception as exc:  # noqa: BLE001 (a peer that fails here is reported, not fatal)
                 print(f"L={seqlen} {name}: raised {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
                 cells[name] = "raised"
+                failed.add(name)
                 continue
-            times[name] = ms if finite else None
-            cells[name] = f"{ms:.3f}" if finite else "non-finite"
+            if not finite:
+                cells[name] = "non-finite"
+                failed.add(name)
+        rounds = {name: [] for name in kernels if name not in failed}
+        for _ in range(opts.rounds):
+            for name in rounds:
+                rounds[name].append(bench(kernels[name]))
+        for name, ms in rounds.items():
+            times[name] = statistics.median(ms)
+            cells[name] = f"{times[name]:.3f}"
+            print(f"L={seqlen} {name}: rounds " + ", ".join(f"{t:.3f}" for t in ms), flush=True)
         ours = times.get("ours")
         rows.append([length_label(seqlen), *(cells.get(n, "-") for n in ("ours", *PEERS)),
                      *(f"{ours / times[n]:.2f}" if ours and times.get(n) else "-" for n in PEERS)])
