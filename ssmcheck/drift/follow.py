@@ -18,9 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from ssmcheck.core.formats import ulp
 from ssmcheck.core.tensors import nonfinite_mask
-from ssmcheck.drift.stats import error_sums
+from ssmcheck.drift.stats import store_sums
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
@@ -33,13 +32,14 @@ AGREEMENT_RTOL = 1e-12
 
 def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, sums, tripped, uniform,
            dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out).
+    """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out), the latter
+    before its rounding to the kernel's out dtype (Follower rounds it, outside the compiled step: output_rounded).
 
     ref, baseline: float64 states, advanced in place (the baseline rounded into `dtype` per `rounding`,
     against `uniform`'s draws when stochastic); before, after: the kernel's state before and after its
     call; out: the kernel's output; x, dt, B, C, z: the step's inputs (any float dtype; z, the output's
     gate, may be None); A, D, dt_bias: float64 parameters; sums: the running store-error sums
-    (stats.error_sums' layout), added to in place; tripped: a bool flag, set where the kernel's state or
+    (stats.store_sums' layout), added to in place; tripped: a bool flag, set where the kernel's state or
     output is non-finite and the reference's is finite.
     """
     new, outs = state_update_step(torch.stack([ref, baseline, before.double()]), x.double(), dt.double(), A,
@@ -48,17 +48,20 @@ def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, 
     ref.copy_(new[0])
     baseline.copy_(round_to(new[1], dtype, rounding, uniform=uniform))
     # The kernel's store against the exact update of its own previous state: its rounding error, in ulps,
-    # signed along the exact value (free of the drift accumulated before it).
+    # signed along the exact value (free of the drift accumulated before it), and its subnormals kept or flushed.
     exact, stored = new[2], after.double()
-    sums.add_(error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype)))
+    sums.add_(store_sums(exact, stored, dtype))
     tripped |= nonfinite_mask(stored, new[0]).any() | nonfinite_mask(out, outs[0]).any()
-    return outs[0], output_rounded(outs[1], out.dtype)
+    return outs[0], outs[1]
 
 
 def output_rounded(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A float64 output as a kernel returns it in `dtype` (its x's), back in float64: the baseline's out is
     rounded there as its state is into the storage dtype (a bf16 out errs by up to 2**-9 of itself). Through
-    float32, as a kernel computing in float32 rounds it (and the same steps eagerly and compiled)."""
+    float32, as a kernel computing in float32 rounds it. Never inside the compiled step: rounded there, the
+    compiled step's baseline output differed from the eager one's on the H200 (torch 2.11, emulate_precision_casts
+    on), every step of every case, so every GPU drift ran its float64 side eagerly.
+    """
     return out.float().to(dtype).double()
 
 
@@ -95,9 +98,8 @@ class Follower:
         if self._pending:
             self._pending = False
             self._compiled, self.eager_because = self._checked_compile(arguments)
-        if self._compiled is None:
-            return follow(**arguments)
-        return self._compiled(**arguments)
+        ref_out, baseline_out = (follow if self._compiled is None else self._compiled)(**arguments)
+        return ref_out, output_rounded(baseline_out, arguments["out"].dtype)
 
     @staticmethod
     def _checked_compile(arguments: dict) -> tuple[Callable | None, str | None]:
