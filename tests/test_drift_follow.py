@@ -33,7 +33,7 @@ def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4,
                 A=-torch.rand(h, 1, 1, generator=g, device=device, dtype=torch.float64).expand(h, p, n),
                 B=randn(b, 1, n, dt=dtype), C=randn(b, 1, n, dt=dtype),
                 D=randn(h, 1).expand(h, p), dt_bias=randn(h, 1).expand(h, p),
-                sums=torch.zeros(3, dtype=torch.float64, device=device),
+                sums=torch.zeros(5, dtype=torch.float64, device=device),
                 tripped=torch.zeros((), dtype=torch.bool, device=device),
                 uniform=torch.rand(b, h, p, n, generator=g, device=device, dtype=torch.float64))
 

@@ -11,12 +11,16 @@ from ssmcheck.core.formats import ulp
 from ssmcheck.drift.stats import (
     BIAS_FLOOR_ULP,
     BIAS_Z_LIMIT,
+    FLUSH_MIN_STORES,
     SignedErrorMoments,
     crossing_step,
+    flushes_subnormals,
     growth_exponent,
     is_biased,
     log_checkpoints,
+    store_sums,
 )
+from ssmcheck.ops.rounding.naive import round_to
 
 
 @given(st.integers(1, 100_000), st.integers(3, 32))
@@ -160,3 +164,38 @@ def test_crossing_extrapolates_faster_growth_only():
     assert crossing_step(steps, same_growth, limits) == (None, False)
     beyond_horizon = [1e-9 * n**0.6 for n in steps]
     assert crossing_step(steps, beyond_horizon, limits, horizon=1e9) == (None, False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float16, torch.bfloat16]),
+       rounding=st.sampled_from(["nearest", "stochastic"]))
+def test_no_rounding_stores_a_subnormal_as_zero_and_a_flush_is_counted(seed, dtype, rounding):
+    """Exact values across the subnormal range (and some normals, zeros and values below the smallest subnormal),
+    rounded either way: store_sums counts the subnormal ones and finds none stored as zero; flushed to zero
+    instead, every one of them is counted."""
+    gen = torch.Generator().manual_seed(seed)
+    info = torch.finfo(dtype)
+    smallest = info.smallest_normal * info.eps
+    # log-uniform from a quarter of the smallest subnormal to four times the smallest normal, random signs, zeros
+    exponents = torch.empty(4096, dtype=torch.float64).uniform_(math.log2(smallest) - 2,
+                                                                math.log2(info.smallest_normal) + 2, generator=gen)
+    signs = torch.randint(0, 2, (4096,), generator=gen).double() * 2 - 1
+    exact = torch.where(torch.rand(4096, generator=gen) < 0.05, 0.0, signs * torch.exp2(exponents))
+    subnormal = int(((exact.abs() >= smallest) & (exact.abs() < info.smallest_normal)).sum())
+    assert subnormal > 1000
+    stored = round_to(exact, dtype, rounding, generator=gen).double()
+    sums = store_sums(exact, stored, dtype)
+    assert sums[3].item() == subnormal and sums[4].item() == 0
+    flushed = torch.where(exact.abs() < info.smallest_normal, 0.0, stored)
+    assert store_sums(exact, flushed, dtype)[3:].tolist() == [subnormal, subnormal]
+
+
+def test_a_flush_is_named_from_a_few_stores_that_are_most_of_the_subnormal_ones():
+    """One float32 cancellation may take a store to zero where its exact value was subnormal; a flush takes most."""
+    assert not flushes_subnormals(FLUSH_MIN_STORES - 1, FLUSH_MIN_STORES - 1)
+    assert flushes_subnormals(FLUSH_MIN_STORES, FLUSH_MIN_STORES)
+    assert flushes_subnormals(1000, 500) and not flushes_subnormals(1000, 499)
+    assert not flushes_subnormals(0, 0)
+    moments = SignedErrorMoments()
+    moments.running(torch.device("cpu")).add_(torch.tensor([2.0, 0.0, 0.0, 10.0, 9.0], dtype=torch.float64))
+    assert (moments.count, moments.subnormal, moments.flushed) == (2, 10, 9)

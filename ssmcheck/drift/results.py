@@ -47,6 +47,8 @@ class StoreErrors:
     mean: float | None
     z: float | None  # of the mean against zero (None with fewer than 2 stores)
     rms: float | None = None  # root mean square error per store: at most 1 for any rounding of the exact value
+    subnormal: int = 0  # stores whose exact value lies in the storage dtype's subnormal range
+    flushed: int = 0  # of those, stored as zero (no rounding does that: stats.store_sums)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ssmcheck.core.formats import ulp
 from ssmcheck.core.tensors import finite
 
 # Stochastic rounding is "biased" when the mean rounding error per store is both
@@ -20,6 +21,11 @@ from ssmcheck.core.tensors import finite
 # the GPU's approximate exp), and well below the 2**-4 ulp of a 3-bit SR.
 BIAS_Z_LIMIT = 4.0
 BIAS_FLOOR_ULP = 2.0**-10
+# A kernel flushes subnormals where at least this many stores, and this share of those whose exact value is
+# subnormal, came out zero. One such store alone may be the kernel's float32 arithmetic cancelling to below half
+# the smallest subnormal where the float64 exact value did not; a flush takes them all.
+FLUSH_MIN_STORES = 8
+FLUSH_MIN_SHARE = 0.5
 
 
 def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
@@ -40,24 +46,40 @@ def error_sums(errors: torch.Tensor) -> torch.Tensor:
     return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
 
 
+def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A step's stores summed up in SignedErrorMoments' layout: error_sums of the signed rounding errors (ulps,
+    along the exact value), then (how many exact values lie in `dtype`'s subnormal range, how many of those
+    were stored as zero). No rounding, to nearest or stochastic, takes a value at or above the smallest
+    subnormal to zero: a store that does flushes subnormals."""
+    magnitude = exact.abs()
+    info = torch.finfo(dtype)
+    subnormal = (magnitude >= info.smallest_normal * info.eps) & (magnitude < info.smallest_normal)
+    flushed = subnormal & (stored == 0)
+    return torch.cat([error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype)),
+                      torch.stack([subnormal.sum().double(), flushed.sum().double()])])
+
+
 class SignedErrorMoments:
-    """Running count, sum and sum of squares of signed errors, for the bias z-test.
+    """Running count, sum and sum of squares of signed errors, for the bias z-test, and the counts of stores
+    whose exact value is subnormal and of those stored as zero (store_sums).
 
     `add` runs at every decode step, so the sums stay on the errors' device and are
     read back only when a statistic is asked for: no wait on the device per step.
     """
 
     def __init__(self):
-        self._sums: torch.Tensor | None = None  # float64 (count, total, total of squares)
+        # float64 (count, total, total of squares, subnormal stores, of them stored as zero)
+        self._sums: torch.Tensor | None = None
 
     def add(self, errors: torch.Tensor) -> None:
-        self.running(errors.device).add_(error_sums(errors))
+        """Signed errors alone (no subnormal counts)."""
+        self.running(errors.device)[:3].add_(error_sums(errors))
 
     def running(self, device: torch.device) -> torch.Tensor:
-        """The running sums themselves (error_sums' layout), zeros until something is added: add to them
+        """The running sums themselves (store_sums' layout), zeros until something is added: add to them
         in place (a CUDA graph that captured the addition keeps adding to the same tensor)."""
         if self._sums is None:
-            self._sums = torch.zeros(3, dtype=torch.float64, device=device)
+            self._sums = torch.zeros(5, dtype=torch.float64, device=device)
         return self._sums
 
     def saved(self) -> torch.Tensor | None:
@@ -76,12 +98,22 @@ class SignedErrorMoments:
     def _read(self) -> tuple[int, float, float]:
         if self._sums is None:
             return 0, 0.0, 0.0
-        count, total, total_sq = self._sums.tolist()
+        count, total, total_sq = self._sums[:3].tolist()
         return int(count), total, total_sq
 
     @property
     def count(self) -> int:
         return self._read()[0]
+
+    @property
+    def subnormal(self) -> int:
+        """Stores whose exact value lies in the storage dtype's subnormal range."""
+        return 0 if self._sums is None else int(self._sums[3].item())
+
+    @property
+    def flushed(self) -> int:
+        """Of the `subnormal` stores, those stored as zero."""
+        return 0 if self._sums is None else int(self._sums[4].item())
 
     @property
     def mean(self) -> float | None:
@@ -105,6 +137,12 @@ class SignedErrorMoments:
         if variance == 0.0:
             return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
         return mean / math.sqrt(variance / count)
+
+
+def flushes_subnormals(subnormal: int, flushed: int) -> bool:
+    """Whether the stores took subnormal values to zero: of `subnormal` stores whose exact value is subnormal,
+    `flushed` came out zero (SignedErrorMoments)."""
+    return flushed >= FLUSH_MIN_STORES and flushed >= FLUSH_MIN_SHARE * subnormal
 
 
 def is_biased(moments: SignedErrorMoments) -> bool:

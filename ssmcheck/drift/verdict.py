@@ -2,8 +2,9 @@
 
 - nonfinite: the kernel's state or output went NaN/Inf where the reference is finite;
 - fail: with --repeat, a decode step whose runs from the same state differ bit for bit (unless the
-  kernel is declared nondeterministic); at some checkpoint the state drift exceeds the tolerance (tol_factor x
-  the baseline's drift at that step + floor, or --rtol), or the output error
+  kernel is declared nondeterministic); stores that flush subnormals to zero (stats.flushes_subnormals: no
+  rounding takes a value at or above the smallest subnormal to zero); at some checkpoint the state drift
+  exceeds the tolerance (tol_factor x the baseline's drift at that step + floor, or --rtol), or the output error
   pooled over the checkpoints exceeds the same rule against the baseline's, or,
   with stochastic rounding, the stores are biased (stats.is_biased; a bias whose stores err by more than
   an ulp on average, rms, is named a computation error instead: no rounding errs that much);
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ssmcheck.core import outside
+from ssmcheck.core.formats import DTYPES
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
 from ssmcheck.drift.spec import DriftCase
-from ssmcheck.drift.stats import crossing_step, growth_exponent, is_biased
+from ssmcheck.drift.stats import crossing_step, flushes_subnormals, growth_exponent, is_biased
 
 
 def skipped_verdict(reason: str) -> DriftVerdict:
@@ -86,7 +90,14 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
         return DriftVerdict(Status.NONFINITE, message, **figures)
 
     problems = []
-    if case.rounding == "stochastic" and is_biased(run.store_errors):
+    stores = run.store_errors
+    if flushes_subnormals(stores.subnormal, stores.flushed):
+        # Named first, and in place of the stores' bias or error size, which the flushed stores explain.
+        info = torch.finfo(DTYPES[case.state_dtype])
+        problems.append(f"flushes subnormals to zero: {stores.flushed} of {stores.subnormal} stores whose exact value "
+                        f"lay in {case.state_dtype}'s subnormal range ({info.smallest_normal * info.eps:.3g} to "
+                        f"{info.smallest_normal:.3g}) were stored as 0, which no rounding gives")
+    elif case.rounding == "stochastic" and is_biased(run.store_errors):
         moments = run.store_errors
         if moments.rms is not None and moments.rms > 1.0:
             # No rounding of the exact value errs by a whole ulp: the step stored another value (a wrong parameter,
