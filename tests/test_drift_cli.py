@@ -134,6 +134,9 @@ def test_the_default_preset_catches_subnormals_flushed_or_rounded_as_normals(tmp
     assert all(c["status"] == "fail" and c["message"].startswith("flushes subnormals to zero: ") for c in failed)
     (flushed,) = [c for c in failed if c["params"]["regime"] == "subnormal"]
     assert "state drift" in flushed["message"]
+    assert flushed["subnormal_stores"]["flushed"] == flushed["subnormal_stores"]["subnormal"] > 1000
+    assert all(c["subnormal_stores"]["flushed"] == 0 for c in report["cases"]
+               if c["status"] == "pass" and c["params"]["state_dtype"] != "fp16")
     _, report = drift("--kernel", f"{BROKEN}:sr_normals_only", "--preset", "default", "--rounding", "stochastic",
                       json_path=tmp_path / "s.json")
     (normals_only,) = planted_bug_cases(report, lambda p: p["regime"] == "subnormal")
