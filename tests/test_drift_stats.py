@@ -167,13 +167,13 @@ def test_crossing_extrapolates_faster_growth_only():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float16, torch.bfloat16]),
-       rounding=st.sampled_from(["nearest", "stochastic"]))
-def test_no_rounding_stores_a_subnormal_as_zero_and_a_flush_is_counted(seed, dtype, rounding):
-    """Exact values across the subnormal range (and some normals, zeros and values below the smallest subnormal),
-    rounded either way: store_sums counts the subnormal ones and finds none stored as zero; flushed to zero
-    instead, every one of them is counted."""
+@given(seed=st.integers(0, 2**31 - 1), rounding=st.sampled_from(["nearest", "stochastic"]))
+def test_no_rounding_stores_a_subnormal_as_zero_and_a_flush_is_counted(seed, rounding):
+    """Exact values across fp16's subnormal range (and some normals, zeros and values below the smallest
+    subnormal), rounded either way: store_sums counts the subnormal ones and finds none stored as zero; flushed
+    to zero instead, every one of them is counted."""
     gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float16
     info = torch.finfo(dtype)
     smallest = info.smallest_normal * info.eps
     # log-uniform from a quarter of the smallest subnormal to four times the smallest normal, random signs, zeros
@@ -188,6 +188,15 @@ def test_no_rounding_stores_a_subnormal_as_zero_and_a_flush_is_counted(seed, dty
     assert sums[3].item() == subnormal and sums[4].item() == 0
     flushed = torch.where(exact.abs() < info.smallest_normal, 0.0, stored)
     assert store_sums(exact, flushed, dtype)[3:].tolist() == [subnormal, subnormal]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_subnormals_are_counted_for_fp16_alone(dtype):
+    """bf16's and fp32's subnormals are float32's own, which a kernel's float32 arithmetic may flush: not counted."""
+    info = torch.finfo(dtype)
+    exact = torch.full((64,), info.smallest_normal / 4, dtype=torch.float64)
+    sums = store_sums(exact, torch.zeros_like(exact), dtype)
+    assert sums[0] == 64 and sums[3:].tolist() == [0.0, 0.0]
 
 
 def test_a_flush_is_named_from_a_few_stores_that_are_most_of_the_subnormal_ones():

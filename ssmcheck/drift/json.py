@@ -7,9 +7,9 @@ JSON case keys (always present; figures a case did not produce are null):
     checkpoints [{step, state_rel, out_rel, bias}]   kernel vs float64 reference, mean over trials,
     growth_exponent                                  alpha in state_rel ~ step**alpha,
     bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
-    subnormal_stores {subnormal, flushed}            stores whose exact value lay in the state dtype's
-                                                     subnormal range, and of them those stored as 0 (null: no
-                                                     steps ran),
+    subnormal_stores {subnormal, flushed}            an fp16 state's stores whose exact value lay in fp16's
+                                                     subnormal range, and of them those stored as 0 (0 and 0
+                                                     for other state dtypes; null: no steps ran),
     baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,

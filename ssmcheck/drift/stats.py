@@ -50,13 +50,17 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) ->
     """A step's stores summed up in SignedErrorMoments' layout: error_sums of the signed rounding errors (ulps,
     along the exact value), then (how many exact values lie in `dtype`'s subnormal range, how many of those
     were stored as zero). No rounding, to nearest or stochastic, takes a value at or above the smallest
-    subnormal to zero: a store that does flushes subnormals."""
-    magnitude = exact.abs()
+    subnormal to zero: a store that does flushes subnormals. Counted for fp16 only: bf16's and fp32's subnormals
+    are float32's own, which a kernel's float32 arithmetic may flush (a compiler's flush-to-zero mode) before
+    any store rounds them."""
+    errors = error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype))
     info = torch.finfo(dtype)
+    if info.smallest_normal <= torch.finfo(torch.float32).smallest_normal:
+        return torch.cat([errors, errors.new_zeros(2)])
+    magnitude = exact.abs()
     subnormal = (magnitude >= info.smallest_normal * info.eps) & (magnitude < info.smallest_normal)
     flushed = subnormal & (stored == 0)
-    return torch.cat([error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype)),
-                      torch.stack([subnormal.sum().double(), flushed.sum().double()])])
+    return torch.cat([errors, torch.stack([subnormal.sum().double(), flushed.sum().double()])])
 
 
 class SignedErrorMoments:
