@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 
 from peers import state_updates
@@ -163,6 +164,9 @@ def main() -> None:
                         help="also time other launch configurations at the largest batch")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", default=None, help="commit to record (default: asks git)")
+    parser.add_argument("--sr-rounds", type=int, default=0,
+                        help="also time ours to nearest and with software SR in turn, this many rounds per 16-bit "
+                             "state and batch, for SR's cost as the median of the rounds' ratios (0: not)")
     parser.add_argument("--philox-rounds", type=int, default=None,
                         help="Philox rounds of the software stochastic rounding (default: the kernel's)")
     opts = parser.parse_args()
@@ -250,6 +254,26 @@ def main() -> None:
         fused_recurrent.launch_config = default
         text += f"\n\nLaunch configurations at batch {batch}:\n\n"
         text += markdown_table(["state", "rounding", "block_p", "num_warps", "ms"], sweep_rows)
+
+    if opts.sr_rounds > 0:
+        # One timing each, as in the table, is first in its process or follows another mode's: SR's cost moved
+        # between 1.26x and 1.37x across runs. Nearest and SR in turn, each round's ratio kept.
+        sr_rows = []
+        for batch in batches:
+            for state_name in ("fp16", "bf16"):
+                args, state = inputs(batch, DTYPES[state_name], opts.z)
+                steps = {rounding: kernels(args, rounding)[0][OURS] for rounding in ("nearest", "stochastic")}
+                ms = {rounding: [] for rounding in steps}
+                for _ in range(opts.sr_rounds):
+                    for rounding, step in steps.items():
+                        ms[rounding].append(time_step(step, args, state, loop=False)[0])
+                ratios = [sr / rn for rn, sr in zip(ms["nearest"], ms["stochastic"])]
+                sr_rows.append([str(batch), state_name, *(", ".join(f"{t:.4f}" for t in ms[r]) for r in steps),
+                                f"{statistics.median(ratios):.2f}x", f"{min(ratios):.2f}-{max(ratios):.2f}x"])
+                print(" | ".join(sr_rows[-1]), flush=True)
+        text += (f"\n\nSoftware SR's cost, ours to nearest and with SR timed in turn ({opts.sr_rounds} rounds, "
+                 "graph ms):\n\n")
+        text += markdown_table(["batch", "state", "nearest", "stochastic", "SR / nearest (median)", "range"], sr_rows)
 
     print(text)
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
