@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from ssmcheck.ops.chunk_scan import chunk
+from ssmcheck.ops.chunk_scan.numerics import LOG2E
 
 
 def _exclusive_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table, alloc=torch.empty):
@@ -28,7 +29,7 @@ def _exclusive_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table, alloc=torch.
     output stage's (hi, lo) base-2 pairs alike."""
     dt_proc, dA_cs, _ = chunk.dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table, alloc=alloc)
     dA_cs = dA_cs - (dt_proc * A.float()[None, :, None]).double()
-    log2 = dA_cs * 1.4426950408889634
+    log2 = dA_cs * LOG2E.value
     hi = log2.float()
     return dt_proc, dA_cs, torch.stack([hi, (log2 - hi.double()).float()], dim=2)
 
