@@ -39,6 +39,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype))
 
 
+def own_subnormals(dtype: torch.dtype) -> bool:
+    """Whether `dtype`'s subnormals lie above float32's smallest normal (fp16's do), where only a store into
+    `dtype` makes a value subnormal. bf16's and fp32's are float32's own, below 1.2e-38, which a kernel's float32
+    arithmetic may already flush (a compiler's flush-to-zero mode) before any store."""
+    return FORMATS[dtype].emin > FORMATS[torch.float32].emin
+
+
 def eps(dtype: torch.dtype) -> float:
     """The ulp of 1.0 in `dtype`."""
     return 2.0 ** -FORMATS[dtype].mantissa_bits

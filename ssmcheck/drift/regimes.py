@@ -292,10 +292,10 @@ def _bf16_inputs(shape, state_dtype, nsteps, generator):
 
 
 # subnormal: the linear recurrence scales with its initial state and x, so normal's run times SUBNORMAL_SCALE is a
-# run whose states are normal's (about 0.5 .. a few) times 2**-16, mostly subnormal in fp16. bf16's and fp32's
-# subnormals lie below 1.2e-38, where a kernel's fp32 products may be flushed by the compiler: fp16 only.
+# run whose states are normal's (about 0.5 .. a few) times 2**-16, mostly subnormal in fp16. Only state dtypes with
+# subnormals of their own (core.formats.own_subnormals: fp16).
 SUBNORMAL_SCALE = 2.0**-16
-SUBNORMAL_DTYPES = ("fp16",)
+SUBNORMAL_DTYPES = tuple(name for name, dtype in formats.DTYPES.items() if formats.own_subnormals(dtype))
 
 
 def _subnormal(shape, state_dtype, nsteps, generator):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core.formats import ulp
+from ssmcheck.core.formats import own_subnormals, ulp
 from ssmcheck.core.tensors import finite
 
 # Stochastic rounding is "biased" when the mean rounding error per store is both
@@ -50,13 +50,12 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) ->
     """A step's stores summed up in SignedErrorMoments' layout: error_sums of the signed rounding errors (ulps,
     along the exact value), then (how many exact values lie in `dtype`'s subnormal range, how many of those
     were stored as zero). No rounding, to nearest or stochastic, takes a value at or above the smallest
-    subnormal to zero: a store that does flushes subnormals. Counted for fp16 only: bf16's and fp32's subnormals
-    are float32's own, which a kernel's float32 arithmetic may flush (a compiler's flush-to-zero mode) before
-    any store rounds them."""
+    subnormal to zero: a store that does flushes subnormals. Counted only for a dtype with subnormals of its own
+    (core.formats.own_subnormals: fp16), zeros for the others."""
     errors = error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype))
-    info = torch.finfo(dtype)
-    if info.smallest_normal <= torch.finfo(torch.float32).smallest_normal:
+    if not own_subnormals(dtype):
         return torch.cat([errors, errors.new_zeros(2)])
+    info = torch.finfo(dtype)
     magnitude = exact.abs()
     subnormal = (magnitude >= info.smallest_normal * info.eps) & (magnitude < info.smallest_normal)
     flushed = subnormal & (stored == 0)

@@ -56,6 +56,10 @@ class Comparison:
     ssm: ErrorStats | None = None  # the SSM part C·h alone (y without D·x and the z gate), when those exist
 
 
+# The kernel call whose y is judged as the SSM part C·h alone (scan.adapter.ScanAdapter.call_y), as messages name it.
+SSM_PART_CALL = "the call without D, z and the return flags"
+
+
 @dataclass(frozen=True)
 class NonfiniteToken:
     """The first non-finite element of a scan output where the reference is finite, and its spread."""

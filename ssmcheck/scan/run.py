@@ -24,7 +24,7 @@ from ssmcheck.scan import invariance, measure, precision, repro, segments, stage
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
-from ssmcheck.scan.results import Comparison, ErrorMap, ScanResult, StageReport
+from ssmcheck.scan.results import SSM_PART_CALL, Comparison, ErrorMap, ScanResult, StageReport
 from ssmcheck.scan.spec import ScanCase
 from ssmcheck.scan.verdict import judge
 
@@ -182,7 +182,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             ssm_kernel = kernel.call_y(replace(inputs, D=None, z=None), case, transcript)
             _sync(device)
         except Exception as exc:  # noqa: BLE001
-            return _kernel_failed(case, exc, inputs, transcript, " (the call without D, z and the return flags)")
+            return _kernel_failed(case, exc, inputs, transcript, f" ({SSM_PART_CALL})")
     ref_stream = reference_stream(inputs, reference_kind)
     if serving is not None:  # the serving-shaped checks compare whole outputs: keep the reference whole
         ref_stream = streamed.Recorded(ref_stream)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
-from ssmcheck.scan.results import Comparison, NonfiniteToken, RepeatSpread, ScanVerdict, WorstGroup
+from ssmcheck.scan.results import SSM_PART_CALL, Comparison, NonfiniteToken, RepeatSpread, ScanVerdict, WorstGroup
 
 
 def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteToken | None,
@@ -70,7 +70,7 @@ def nondeterminism_message(spread: RepeatSpread) -> str:
 def nonfinite_message(where: NonfiniteToken) -> str:
     inputs = "inputs finite" if where.inputs_finite else "inputs NOT finite"
     if where.output in ("y", "ssm_y"):
-        what = "y" if where.output == "y" else "the SSM part C·h (the call without D, z and the return flags)"
+        what = "y" if where.output == "y" else f"the SSM part C·h ({SSM_PART_CALL})"
         return (
             f"{what} non-finite from sequence {where.sequence} token {where.token} (chunk {where.chunk}) head "
             f"{where.head} channel {where.channel}, {inputs}; spread: {where.count} elements, "
