@@ -288,6 +288,47 @@ def test_a_seed_tensor_that_is_not_one_int64_is_refused(seed):
     assert torch.equal(state, inp.state)
 
 
+# --- launch plans (a call signature's checks and launch, worked out once) -----------------------------
+
+
+def test_calls_alike_but_for_strides_or_dtypes_each_get_their_own_launch():
+    """A plan is keyed by what it was worked out from: x as a strided view after a contiguous x of the same
+    shape, and then an fp16 state after an fp32 one, each launch with their own strides and dtypes (a plan
+    reused across them would read x at the wrong strides, or the state as the wrong type)."""
+    for strided in (False, True):
+        _check_step(Inputs(21, 2, 2, 1, 8, 16, state_dtype=torch.float32, strided=strided))
+    for state_dtype in (torch.float32, torch.float16):
+        _check_step(Inputs(22, 2, 2, 1, 8, 16, state_dtype=state_dtype))
+
+
+@pytest.mark.parametrize("bad_call", ["seed", "out", "philox_rounds", "rounding"])
+def test_a_call_is_checked_after_a_good_call_of_the_same_shapes(bad_call):
+    inp = _small()
+    state = inp.state.clone()
+    good = {"rounding": "stochastic", "seed": 1, "out": torch.empty_like(inp.x)}
+    selective_state_update(*inp.args(state), **good)
+    before = state.clone()
+    bad, message = {
+        "seed": ({"seed": -1}, "^seed must be an integer"),  # an int seed's value is in no signature
+        "out": ({"out": torch.empty_like(inp.x, dtype=torch.float16)}, "^out must be"),
+        "philox_rounds": ({"philox_rounds": [7]}, "^philox_rounds must be a positive integer"),  # unhashable
+        "rounding": ({"rounding": "upward"}, "^unknown rounding"),
+    }[bad_call]
+    with pytest.raises(ValueError, match=message):
+        selective_state_update(*inp.args(state), **{**good, **bad})
+    assert torch.equal(state, before)  # refused before anything ran
+
+
+def test_launch_plans_are_bounded(monkeypatch):
+    from ssmcheck.ops.state_update import fused_recurrent  # noqa: PLC0415
+
+    monkeypatch.setattr(fused_recurrent, "_PLANS", {})
+    monkeypatch.setattr(fused_recurrent, "_MAX_PLANS", 2)
+    for headdim in (4, 8, 12):
+        _check_step(Inputs(23, 1, 2, 1, headdim, 16, state_dtype=torch.float32))
+        assert 1 <= len(fused_recurrent._PLANS) <= 2
+
+
 def _stagnating_decode(state_dtype, rounding, steps, shape):
     """Signed state errors, in spacings, after `steps` decode steps whose updates are below half a spacing.
 

@@ -108,12 +108,17 @@ def check_rounding(dtype: torch.dtype, rounding: str, seed: int, philox_rounds: 
                          "use rounding='nearest' or a float16/bfloat16 state")
     if not isinstance(philox_rounds, int) or philox_rounds < 1:
         raise ValueError(f"philox_rounds must be a positive integer, got {philox_rounds!r}")
-    if not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    check_seed(seed)
     if rounding_impl == "hardware":
         reason = hardware_sr_unavailable(interpret=interpret)
         if reason is not None:
             raise ValueError(reason)
+
+
+def check_seed(seed) -> None:
+    """Raise ValueError unless `seed` is an integer Philox key in [0, 2**63)."""
+    if not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
 
 
 @triton.jit

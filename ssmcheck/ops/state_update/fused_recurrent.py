@@ -54,6 +54,7 @@ from ssmcheck.ops.host import cdiv, next_power_of_2
 from ssmcheck.ops.rounding.stochastic import (
     DEFAULT_PHILOX_ROUNDS,
     check_rounding,
+    check_seed,
     round_nearest,
     round_saturating,
     shared_words,
@@ -521,6 +522,79 @@ def _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, slots):
            lambda: f"out must be {want_x} {x.dtype} on {x.device}")
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One call signature's launch, worked out once, after its checks passed."""
+    grid: tuple[int, int, int] | None  # None: no state or no token, nothing to launch
+    sizes: tuple[int, int, int]  # nheads, headdim, dstate
+    strides: tuple[int, ...]
+    options: dict  # the constexprs and launch options
+    int_seed: bool  # stochastic with an int seed: its value, not in the signature, is checked every call
+
+
+# Plans by call signature. A decode loop repeats one signature every step, and at batch 1 the step is bound by
+# the host: the checks and the launch's arithmetic took about 45 us a call on a 2-core CPU, more than the kernel.
+# A signature holds all that the checks and the plan read (each tensor's shape, strides, dtype and device, the
+# options, and the launch rules, which a benchmark's sweep or a test may replace), never a value or an address:
+# those go to the launch at every call.
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 1024
+
+
+def _signature(tensors, *options) -> tuple:
+    return (*[None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors], *options)
+
+
+def _plan(state, x, dt, A, B, C, D, z, dt_bias, out, slots, seed, dt_softplus, rounding, philox_rounds,
+          rounding_impl, interpret) -> _Plan:
+    """Check a call (ValueError with a one-line reason) and work out its launch."""
+    _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, slots)
+    seed_in_memory = isinstance(seed, torch.Tensor)
+    if seed_in_memory:  # its value is the kernel's to read: checking it here would wait on the device
+        _check(seed.dtype == torch.int64 and seed.numel() == 1 and seed.device == state.device,
+               lambda: f"a seed tensor must be one int64 on {state.device}, got {seed.numel()} {seed.dtype} on "
+                       f"{seed.device}")
+    check_rounding(state.dtype, rounding, 0 if seed_in_memory else seed, philox_rounds, rounding_impl,
+                   interpret=interpret)
+    _, nheads, headdim, dstate = state.shape
+    batch = x.shape[0]
+    stochastic = rounding == "stochastic"
+    sizes = (nheads, headdim, dstate)
+    int_seed = stochastic and not seed_in_memory
+    if x.numel() == 0 or state.numel() == 0:
+        return _Plan(None, sizes, (), {}, int_seed)
+    config = launch_config(headdim, dstate, state.dtype, interpret)
+    # An absent tensor's placeholder is x (never read: its HAS_* flag is off).
+    z_strides = (z if z is not None else x).stride()
+    out_strides = out.stride() if out is not None else (nheads * headdim, headdim, 1)  # torch.empty's
+    dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
+    d_strides = D.stride() if D is not None else (0, 0)
+    dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
+    blocks = cdiv(headdim, config.block_p)
+    per_program = 1
+    if stochastic and rounding_impl == "software":
+        per_program = blocks_per_program(config, blocks, batch * nheads)
+    options = {"maxnreg": config.sr_maxnreg} if per_program > 1 and config.sr_maxnreg else {}
+    return _Plan(
+        grid=(cdiv(blocks, per_program), nheads, batch), sizes=sizes,
+        strides=(*state.stride(), *x.stride(), *dt.stride(), *dtb_strides, *A.stride(), *B.stride(), *C.stride(),
+                 *d_strides, *z_strides, *out_strides),
+        options=dict(
+            HEADS_PER_GROUP=nheads // B.shape[1], HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
+            HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
+            DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
+            HAS_SLOTS=slots is not None,
+            STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
+            STOCHASTIC=stochastic, HARDWARE=rounding_impl == "hardware",
+            SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
+            INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p,
+            BLOCK_N=max(2, next_power_of_2(dstate)),
+            num_warps=config.num_warps, **options,
+        ),
+        int_seed=int_seed,
+    )
+
+
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                            state_batch_indices=None, pad_slot_id=PAD_SLOT_ID, *,
                            rounding="nearest", seed=0, philox_rounds=DEFAULT_PHILOX_ROUNDS,
@@ -543,46 +617,29 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """
     if interpret is None:
         interpret = interpreting()
-    _check_inputs(state, x, dt, A, B, C, D, z, dt_bias, out, state_batch_indices)
-    seed_in_memory = isinstance(seed, torch.Tensor)
-    if seed_in_memory:  # its value is the kernel's to read: checking it here would wait on the device
-        _check(seed.dtype == torch.int64 and seed.numel() == 1 and seed.device == state.device,
-               lambda: f"a seed tensor must be one int64 on {state.device}, got {seed.numel()} {seed.dtype} on "
-                       f"{seed.device}")
-    check_rounding(state.dtype, rounding, 0 if seed_in_memory else seed, philox_rounds, rounding_impl,
-                   interpret=interpret)
-    _, nheads, headdim, dstate = state.shape
-    batch = x.shape[0]
+    slots = state_batch_indices
+    seed_tensor = seed if isinstance(seed, torch.Tensor) else None
+    signature = _signature((state, x, dt, A, B, C, D, z, dt_bias, out, slots, seed_tensor), bool(dt_softplus),
+                           rounding, philox_rounds, rounding_impl, interpret, launch_config, SR_MIN_PROGRAMS)
+    try:
+        plan = _PLANS.get(signature)
+    except TypeError:  # an unhashable option, which _plan refuses by name
+        plan = None
+    if plan is None:
+        plan = _plan(state, x, dt, A, B, C, D, z, dt_bias, out, slots, seed, dt_softplus, rounding, philox_rounds,
+                     rounding_impl, interpret)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[signature] = plan
+    elif plan.int_seed:
+        check_seed(seed)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0 or state.numel() == 0:
+    if plan.grid is None:
         return out
-    config = launch_config(headdim, dstate, state.dtype, interpret)
-    # Placeholders for absent tensors: never read (the HAS_* flags are off).
-    dt_bias_, D_, z_ = (t if t is not None else x for t in (dt_bias, D, z))
-    dtb_strides = dt_bias.stride() if dt_bias is not None else (0, 0)
-    d_strides = D.stride() if D is not None else (0, 0)
-    dt_per_head = dt.stride(2) == 0 and (dt_bias is None or dt_bias.stride(1) == 0)
-    blocks = cdiv(headdim, config.block_p)
-    per_program = 1
-    if rounding == "stochastic" and rounding_impl == "software":
-        per_program = blocks_per_program(config, blocks, batch * nheads)
-    options = {"maxnreg": config.sr_maxnreg} if per_program > 1 and config.sr_maxnreg else {}
-    grid = (cdiv(blocks, per_program), nheads, batch)
-    _state_update_kernel[grid](
-        state, x, dt, dt_bias_, A, B, C, D_, z_, out, state_batch_indices if state_batch_indices is not None else x,
-        seed, nheads, headdim, dstate, pad_slot_id,
-        *state.stride(), *x.stride(), *dt.stride(), *dtb_strides, *A.stride(), *B.stride(), *C.stride(),
-        *d_strides, *z_.stride(), *out.stride(),
-        HEADS_PER_GROUP=nheads // B.shape[1], HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
-        HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
-        DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
-        HAS_SLOTS=state_batch_indices is not None,
-        STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
-        STOCHASTIC=rounding == "stochastic", HARDWARE=rounding_impl == "hardware",
-        SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
-        INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p,
-        BLOCK_N=max(2, next_power_of_2(dstate)),
-        num_warps=config.num_warps, **options,
+    _state_update_kernel[plan.grid](
+        state, x, dt, dt_bias if dt_bias is not None else x, A, B, C, D if D is not None else x,
+        z if z is not None else x, out, slots if slots is not None else x, seed, *plan.sizes, pad_slot_id,
+        *plan.strides, **plan.options,
     )
     return out
