@@ -103,8 +103,10 @@ def check_step(args: dict, state, step) -> None:
         assert err < tol, f"{name}: relative error {err:.3e} against float64 exceeds {tol:.1e}"
 
 
-def time_step(step, args: dict, state, rep: int = 100, loop: bool = True) -> tuple[float, float | None]:
-    """(graph ms, loop ms or None without `loop`) of `step(state) -> out`, checked first against float64
+def time_step(step, args: dict, state, rep: int = 100, loop: bool = True,
+              graph: bool = True) -> tuple[float | None, float | None]:
+    """(graph ms or None without `graph`, loop ms or None without `loop`) of `step(state) -> out`, checked first
+    against float64
     (`check_step`); the steps rotate over copies of `state` (which is left as it is), enough (4x L2) that no
     step finds its state cached, all finite at the end. Raises AssertionError."""
     import torch  # noqa: PLC0415
@@ -125,7 +127,7 @@ def time_step(step, args: dict, state, rep: int = 100, loop: bool = True) -> tup
     # do_bench_cudagraph runs on a new stream that does not wait for this one: without the
     # sync its first steps can read buffers whose clones are still being written.
     torch.cuda.synchronize()
-    graph_ms = triton.testing.do_bench_cudagraph(rotating, rep=rep, return_mode="median")
+    graph_ms = triton.testing.do_bench_cudagraph(rotating, rep=rep, return_mode="median") if graph else None
     loop_ms = None
     if loop:
         for _ in range(50):
@@ -167,6 +169,9 @@ def main() -> None:
     parser.add_argument("--sr-rounds", type=int, default=0,
                         help="also time ours to nearest and with software SR in turn, this many rounds per 16-bit "
                              "state and batch, for SR's cost as the median of the rounds' ratios (0: not)")
+    parser.add_argument("--loop-rounds", type=int, default=0,
+                        help="also time the loops of ours and the peers (round to nearest) in turn, this many rounds "
+                             "per state and batch, for ours / each peer as the median of the rounds' ratios (0: not)")
     parser.add_argument("--philox-rounds", type=int, default=None,
                         help="Philox rounds of the software stochastic rounding (default: the kernel's)")
     opts = parser.parse_args()
@@ -274,6 +279,31 @@ def main() -> None:
         text += (f"\n\nSoftware SR's cost, ours to nearest and with SR timed in turn ({opts.sr_rounds} rounds, "
                  "graph ms):\n\n")
         text += markdown_table(["batch", "state", "nearest", "stochastic", "SR / nearest (median)", "range"], sr_rows)
+
+    if opts.loop_rounds > 0:
+        # At batch 1 the loop is the host's time, which moved by up to half between single runs of one kernel:
+        # every kernel's loop in turn, each round's ratios kept.
+        loop_rows = []
+        for batch in batches:
+            for state_name in ("fp32", "fp16", "bf16"):
+                args, state = inputs(batch, DTYPES[state_name], opts.z)
+                steps, _ = kernels(args, "nearest")
+                ms = {name: [] for name in steps}
+                for _ in range(opts.loop_rounds):
+                    for name, step in steps.items():
+                        ms[name].append(time_step(step, args, state, graph=False)[1])
+                row = [str(batch), state_name, *(", ".join(f"{t:.4f}" for t in ms[n]) if n in ms else "-"
+                                                 for n in (OURS, *peer_names))]
+                for peer in peer_names:
+                    ratios = [o / t for o, t in zip(ms[OURS], ms.get(peer, []))]
+                    row.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                               if ratios else "-")
+                loop_rows.append(row)
+                print(" | ".join(row), flush=True)
+        text += (f"\n\nLoops (eager steps, host included), every kernel in turn ({opts.loop_rounds} rounds, ms a "
+                 "step):\n\n")
+        text += markdown_table(["batch", "state", f"{OURS} loop ms", *(f"{p} loop ms" for p in peer_names),
+                                *(f"ours / {p} (median, range)" for p in peer_names)], loop_rows)
 
     print(text)
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())
