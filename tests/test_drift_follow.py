@@ -8,7 +8,7 @@ from ssmcheck.drift import follow as follow_module
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
-from ssmcheck.drift.follow import Follower, follow
+from ssmcheck.drift.follow import Follower, follow, output_rounded
 from ssmcheck.drift.spec import build_cases, resolve
 
 gpu = pytest.mark.gpu
@@ -134,7 +134,9 @@ def test_the_compiled_step_computes_the_eager_references(dtype, rounding, gated)
         torch.testing.assert_close(compiled_args["sums"], eager_args["sums"], rtol=1e-12, atol=0)
         assert compiled_args["sums"][0] == eager_args["sums"][0] == eager_args["after"].numel() - 2  # NaN, inf
         assert bool(compiled_args["tripped"]) and bool(eager_args["tripped"])
-        for mine, theirs in zip(compiled_outs, eager_outs):
+        # The Follower rounds the baseline's out to the kernel's out dtype after the step (output_rounded).
+        expected = (eager_outs[0], output_rounded(eager_outs[1], eager_args["out"].dtype))
+        for mine, theirs in zip(compiled_outs, expected):
             torch.testing.assert_close(mine, theirs, rtol=1e-13, atol=1e-300)
 
 
