@@ -22,7 +22,9 @@ from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, round_to_sto
 from .layout import ChunkTable
 
 
-@triton.jit
+# A seed is no shape: its divisibility by 16 must not mean another compilation (the default scan's cases draw
+# their own seeds).
+@triton.jit(do_not_specialize=["seed"])
 def _state_passing_kernel(
     local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed,
     nheads, headdim, dstate,
