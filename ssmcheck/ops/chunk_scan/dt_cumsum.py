@@ -16,13 +16,11 @@ from .layout import ChunkTable
 from .numerics import LOG2E, split
 
 
-# has_bias, softplus_dt, has_limit: runtime flags, not constexprs. The stage is a small share of the scan's time
-# (0.039 of 2.35 ms at 64k tokens on the H200), and as constexprs the three doubled and redoubled its compilations
-# on a cold machine (34 of the default scan's 147; 17 without them).
-@triton.jit(do_not_specialize=["has_bias", "softplus_dt", "has_limit"])
+@triton.jit
 def _dt_cumsum_kernel(
     dt_ptr, A_ptr, dt_bias_ptr, chunk_token_ptr, chunk_len_ptr, dt_out_ptr, dA_cs_ptr, pairs_ptr,
-    nheads, stride_dt_tok, stride_dt_head, dt_min, dt_max, has_bias, softplus_dt, has_limit,
+    nheads, stride_dt_tok, stride_dt_head, dt_min, dt_max,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     # 64-bit: the output offset (c * nheads + h) * CHUNK counts tokens x heads, past 2**31 from 2**31 / nheads
@@ -36,11 +34,11 @@ def _dt_cumsum_kernel(
     valid = (t[:, None] < n) & hv[None, :]
     dt = tl.load(dt_ptr + (tok0 + t)[:, None] * stride_dt_tok + h[None, :] * stride_dt_head,
                  mask=valid, other=0.0).to(tl.float32)
-    if has_bias != 0:
+    if HAS_BIAS:
         dt += tl.load(dt_bias_ptr + h, mask=hv, other=0.0).to(tl.float32)[None, :]
-    if softplus_dt != 0:
+    if SOFTPLUS:
         dt = softplus(dt)
-    if has_limit != 0:
+    if HAS_LIMIT:
         dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
     # Padding past the chunk's end gets dt = 0, so the cumsum stays flat there and
     # its last entry is the log-decay over the whole (possibly short) chunk.
@@ -75,7 +73,7 @@ def dt_cumsum(dt, A, dt_bias, dt_softplus, dt_limit, table: ChunkTable, alloc=to
     _dt_cumsum_kernel[grid](
         dt, A, dt_bias if dt_bias is not None else A, table.chunk_token, table.chunk_len, dt_out, dA_cs, pairs,
         nheads, dt.stride(0), dt.stride(1), float(dt_limit[0]), float(dt_limit[1]),
-        int(dt_bias is not None), int(bool(dt_softplus)), int(has_limit),
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit,
         CHUNK=table.chunk_size, BLOCK_H=block_h, num_warps=4,
     )
     return dt_out, dA_cs, pairs
