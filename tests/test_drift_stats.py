@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.core.formats import ulp
+from ssmcheck.core.formats import subnormal_range, ulp
 from ssmcheck.drift.stats import (
     BIAS_FLOOR_ULP,
     BIAS_Z_LIMIT,
@@ -41,6 +41,14 @@ def test_ulp_is_the_spacing_above_each_value(dtype, seed):
     values = torch.cat([magnitudes, -magnitudes, torch.zeros(1, dtype=torch.float64)]).to(dtype)
     spacing = torch.nextafter(values.abs(), torch.tensor(math.inf, dtype=dtype)).double() - values.abs().double()
     assert torch.equal(ulp(values.double(), dtype), spacing)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_subnormal_range_is_the_formats_own(dtype):
+    smallest, normal = subnormal_range(dtype)
+    zero = torch.zeros((), dtype=dtype)
+    assert smallest == torch.nextafter(zero, torch.ones((), dtype=dtype)).item()  # the least positive value
+    assert normal == torch.finfo(dtype).smallest_normal
 
 
 @settings(max_examples=25, deadline=None)

@@ -46,6 +46,12 @@ def own_subnormals(dtype: torch.dtype) -> bool:
     return FORMATS[dtype].emin > FORMATS[torch.float32].emin
 
 
+def subnormal_range(dtype: torch.dtype) -> tuple[float, float]:
+    """(smallest subnormal, smallest normal) of `dtype`: its subnormals are the magnitudes in [lo, hi)."""
+    fmt = FORMATS[dtype]
+    return 2.0 ** (fmt.emin - fmt.mantissa_bits), 2.0 ** fmt.emin
+
+
 def eps(dtype: torch.dtype) -> float:
     """The ulp of 1.0 in `dtype`."""
     return 2.0 ** -FORMATS[dtype].mantissa_bits

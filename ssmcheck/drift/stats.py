@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core.formats import own_subnormals, ulp
+from ssmcheck.core.formats import own_subnormals, subnormal_range, ulp
 from ssmcheck.core.tensors import finite
 
 # Stochastic rounding is "biased" when the mean rounding error per store is both
@@ -55,9 +55,9 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) ->
     errors = error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype))
     if not own_subnormals(dtype):
         return torch.cat([errors, errors.new_zeros(2)])
-    info = torch.finfo(dtype)
+    smallest, normal = subnormal_range(dtype)
     magnitude = exact.abs()
-    subnormal = (magnitude >= info.smallest_normal * info.eps) & (magnitude < info.smallest_normal)
+    subnormal = (magnitude >= smallest) & (magnitude < normal)
     flushed = subnormal & (stored == 0)
     return torch.cat([errors, torch.stack([subnormal.sum().double(), flushed.sum().double()])])
 

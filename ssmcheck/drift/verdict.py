@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ssmcheck.core import outside
-from ssmcheck.core.formats import DTYPES
+from ssmcheck.core.formats import DTYPES, subnormal_range
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
@@ -93,20 +91,19 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
     stores = run.store_errors
     if flushes_subnormals(stores.subnormal, stores.flushed):
         # Named first, and in place of the stores' bias or error size, which the flushed stores explain.
-        info = torch.finfo(DTYPES[case.state_dtype])
+        smallest, normal = subnormal_range(DTYPES[case.state_dtype])
         problems.append(f"flushes subnormals to zero: {stores.flushed} of {stores.subnormal} stores whose exact value "
-                        f"lay in {case.state_dtype}'s subnormal range ({info.smallest_normal * info.eps:.3g} to "
-                        f"{info.smallest_normal:.3g}) were stored as 0, which no rounding gives")
-    elif case.rounding == "stochastic" and is_biased(run.store_errors):
-        moments = run.store_errors
-        if moments.rms is not None and moments.rms > 1.0:
+                        f"lay in {case.state_dtype}'s subnormal range ({smallest:.3g} to {normal:.3g}) were stored "
+                        "as 0, which no rounding gives")
+    elif case.rounding == "stochastic" and is_biased(stores):
+        if stores.rms is not None and stores.rms > 1.0:
             # No rounding of the exact value errs by a whole ulp: the step stored another value (a wrong parameter,
             # a missing term), which a bias of the rounding cannot explain.
-            problems.append(f"stores off by more than a rounding: mean error {moments.mean:+.3g} ulp, rms "
-                            f"{moments.rms:.3g} ulp per store (a rounding errs by less than 1): the step computes "
+            problems.append(f"stores off by more than a rounding: mean error {stores.mean:+.3g} ulp, rms "
+                            f"{stores.rms:.3g} ulp per store (a rounding errs by less than 1): the step computes "
                             "another value")
         else:
-            problems.append(f"biased: mean rounding error {moments.mean:+.3g} ulp per store (z = {moments.z:.1f})")
+            problems.append(f"biased: mean rounding error {stores.mean:+.3g} ulp per store (z = {stores.z:.1f})")
     beyond = [(e / l if l > 0 else math.inf, s, e, l) for s, e, l in zip(steps, errors, limits) if not e <= l]
     if beyond:
         _, step, error, limit = max(beyond)

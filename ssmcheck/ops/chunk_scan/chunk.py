@@ -188,8 +188,8 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
     D2 = D.contiguous() if D is not None else None
 
     dt_proc, dA_cs, log2_pairs = pipeline.dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
-                                        dt_bias.contiguous() if dt_bias is not None else None,
-                                        dt_softplus, dt_limit, table, alloc=alloc)
+                                                    dt_bias.contiguous() if dt_bias is not None else None,
+                                                    dt_softplus, dt_limit, table, alloc=alloc)
     local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
     states, seq_final = pipeline.state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic",
                                                seed, table, alloc=alloc)
