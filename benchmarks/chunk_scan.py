@@ -96,8 +96,7 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
         "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table)),
         "C·Bᵀ": bench(lambda: chunk_cb(C, B, mm, table, False)),
         "output": bench(lambda: chunk_output(x, None, C, s["D"], s["cb"], dt_proc, s["log2_pairs"], s["states"], y, mm,
-                                             table,
-                                             False)),
+                                             table, False)),
     }
 
 

@@ -106,9 +106,8 @@ def check_step(args: dict, state, step) -> None:
 def time_step(step, args: dict, state, rep: int = 100, loop: bool = True,
               graph: bool = True) -> tuple[float | None, float | None]:
     """(graph ms or None without `graph`, loop ms or None without `loop`) of `step(state) -> out`, checked first
-    against float64
-    (`check_step`); the steps rotate over copies of `state` (which is left as it is), enough (4x L2) that no
-    step finds its state cached, all finite at the end. Raises AssertionError."""
+    against float64 (`check_step`); the steps rotate over copies of `state` (which is left as it is), enough
+    (4x L2) that no step finds its state cached, all finite at the end. Raises AssertionError."""
     import torch  # noqa: PLC0415
     import triton  # noqa: PLC0415
 
@@ -145,6 +144,22 @@ def time_step(step, args: dict, state, rep: int = 100, loop: bool = True,
         raise AssertionError(f"non-finite after {turn[0]} timed steps: state buffers {bad[:8]} of {len(buffers)}, "
                              f"out finite: {bool(torch.isfinite(outs[0]).all())}, first at {where}")
     return graph_ms, loop_ms
+
+
+def in_turn(steps: dict, rounds: int, timing) -> dict[str, list[float]]:
+    """{name: its `rounds` timings}: every step timed once a round, in turn (`timing(step) -> ms`), so that a
+    machine's drift between rounds reaches every step alike."""
+    ms = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            ms[name].append(timing(step))
+    return ms
+
+
+def ratio_spread(numerators: list[float], denominators: list[float]) -> tuple[float, float, float] | None:
+    """(median, min, max) of the rounds' ratios; None without rounds."""
+    ratios = [a / b for a, b in zip(numerators, denominators)]
+    return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
 
 
 def copy_bandwidth() -> float:
@@ -268,13 +283,10 @@ def main() -> None:
             for state_name in ("fp16", "bf16"):
                 args, state = inputs(batch, DTYPES[state_name], opts.z)
                 steps = {rounding: kernels(args, rounding)[0][OURS] for rounding in ("nearest", "stochastic")}
-                ms = {rounding: [] for rounding in steps}
-                for _ in range(opts.sr_rounds):
-                    for rounding, step in steps.items():
-                        ms[rounding].append(time_step(step, args, state, loop=False)[0])
-                ratios = [sr / rn for rn, sr in zip(ms["nearest"], ms["stochastic"])]
+                ms = in_turn(steps, opts.sr_rounds, lambda step: time_step(step, args, state, loop=False)[0])
+                median, low, high = ratio_spread(ms["stochastic"], ms["nearest"])
                 sr_rows.append([str(batch), state_name, *(", ".join(f"{t:.4f}" for t in ms[r]) for r in steps),
-                                f"{statistics.median(ratios):.2f}x", f"{min(ratios):.2f}-{max(ratios):.2f}x"])
+                                f"{median:.2f}x", f"{low:.2f}-{high:.2f}x"])
                 print(" | ".join(sr_rows[-1]), flush=True)
         text += (f"\n\nSoftware SR's cost, ours to nearest and with SR timed in turn ({opts.sr_rounds} rounds, "
                  "graph ms):\n\n")
@@ -288,18 +300,13 @@ def main() -> None:
             for state_name in ("fp32", "fp16", "bf16"):
                 args, state = inputs(batch, DTYPES[state_name], opts.z)
                 steps, _ = kernels(args, "nearest")
-                ms = {name: [] for name in steps}
-                for _ in range(opts.loop_rounds):
-                    for name, step in steps.items():
-                        ms[name].append(time_step(step, args, state, graph=False)[1])
-                row = [str(batch), state_name, *(", ".join(f"{t:.4f}" for t in ms[n]) if n in ms else "-"
-                                                 for n in (OURS, *peer_names))]
-                for peer in peer_names:
-                    ratios = [o / t for o, t in zip(ms[OURS], ms.get(peer, []))]
-                    row.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
-                               if ratios else "-")
-                loop_rows.append(row)
-                print(" | ".join(row), flush=True)
+                ms = in_turn(steps, opts.loop_rounds, lambda step: time_step(step, args, state, graph=False)[1])
+                spreads = [ratio_spread(ms[OURS], ms.get(peer, [])) for peer in peer_names]
+                loop_rows.append([str(batch), state_name,
+                                  *(", ".join(f"{t:.4f}" for t in ms[n]) if n in ms else "-"
+                                    for n in (OURS, *peer_names)),
+                                  *(f"{r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})" if r else "-" for r in spreads)])
+                print(" | ".join(loop_rows[-1]), flush=True)
         text += (f"\n\nLoops (eager steps, host included), every kernel in turn ({opts.loop_rounds} rounds, ms a "
                  "step):\n\n")
         text += markdown_table(["batch", "state", f"{OURS} loop ms", *(f"{p} loop ms" for p in peer_names),
