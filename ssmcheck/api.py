@@ -16,15 +16,17 @@ Bad options raise `UsageError`, one line naming the option.
 from __future__ import annotations
 
 import json
+import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import Interrupted, execute
+from ssmcheck.core.precompile import combined
 from ssmcheck.core.report import build_report, json_safe
 from ssmcheck.core.status import exit_code, summarize
-from ssmcheck.core.workers import rank_gpu
+from ssmcheck.core.workers import cpu_cores, rank_gpu
 from ssmcheck.plan import (  # noqa: F401 (the API's planning half: ssmcheck.api.plan_scan, ...)
     DEFAULT_CASE_TIMEOUT,
     Plan,
@@ -92,21 +94,23 @@ def _case_report(command: str, case: dict) -> CaseReport:
 
 def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None, workers: str | int | None = None,
         on_result: Callable[[object], None] = lambda result: None, advance: Callable[[], None] = lambda: None,
-        ) -> Report:
+        on_phase: Callable[[str], None] = lambda text: None, compile_ahead: bool = True) -> Report:
     """Run the plan's cases (in a worker process with `isolate`, or in `workers` of them at once, where a case
     running past `case_timeout` seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to
     `on_result` as it finishes; the Report holds them in the plan's order whatever order they finished in.
     An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
     then holds the cases that finished, `interrupted` names what stopped it, and its exit code is
     the interruption's. Under torchrun (core.ranks) each rank runs its slice, and rank 0's Report holds
-    every rank's cases."""
+    every rank's cases. On a GPU, with `compile_ahead`, the kernel's Triton variants are compiled first, many at
+    once (core.precompile; in this process, before any worker starts): `on_phase` is told what runs meanwhile."""
     devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
     timeout = check_case_timeout(devices is not None, case_timeout)
     ranks = launch.from_environment()
+    ahead = _Ahead(on_phase, compile_ahead)
     if ranks is None:
-        outcome = execute(_results(plan, devices, timeout, advance), on_result)
+        outcome = execute(_results(plan, devices, timeout, advance, ahead), on_result)
     else:
-        outcome = _run_ranked(plan, ranks, devices, timeout, advance, on_result)
+        outcome = _run_ranked(plan, ranks, devices, timeout, advance, on_result, ahead)
     outcome.results = _in_sweep_order(outcome.results, plan.cases)
     statuses = [r.status for r in outcome.results]
     interrupted: Interrupted | None = outcome.interrupted
@@ -115,6 +119,7 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
                         code, interrupted.reason if interrupted else None)
     data["settings"] = plan.report_settings
     data["seconds"] = outcome.seconds
+    data["compiled_ahead"] = combined(ahead.records)
     if plan.shard is not None:
         data["shard"] = plan.shard
     if ranks is not None:
@@ -122,17 +127,43 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
     return Report(data, outcome.results)
 
 
-def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None]):
+@dataclass
+class _Ahead:
+    """Compiling ahead (core.precompile): `on_phase` hears of it; `records` are the processes' (Launches.record)."""
+
+    on_phase: Callable[[str], None]
+    enabled: bool
+    records: list = field(default_factory=list)
+
+
+# The progress line's words while the kernels compile ahead.
+COMPILING = "compiling the kernels' Triton variants"
+
+
+def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None], ahead: _Ahead):
+    # Only a GPU compiles (the CPU's interpreter does not).
+    compiles = ahead.enabled and plan.cases and plan.env.device == "cuda" and not plan.env.interpreter
+    precompile = getattr(plan.runner, "precompile", None) if compiles else None
+    if precompile is not None:
+        ahead.on_phase(COMPILING)  # until the first case's result (in workers) or start (here) names the case
     if devices is not None:
         from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
 
-        yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices)
-    else:
-        for case in plan.cases:
-            yield plan.runner(case, advance)
+        # Each worker compiles its slice of the sweep, its share of the cores at once.
+        threads = max(1, cpu_cores() // len(devices)) if precompile is not None else 0
+        yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices, threads, ahead.records.append)
+        return
+    if precompile is not None:
+        start = time.perf_counter()
+        launches = precompile(plan.cases)
+        if launches is not None and launches.supported:
+            ahead.records.append(launches.record(time.perf_counter() - start))
+        ahead.on_phase(plan.cases[0].id)
+    for case in plan.cases:
+        yield plan.runner(case, advance)
 
 
-def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result):
+def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result, ahead: _Ahead):
     """A torchrun rank's run (core.ranks): its slice of the sweep; rank 0 then gathers the other ranks'
     results, the others send theirs."""
     if devices is not None and plan.env.device == "cuda":  # --isolate: the worker runs on the rank's GPU
@@ -141,7 +172,7 @@ def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_r
     store = launch.connect(waited)
     mine = replace(plan, cases=ranks.shard.take(plan.cases))
     if not ranks.leads:
-        outcome = execute(_results(mine, devices, timeout, advance), on_result)
+        outcome = execute(_results(mine, devices, timeout, advance, ahead), on_result)
         launch.send(store, ranks, outcome.results, outcome.interrupted.reason if outcome.interrupted else None)
         return outcome
 
@@ -149,7 +180,7 @@ def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_r
         return plan.runner.failed(case, why, 0.0)
 
     def everything():
-        yield from _results(mine, devices, timeout, advance)
+        yield from _results(mine, devices, timeout, advance, ahead)
         yield from launch.gather(store, ranks, plan.cases, lost, waited)
 
     return execute(everything(), on_result)
@@ -165,11 +196,13 @@ def _in_sweep_order(results: list, cases: list) -> list:
 
 def scan(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,
          case: str | None = None, isolate: bool = False, case_timeout: float | None = None,
-         workers: str | int | None = None, **options) -> Report:
+         workers: str | int | None = None, compile_ahead: bool = True, **options) -> Report:
     """Run a chunk-scan sweep and return its Report (see the module docstring). Ctrl-C raises
-    KeyboardInterrupt after the running case, as any library call would."""
+    KeyboardInterrupt after the running case, as any library call would. `compile_ahead=False` is the CLI's
+    --no-compile-ahead."""
     plan = plan_scan(kernel, preset, device=device, case=case, **options)
-    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers))
+    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers,
+                              compile_ahead=compile_ahead))
 
 
 def drift(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,

@@ -25,3 +25,19 @@ def scan_naming_its_gpu(x, *args, **kwargs):
 
     print(f"visible={os.environ.get('CUDA_VISIBLE_DEVICES')} gpu={torch.cuda.get_device_properties(x.device).uuid}")
     return torch_kernel(x, *args, **kwargs)
+
+
+class AheadRunner(WhereRunner):
+    """A WhereRunner that compiles ahead: its results also hold the cases and threads its worker was given to
+    compile ahead (runner.precompile), None where it was given none."""
+
+    given = None
+
+    def precompile(self, cases: list, threads: int):
+        from ssmcheck.core.precompile import Launches  # noqa: PLC0415
+
+        AheadRunner.given = (list(cases), threads)
+        return Launches(supported=True, count=10 * len(cases), compilations=[0.5] * len(cases))
+
+    def __call__(self, case: str, advance):
+        return (*super().__call__(case, advance), AheadRunner.given)

@@ -11,7 +11,7 @@ from cli_invoke import assert_usage_error, invoke
 
 from ssmcheck.core.shard import Shard, parse_shard
 
-TIMINGS = {"seconds", "kernel_seconds", "warmup_seconds"}
+TIMINGS = {"seconds", "kernel_seconds", "warmup_seconds", "compiled_ahead"}
 NAN_KERNEL = f"{Path(__file__).with_name('broken_scan_kernels.py')}:nan_in_partial_last_chunk"
 # Four cases, one of them non-finite (seqlen 40 is no multiple of the chunk): exit code 3 unsharded.
 MIXED = ("--kernel", NAN_KERNEL, "--regime", "normal,ragged", "--dtype", "fp16", "--seqlen", "40,64",
@@ -59,6 +59,17 @@ def test_shards_merge_into_the_unsharded_report(tmp_path, command, options, coun
     assert "shard" not in merged
     assert without_timings(merged) == without_timings(whole)
     assert merged["seconds"] == pytest.approx(sum(r["seconds"] for r in shard_reports))
+
+
+def test_the_shards_compilations_ahead_are_summed(tmp_path):
+    shards = run_shards(tmp_path, "scan", ("--preset", "smoke"), 2)
+    records = [{"seconds": 4.0, "launches": 10, "compilations": 5, "compiled": 5, "processes": 1, "cache_warm": False},
+               {"seconds": 1.0, "launches": 8, "compilations": 4, "compiled": 0, "processes": 2, "cache_warm": True}]
+    for path, record in zip(shards, records):  # as a GPU's shards record them (the CPU compiles nothing ahead)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "compiled_ahead": record}))
+    _, merged = merge(*shards, output=tmp_path / "all.json")
+    assert merged["compiled_ahead"] == {"seconds": 5.0, "launches": 18, "compilations": 9, "compiled": 5,
+                                        "processes": 3, "cache_warm": False}
 
 
 def test_a_failing_shard_decides_the_merged_exit_code(tmp_path):

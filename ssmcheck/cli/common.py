@@ -62,6 +62,12 @@ Workers = Annotated[str, typer.Option(
     help="Run the cases in N worker processes at once (implies --isolate; auto: one per CPU core on the CPU, one "
          "per GPU on a GPU host, each worker on its own GPU). Results and their order are a serial run's.",
 )]
+NoCompileAhead = Annotated[bool, typer.Option(
+    "--no-compile-ahead", metavar="",
+    help="On a GPU, do not compile the kernel's Triton variants before the cases, many at once in threads (the "
+         "default: each shape's call is made once with every Triton launch compile-only); each then compiles at "
+         "its first launch, one after another.",
+)]
 CaseId = Annotated[str, typer.Option("--case", metavar="ID", help="Run only the case with this id.")]
 FromReport = Annotated[Path, typer.Option(
     "--from", metavar="REPORT.json", help="With --case: take the case and the settings from this JSON report.",

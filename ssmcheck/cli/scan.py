@@ -71,6 +71,7 @@ def scan(
     case_timeout: cli_common.CaseTimeout = None,
     shard: cli_common.Shard = None,
     workers: cli_common.Workers = None,
+    no_compile_ahead: cli_common.NoCompileAhead = False,
     json_path: cli_common.JsonPath = None,
     jsonl_path: cli_common.JsonlPath = None,
     junit_path: cli_common.JunitPath = None,
@@ -100,7 +101,8 @@ def scan(
                                                              plan.report_settings["autotuned"])
                                  + cli_common.files_note(plan.files) + (f"\n{plan.memory}" if plan.memory else ""), quiet)
     _, code = session.run_sweep(plan, out, files, render=table.render, case_line=table.case_line, quiet=quiet,
-                                isolate=isolate, case_timeout=timeout, workers=workers)
+                                isolate=isolate, case_timeout=timeout, workers=workers,
+                                compile_ahead=not no_compile_ahead)
     raise typer.Exit(code)
 
 

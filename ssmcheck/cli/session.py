@@ -69,13 +69,14 @@ def check_writable(option: str, path: Path | None) -> None:
 
 def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line: Callable, quiet: bool,
               isolate: bool, case_timeout: float | None, workers: str | None = None, unit: str | None = None,
-              prefix: str = "") -> tuple:
+              prefix: str = "", compile_ahead: bool = True) -> tuple:
     """Run the plan (api.run), streaming each result to --jsonl and the log; then render the table, write
     the report files and print the summary line. Returns (the Report, the exit code). A signal that stops the
     sweep leaves further ones ignored until the reports are written (core.execution)."""
     with stopped_sweeps_ignore_signals():
         if follower_rank():  # rank 0 reports; a nonzero exit here would have torchrun stop the other ranks
-            return api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers), 0
+            return api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers,
+                           compile_ahead=compile_ahead), 0
         cases, size = plan.cases, plan.progress_units
         jsonl = None
         if files.jsonl is not None:
@@ -102,7 +103,8 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
                     out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
 
             report = api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers, on_result=on_result,
-                             advance=lambda: progress.advance(task))
+                             advance=lambda: progress.advance(task), compile_ahead=compile_ahead,
+                             on_phase=lambda text: progress.update(task, description=text))
 
         if not quiet:
             _to_stdout(lambda: render(out, report.results))

@@ -10,7 +10,9 @@ The protocol, over one duplex pipe, every message a plain pickle (never torch's 
 reductions: a result must outlive the worker that made it):
 
     parent -> worker   a case; None to stop
-    worker -> parent   ("ready", None) once configured, or ("failed", why) if it cannot start;
+    worker -> parent   ("ready", compiled) once configured (and its slice of the sweep compiled ahead, when
+                       given one at its start: compiled is then its Launches.record, else None),
+                       or ("failed", why) if it cannot start;
                        per case: ("ticks", n) while it runs (batched), then ("result", result)
                        or ("failed", why) when running the case itself raised
 
@@ -49,7 +51,8 @@ class _WorkerLost(Exception):
 
 
 def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[], None],
-                 devices: Sequence[str | None] = (None,)) -> Iterator:
+                 devices: Sequence[str | None] = (None,), ahead: int = 0,
+                 compiled: Callable[[dict], None] = lambda record: None) -> Iterator:
     """Yield `runner(case, advance)` for each case, each run in a worker process: one worker per entry
     of `devices` (the CUDA_VISIBLE_DEVICES it is started with; None leaves the environment alone), each
     taking the next case when it is free. With one worker the results come in the cases' order; with
@@ -59,9 +62,18 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
     `runner.failed(case, message, seconds)`, and a new worker takes the cases after it.
     `advance()` is called in this process for each of the workers' calls to their own advance.
     Closing the generator (or an exception while it waits, e.g. on Ctrl-C) kills the workers.
+
+    With `ahead` threads, each of the first workers compiles a slice of the cases ahead before its first case
+    (`runner.precompile(cases, ahead)`, core.precompile), and `compiled` gets each one's record: the sweep's
+    compilations then run in every worker at once, each slice in the sweep's order, so that cases alike (the
+    same dtype, the same chunk size) and the kernel variants they share mostly fall to one worker.
     """
     context = multiprocessing.get_context("spawn")
-    slots = [_Slot(context, runner, device) for device in devices[: max(1, len(cases))]]
+    slots = [_Slot(context, runner, device, compiled) for device in devices[: max(1, len(cases))]]
+    if ahead:
+        size = -(-len(cases) // len(slots))
+        for i, slot in enumerate(slots):
+            slot.ahead = (cases[i * size:(i + 1) * size], ahead)
     waiting = deque(cases)
     try:
         while waiting or any(slot.busy for slot in slots):
@@ -90,8 +102,9 @@ class _Slot:
     """A place in the pool: the worker it runs cases in (started when a case comes, replaced when lost),
     the case it runs, and when that case's clock (or the worker's start-up) runs out."""
 
-    def __init__(self, context, runner, device: str | None):
-        self.context, self.runner, self.device = context, runner, device
+    def __init__(self, context, runner, device: str | None, compiled: Callable[[dict], None]):
+        self.context, self.runner, self.device, self.compiled = context, runner, device, compiled
+        self.ahead: tuple[list, int] | None = None  # (cases, threads) its first worker compiles ahead
         self.worker: _Worker | None = None
         self.busy = False
         self.case = None
@@ -102,7 +115,8 @@ class _Slot:
     def take(self, case, timeout: float | None) -> None:
         self.case, self.busy, self.start = case, True, time.monotonic()
         if self.worker is None:
-            self.worker = _Worker(self.context, self.runner, self.device)
+            self.worker = _Worker(self.context, self.runner, self.device, self.ahead)
+            self.ahead = None  # a worker started in its place (after a crash) compiles as it goes
             self.worker.start()
         if not self.worker.ready:
             self.deadline = self.start + STARTUP_TIMEOUT
@@ -131,6 +145,8 @@ class _Slot:
                 kind, value = message
                 if kind == "ready":
                     self.worker.ready = ready = True
+                    if value is not None:
+                        self.compiled(value)
                     self._send(timeout)
                 elif kind == "ticks":
                     for _ in range(value):
@@ -172,14 +188,15 @@ class _Slot:
 class _Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, context, runner, device: str | None = None):
+    def __init__(self, context, runner, device: str | None = None, ahead: tuple[list, int] | None = None):
         self.conn, child_conn = context.Pipe()
         # The runner travels pickled, to be unpickled after the worker has configured the
         # runtime: unpickling imports the command's modules, and they may import triton.
         # Not a daemon: a daemonic process may not start processes of its own, and a kernel may
         # (compile workers). It is killed when done with, and dies with its parent (_serve).
         self.process = context.Process(
-            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn, device), name="ssmcheck-worker",
+            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn, device, pickle.dumps(ahead)),
+            name="ssmcheck-worker",
         )
         self._child_conn = child_conn
         self.ready = False
@@ -262,9 +279,9 @@ def _one_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------- in the worker
 
 
-def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str | None) -> None:
-    """The worker: configure the runtime (on GPU `visible_gpu` alone when given), then run each case
-    received until told to stop."""
+def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str | None, ahead_bytes: bytes) -> None:
+    """The worker: configure the runtime (on GPU `visible_gpu` alone when given), compile its slice of the
+    sweep ahead when given one, then run each case received until told to stop."""
     if visible_gpu is not None:  # before anything starts CUDA, which reads it once
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpu
     ignore_stopping_signals()
@@ -277,7 +294,7 @@ def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str 
     except Exception as exc:  # noqa: BLE001 (reported to the parent as the case's error)
         _send(conn, ("failed", _one_line(exc)))
         return
-    _send(conn, ("ready", None))
+    _send(conn, ("ready", _compile_ahead(runner, ahead_bytes)))
     ticks = _Ticks(conn)
     while True:
         try:
@@ -292,6 +309,23 @@ def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str 
             message = ("failed", f"running the case raised {_one_line(exc)}")
         ticks.flush()
         _send(conn, message)
+
+
+def _compile_ahead(runner, ahead_bytes: bytes) -> dict | None:
+    """Compile the worker's slice of the sweep ahead (runner.precompile): its record, or None where nothing was
+    compiled ahead. A failure here is no case's: each case meets whatever it was again and reports it."""
+    ahead = pickle.loads(ahead_bytes)
+    if ahead is None:
+        return None
+    cases, threads = ahead
+    start = time.perf_counter()
+    try:
+        launches = runner.precompile(cases, threads)
+    except Exception:  # noqa: BLE001
+        return None
+    if launches is None or not launches.supported:
+        return None
+    return launches.record(time.perf_counter() - start)
 
 
 def _send(conn: Connection, message: tuple) -> None:

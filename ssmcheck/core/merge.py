@@ -2,7 +2,8 @@
 
 The merged report is the unsharded run's: its cases in the sweep's order (core.shard's rule read
 backwards), its summary and exit code recomputed from them under the run's --fail-on, and no `shard`
-field. Only the timings differ: `seconds` is the sum of the shards' (the sweep's time run serially).
+field. Only the timings differ: `seconds` is the sum of the shards' (the sweep's time run serially), and so are
+`compiled_ahead`'s.
 
 Shards merge only when they belong together: the same command, version, environment and settings,
 the same sweep (its size and digest), every slice once. An interrupted shard still merges: its
@@ -11,6 +12,7 @@ finished cases take their places, and the merged report is interrupted as that s
 
 from __future__ import annotations
 
+from ssmcheck.core.precompile import combined
 from ssmcheck.core.shard import Shard, sweep_digest
 from ssmcheck.core.status import FAIL_ON, exit_code, summarize
 
@@ -63,6 +65,8 @@ def merge_reports(reports: list[tuple[str, dict]]) -> dict:
     )
     if all("seconds" in report for _, report in reports):
         merged["seconds"] = sum(report["seconds"] for _, report in reports)
+    if any("compiled_ahead" in report for _, report in reports):  # summed as `seconds` are
+        merged["compiled_ahead"] = combined([report.get("compiled_ahead") for _, report in reports], sum)
     return merged
 
 

@@ -24,7 +24,7 @@ def worker_devices(option: str, text: str | int, device: str,
         raise ValueError(f"{option}: not under torchrun (WORLD_SIZE > 1), where each rank runs its own slice")
     gpus = _visible_gpus(gpu_count) if device == "cuda" else []
     if str(text).strip() == AUTO:
-        count = len(gpus) if gpus else _cpu_cores()
+        count = len(gpus) if gpus else cpu_cores()
     else:
         try:
             count = int(str(text).strip())
@@ -44,7 +44,7 @@ def rank_gpu(local_rank: int) -> str:
     return gpus[local_rank % len(gpus)]
 
 
-def _cpu_cores() -> int:
+def cpu_cores() -> int:
     """The cores this process may run on (a container's or taskset's share, not the whole machine's)."""
     try:
         return len(os.sched_getaffinity(0))

@@ -18,6 +18,8 @@ from ssmcheck.core import autotune, outside
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
+from ssmcheck.core.precompile import Launches, compile_only
+from ssmcheck.core.workers import cpu_cores
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
@@ -288,6 +290,10 @@ def _baseline_streams(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, 
     return [baseline_stream(inputs, case, storage, allow_tf32, seed=case.seed + draw) for draw in range(draws)]
 
 
+# Threads compiling ahead at most: the default scan's 620 launches (141 variants) compiled in 63 s in one thread, 21 s
+# in 4, 16 s in 8 and 20 s in 16 on the 16-core H200 machine (benchmarks/RESULTS.md, thirtieth session).
+COMPILE_THREADS = 8
+
 # Per process: the (kernel, shape) pairs already called once, so compiled and autotuned.
 _WARM: set[tuple] = set()
 
@@ -296,8 +302,7 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     """Call the kernel once, untimed as the case, if this kernel has not yet run this shape: the seconds
     it took (compilation and autotuning on a GPU), or None when it was warm already. A failure here is
     left to the timed call, which meets it again and reports it."""
-    key = (kernel.name, case.dtype, case.chunk_size, tuple(inputs.x.shape), tuple(inputs.B.shape), inputs.varlen,
-           case.state_dtype, case.rounding, inputs.D is None, inputs.z is None, inputs.initial_states is None)
+    key = _shape_key(kernel, inputs, case)
     if key in _WARM:
         return None
     _WARM.add(key)
@@ -307,6 +312,46 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     except Exception:  # noqa: BLE001, S110 (the timed call reports it)
         pass
     return time.perf_counter() - start
+
+
+def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple:
+    """What a kernel's first call compiles and autotunes for."""
+    return (kernel.name, case.dtype, case.chunk_size, tuple(inputs.x.shape), tuple(inputs.B.shape), inputs.varlen,
+            case.state_dtype, case.rounding, inputs.D is None, inputs.z is None, inputs.initial_states is None)
+
+
+def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[ScanCase], dict], device: str,
+                  threads: int) -> Launches:
+    """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
+    kernel is called once per shape (and once more without D and z, as the cases call it) with every launch
+    made compile-only. A case whose call raises here is left to run as usual, where its error is reported.
+    The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
+    nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm)."""
+    seen: set[tuple] = set()
+    with compile_only(threads) as launches:
+        for case in cases:
+            if not launches.supported or (seen and not launches.count) or launches.cache_warm():
+                break
+            if case.skip_reason or kernel.skip_reason(case):
+                continue
+            try:
+                inputs = kernel.cached_inputs(REGIMES[case.regime].generate(
+                    case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]).to(device), case)
+                key = _shape_key(kernel, inputs, case)
+            except Exception:  # noqa: BLE001, S112 (the case meets it again and reports it)
+                continue
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                with autotune.pinned(pins(case)):
+                    kernel.call(inputs, case, Transcript())
+                    if inputs.D is not None or inputs.z is not None:
+                        kernel.call_y(replace(inputs, D=None, z=None), case, Transcript())
+            except Exception:  # noqa: BLE001, S110 (as above)
+                pass
+            launches.call_done()
+    return launches
 
 
 def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str, count: int,
@@ -419,6 +464,15 @@ class ScanRunner:
             except Exception as exc:  # noqa: BLE001 (advisory: the case's verdict stands)
                 result.message += f"; no reproducer written ({describe(exc)})"
         return result
+
+    def precompile(self, cases: list[ScanCase], threads: int | None = None) -> Launches | None:
+        """On a GPU, compile the Triton kernels the cases will launch before they run, in `threads` threads at once
+        (default: one per CPU core; COMPILE_THREADS at most) (compile_ahead); None where nothing is compiled
+        ahead (the CPU's interpreter compiles nothing)."""
+        if self.device != "cuda" or self.interpreter:
+            return None
+        threads = min(cpu_cores() if threads is None else threads, COMPILE_THREADS)
+        return compile_ahead(self.adapter(), cases, self.pins, self.device, threads)
 
     def without_extras(self) -> ScanRunner:
         """This runner without stage comparisons and reproducers: the case's verdict alone."""

@@ -1,0 +1,155 @@
+"""Compiling the Triton kernels a sweep will launch before its cases run, many at once.
+
+On a fresh machine a Triton kernel compiles each of its variants (a dtype, a constexpr, a stride
+divisible by 16 or not) at its first launch, one after another: 147 variants and 56 of the 74 s of
+the default scan on a fresh H200 (benchmarks/RESULTS.md, "the default scan on a fresh H200").
+Inside `compile_only`, every launch through `triton.jit` in this thread, ours or a peer's, is
+made a warm-up instead (Triton compiles the variant and launches nothing), and Triton's
+AsyncCompileMode hands the compilations to a pool of threads (Triton releases the GIL in its
+compiler passes, and ptxas runs as a process of its own). A sweep calls its kernel once per shape
+so, throws the outputs away (nothing was computed), and its cases then find every variant in
+Triton's caches.
+
+An autotuned kernel compiles each of its configs inside and benchmarks none: its autotuner's
+choice, and with it the benchmark, is left to the first real call. A Triton without
+AsyncCompileMode (before 3.4) compiles nothing ahead: `compile_only` then says so and launches
+as usual.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+# A variant that Triton's disk cache holds loads in milliseconds; compiling one takes tenths of a second, or
+# seconds with the GIL shared (benchmarks/RESULTS.md, thirtieth session).
+CACHED_SECONDS = 0.1
+# Calls whose compilations all took under CACHED_SECONDS before a sweep takes the cache for warm and stops
+# compiling ahead: the calls then only cost their inputs' generation.
+WARM_CALLS = 4
+
+
+@dataclass
+class Launches:
+    """What happened inside compile_only: whether Triton could compile ahead, the launches made compile-only, and
+    the seconds each compilation took (None until it finishes), grouped by the calls that made them (`call_done`)."""
+
+    supported: bool
+    count: int = 0
+    compilations: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # each call's end in `compilations`
+
+    def call_done(self) -> None:
+        """Mark the end of one call of the kernel (its launches and their compilations)."""
+        self.calls.append(len(self.compilations))
+
+    def cache_warm(self) -> bool:
+        """Whether the first WARM_CALLS calls' compilations have all finished, each in under CACHED_SECONDS: Triton's
+        cache held them, and most likely the rest. Once a compilation took longer, never."""
+        if len(self.calls) < WARM_CALLS:
+            return False
+        seconds = self.compilations[:self.calls[WARM_CALLS - 1]]
+        return all(s is not None and s < CACHED_SECONDS for s in seconds)
+
+    def record(self, seconds: float) -> dict:
+        """Plain figures for a report, of a pass that took `seconds`: the launches, the compilations, how many
+        took CACHED_SECONDS or longer, and whether the cache was found warm (and the pass stopped early)."""
+        done = [s for s in self.compilations if s is not None]
+        return {"seconds": seconds, "launches": self.count, "compilations": len(self.compilations),
+                "compiled": sum(s >= CACHED_SECONDS for s in done), "cache_warm": self.cache_warm(), "processes": 1}
+
+
+def combined(records: list, seconds: Callable = max) -> dict | None:
+    """Several processes' records (Launches.record; None where one compiled nothing ahead) as one: their figures
+    summed, `seconds` of their seconds (the longest, for processes that ran at once), the cache warm where it was
+    for all; None where none compiled ahead."""
+    records = [r for r in records if r is not None]
+    if not records:
+        return None
+    return {"seconds": seconds(r["seconds"] for r in records),
+            **{key: sum(r[key] for r in records) for key in ("launches", "compilations", "compiled", "processes")},
+            "cache_warm": all(r["cache_warm"] for r in records)}
+
+
+class _TimedPool(ThreadPoolExecutor):
+    """A thread pool that records each task's seconds in `launches.compilations`."""
+
+    def __init__(self, threads: int, launches: Launches):
+        super().__init__(threads, thread_name_prefix="ssmcheck-compile")
+        self.launches = launches
+
+    def submit(self, fn, /, *args, **kwargs):
+        compilations = self.launches.compilations
+        index = len(compilations)
+        compilations.append(None)
+
+        def timed():
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                compilations[index] = time.perf_counter() - start
+
+        return super().submit(timed)
+
+
+@contextmanager
+def compile_only(threads: int) -> Iterator[Launches]:
+    """While inside, Triton launches in this thread compile their kernels in `threads` threads and run nothing.
+    On leaving, every compilation is waited for; one that failed is left to the real launch, which compiles
+    again and raises its error there."""
+    try:
+        from triton.runtime import autotuner, jit  # noqa: PLC0415
+        from triton.runtime._async_compile import AsyncCompileMode  # noqa: PLC0415
+    except ImportError:
+        yield Launches(supported=False)
+        return
+    launches = Launches(supported=True)
+    run, tune = jit.JITFunction.run, autotuner.Autotuner.run
+
+    owner = threading.get_ident()  # the patches are the classes': another thread's launches run as usual
+
+    def compile_run(self, *args, grid, warmup, **kwargs):
+        if threading.get_ident() != owner:
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        launches.count += 1
+        return run(self, *args, grid=grid, warmup=True, **kwargs)
+
+    def compile_configs(self, *args, **kwargs):
+        if threading.get_ident() != owner:
+            return tune(self, *args, **kwargs)
+        kwargs.pop("warmup", None)  # Autotuner.warmup passes its own on to the function it tunes
+        return self.warmup(*args, **kwargs)
+
+    # ignore_errors (Triton >= 3.5): a failed compilation is not raised on leaving.
+    quiet = {"ignore_errors": True} if "ignore_errors" in inspect.signature(AsyncCompileMode).parameters else {}
+    with _TimedPool(max(1, threads), launches) as pool:
+        mode = AsyncCompileMode(pool, **quiet)
+        jit.JITFunction.run, autotuner.Autotuner.run = compile_run, compile_configs
+        mode.__enter__()
+        try:
+            yield launches
+        except BaseException:
+            # Stopped (a signal, a sweep's Interrupted): the compilations not yet started are dropped, not waited for.
+            pool.shutdown(wait=False, cancel_futures=True)
+            _leave(mode)
+            raise
+        else:
+            _leave(mode)
+        finally:
+            jit.JITFunction.run, autotuner.Autotuner.run = run, tune
+
+
+def _leave(mode) -> None:
+    """Leave AsyncCompileMode: wait for its compilations. One that failed raises here before Triton 3.5; the
+    kernel's real launch compiles it again and raises there, in its case."""
+    try:
+        mode.__exit__(None, None, None)
+    except Exception:  # noqa: BLE001, S110
+        pass
