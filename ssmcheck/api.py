@@ -154,13 +154,40 @@ def _results(plan: Plan, devices: list | None, timeout: float | None, advance: C
         yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices, threads, ahead.records.append)
         return
     if precompile is not None:
-        start = time.perf_counter()
-        launches = precompile(plan.cases)
-        if launches is not None and launches.supported:
-            ahead.records.append(launches.record(time.perf_counter() - start))
+        ahead.records += _compile_ahead_here(plan.runner, plan.cases)
         ahead.on_phase(plan.cases[0].id)
     for case in plan.cases:
         yield plan.runner(case, advance)
+
+
+# Cores a compiling process gets at least: with fewer, a sweep run here compiles ahead in this process alone.
+CORES_PER_COMPILER = 4
+# Helper processes at most (four processes of four threads on the 16-core H200 machine; benchmarks/RESULTS.md).
+COMPILE_HELPERS = 3
+
+
+def _compile_ahead_here(runner, cases: list) -> list[dict]:
+    """Compile the sweep ahead for cases run in this process (runner.precompile): once the cache shows cold, the
+    cases left are spread over this process and up to COMPILE_HELPERS helper processes
+    (core.isolation.CompilingWorkers), each with CORES_PER_COMPILER cores. The processes' records."""
+    from ssmcheck.core.isolation import CompilingWorkers  # noqa: PLC0415 (multiprocessing only when it spreads)
+
+    cores = cpu_cores()
+    helpers = min(COMPILE_HELPERS, cores // CORES_PER_COMPILER - 1)
+    workers = CompilingWorkers(runner, helpers, cores // (helpers + 1)) if helpers > 0 else None
+    start = time.perf_counter()
+    try:
+        if workers is None:
+            launches = runner.precompile(cases)
+        else:
+            launches = runner.precompile(cases, cores // (helpers + 1), workers.spread)
+        others = [] if workers is None else workers.finish()
+        # This process's seconds include the wait for the helpers: the phase's whole time.
+        mine = [] if launches is None or not launches.supported else [launches.record(time.perf_counter() - start)]
+        return mine + others
+    finally:
+        if workers is not None:
+            workers.end()
 
 
 def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result, ahead: _Ahead):

@@ -6,6 +6,7 @@ nothing ran inside and everything was compiled on leaving."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -15,12 +16,12 @@ import torch
 from triton.runtime import autotuner, jit
 
 from ssmcheck import api
-from ssmcheck.core import precompile
+from ssmcheck.core import isolation, precompile
 from ssmcheck.core.isolation import run_isolated
 from ssmcheck.core.precompile import Launches, compile_only
 from ssmcheck.scan import run as scan_run
 from ssmcheck.scan.spec import ScanCase
-from tests.pool_helpers import AheadRunner
+from tests.pool_helpers import AheadRunner, SpreadingRunner
 
 
 class _Recorded:
@@ -291,6 +292,38 @@ def test_each_worker_compiles_its_slice_of_the_sweep_ahead_before_its_first_case
     for case, pid, _, (given, _) in results:
         by_pid.setdefault(pid, set()).add(tuple(given))
     assert all(len(given) == 1 for given in by_pid.values())  # a worker compiled one slice, before all its cases
+
+
+def test_a_cold_pass_spreads_the_cases_left_over_helper_processes(monkeypatch):
+    monkeypatch.setattr(api, "cpu_cores", lambda: 16)  # 3 helpers of 4 cores, and this process
+    assert isolation.SPREAD_SLICE == 8
+    cases = [f"case {i}" for i in range(26)]
+    records = api._compile_ahead_here(SpreadingRunner(), cases)
+    assert [r["launches"] for r in records] == [10, 9, 7]  # here case 0 and 9 of the 25 left; two helpers (8+)
+    assert SpreadingRunner.kept == cases[:10]
+    assert records[0]["seconds"] >= max(r["seconds"] for r in records[1:])  # the wait for the helpers included
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize(("cores", "cases"), [(6, 40), (16, 16)])
+def test_a_small_machine_or_sweep_compiles_ahead_in_this_process_alone(monkeypatch, cores, cases):
+    monkeypatch.setattr(api, "cpu_cores", lambda: cores)
+    names = [f"case {i}" for i in range(cases)]
+    records = api._compile_ahead_here(SpreadingRunner(), names)
+    assert [r["launches"] for r in records] == [cases] and SpreadingRunner.kept == names
+
+
+def test_compile_ahead_spreads_once_the_cache_shows_cold(ahead):
+    cases = [_case(16 * i + 1) for i in range(1, 9)]
+    spread = []
+
+    def keep_half(left):
+        spread.append([c.seqlen for c in left])
+        return left[:len(left) // 2]
+
+    scan_run.compile_ahead(ahead, cases, lambda case: {}, "cpu", 2, keep_half)
+    assert spread == [[16 * i + 1 for i in range(2, 9)]]  # after the first call's compilations came back slow
+    assert [name for _, name in ahead.calls] == [f"c{16 * i + 1}-8-1" for i in (1, 2, 3, 4)]
 
 
 def test_workers_given_nothing_compile_nothing_ahead():

@@ -95,6 +95,63 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
             slot.kill()
 
 
+# Cases a compiling helper gets at least: about a second's compilation each on a cold cache (the default scan's 62
+# shapes, 141 variants, 63 s in one thread), so that its slice outlasts its start (3-5 s: torch, the kernel, CUDA).
+SPREAD_SLICE = 8
+
+
+class CompilingWorkers:
+    """Worker processes that each compile a slice of a sweep ahead (runner.precompile) and end, for a sweep whose
+    cases run in this process: each has a GIL of its own, where threads share one (Triton's code generation is
+    Python: eight threads compile the default scan's variants about 4x faster than one, four processes of four
+    threads about 5-6x; benchmarks/RESULTS.md, thirtieth session)."""
+
+    def __init__(self, runner, helpers: int, threads: int):
+        self.runner, self.helpers, self.threads = runner, helpers, threads
+        self.workers: list[_Worker] = []
+        self.finished = False
+
+    def spread(self, cases: list) -> list:
+        """Split `cases` into contiguous slices, one for this process and one per helper, each of SPREAD_SLICE cases
+        at least (fewer helpers where there are fewer cases); start the helpers on theirs (they start while this
+        process compiles its own) and return this process's."""
+        helpers = min(self.helpers, len(cases) // SPREAD_SLICE - 1)
+        if helpers < 1:
+            return cases
+        size = -(-len(cases) // (helpers + 1))
+        context = multiprocessing.get_context("spawn")
+        for start in range(size, len(cases), size):
+            worker = _Worker(context, self.runner, None, (cases[start:start + size], self.threads))
+            self.workers.append(worker)
+            worker.start()
+        return cases[:size]
+
+    def finish(self) -> list[dict]:
+        """Wait for every helper's compilations and end it: their records (Launches.record), none for a helper
+        that could not start, crashed or took past STARTUP_TIMEOUT (its cases compile when they run)."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        records = []
+        for worker in self.workers:
+            try:
+                message = worker.receive(deadline)
+            except _WorkerLost:
+                continue
+            if message is not None and message[0] == "ready" and message[1] is not None:
+                records.append(message[1])
+        self.finished = True
+        return records
+
+    def end(self) -> None:
+        """End every helper: asked to, once finish has waited for them (each then waits for a case); killed at once
+        otherwise (the sweep stopped while they compiled)."""
+        for worker in self.workers:
+            if self.finished:
+                worker.stop()
+            else:
+                worker.kill()
+        self.workers = []
+
+
 _RUNNING = object()  # _Slot.collect's answer while its case has not ended
 
 

@@ -57,6 +57,10 @@ class Launches:
         seconds = self.compilations[:self.calls[WARM_CALLS - 1]]
         return all(s is not None and s < CACHED_SECONDS for s in seconds)
 
+    def cold(self) -> bool:
+        """Whether a compilation has finished that took CACHED_SECONDS or longer: Triton's cache lacked it."""
+        return any(s is not None and s >= CACHED_SECONDS for s in self.compilations)
+
     def record(self, seconds: float) -> dict:
         """Plain figures for a report, of a pass that took `seconds`: the launches, the compilations, how many
         took CACHED_SECONDS or longer, and whether the cache was found warm (and the pass stopped early)."""
