@@ -141,23 +141,42 @@ COMPILING = "compiling the kernels' Triton variants"
 
 
 def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None], ahead: _Ahead):
-    # Only a GPU compiles (the CPU's interpreter does not).
-    compiles = ahead.enabled and plan.cases and plan.env.device == "cuda" and not plan.env.interpreter
-    precompile = getattr(plan.runner, "precompile", None) if compiles else None
-    if precompile is not None:
+    compiles = ahead.enabled and plan.cases and _compiles(plan)
+    if compiles:
         ahead.on_phase(COMPILING)  # until the first case's result (in workers) or start (here) names the case
     if devices is not None:
         from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
 
         # Each worker compiles its slice of the sweep, its share of the cores at once.
-        threads = max(1, cpu_cores() // len(devices)) if precompile is not None else 0
+        threads = max(1, _cores() // len(devices)) if compiles else 0
         yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices, threads, ahead.records.append)
         return
-    if precompile is not None:
+    if compiles:
         ahead.records += _compile_ahead_here(plan.runner, plan.cases)
         ahead.on_phase(plan.cases[0].id)
     for case in plan.cases:
         yield plan.runner(case, advance)
+
+
+def compile_ahead(plan: Plan, cases: list | None = None) -> dict | None:
+    """Compile the Triton kernels that `cases` (default: all the plan's) will launch, before they run, in this
+    process and helper processes (the README's "Compiling ahead"; `run` does it by itself): the JSON report's
+    `compiled_ahead` record, None where nothing was compiled ahead (the CPU; drift, whose runner does not)."""
+    cases = plan.cases if cases is None else cases
+    if not cases or not _compiles(plan):
+        return None
+    return combined(_compile_ahead_here(plan.runner, cases))
+
+
+def _compiles(plan: Plan) -> bool:
+    """Whether the plan's kernel compiles ahead: a GPU's (the CPU's interpreter compiles nothing), and a runner
+    that can (runner.precompile)."""
+    return plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
+
+
+def _cores() -> int:
+    """The cores this process may compile with: its share where a launcher started several ranks here."""
+    return max(1, cpu_cores() // launch.local_processes())
 
 
 # Cores a compiling process gets at least: with fewer, a sweep run here compiles ahead in this process alone.
@@ -169,18 +188,19 @@ COMPILE_HELPERS = 3
 def _compile_ahead_here(runner, cases: list) -> list[dict]:
     """Compile the sweep ahead for cases run in this process (runner.precompile): once the cache shows cold, the
     cases left are spread over this process and up to COMPILE_HELPERS helper processes
-    (core.isolation.CompilingWorkers), each with CORES_PER_COMPILER cores. The processes' records."""
+    (core.isolation.CompilingWorkers), each with its share of the cores, CORES_PER_COMPILER at least. The
+    processes' records."""
     from ssmcheck.core.isolation import CompilingWorkers  # noqa: PLC0415 (multiprocessing only when it spreads)
 
-    cores = cpu_cores()
-    helpers = min(COMPILE_HELPERS, cores // CORES_PER_COMPILER - 1)
-    workers = CompilingWorkers(runner, helpers, cores // (helpers + 1)) if helpers > 0 else None
+    cores = _cores()
+    helpers = max(0, min(COMPILE_HELPERS, cores // CORES_PER_COMPILER - 1))
+    # Each process its share of the cores, this one too (as measured): its threads share the GIL with the thread
+    # that makes the launches, which sets the pace (benchmarks/RESULTS.md, "compiling ahead").
+    threads = cores // (helpers + 1)
+    workers = CompilingWorkers(runner, helpers, threads) if helpers else None
     start = time.perf_counter()
     try:
-        if workers is None:
-            launches = runner.precompile(cases)
-        else:
-            launches = runner.precompile(cases, cores // (helpers + 1), workers.spread)
+        launches = runner.precompile(cases, threads, None if workers is None else workers.spread)
         others = [] if workers is None else workers.finish()
         # This process's seconds include the wait for the helpers: the phase's whole time.
         mine = [] if launches is None or not launches.supported else [launches.record(time.perf_counter() - start)]

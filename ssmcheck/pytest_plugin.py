@@ -28,6 +28,10 @@ carries its figures. Cases are independent, so `-x`, `--junitxml` and pytest-xdi
 every xdist worker plans the same sweep from the same options, and a plan lists its cases in a
 fixed order, so all workers collect the same items in the same order.
 
+On a GPU, before a sweep's first item runs, the Triton kernels its selected items will launch are compiled
+ahead, many at once (`ssmcheck.api.compile_ahead`, the README's "Compiling ahead"), except under xdist (whose
+workers share the items) or with `--ssmcheck-no-compile-ahead`.
+
 Importing this module does not import triton, which the runtime must first switch to the interpreter
 or compiled mode (core.runtime): ssmcheck's API is imported where a sweep is planned or run.
 """
@@ -58,6 +62,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"the preset of the sweeps: a name of configs/ or a TOML path (default: {DEFAULT_PRESET})")
     group.addoption("--ssmcheck-device", metavar="DEVICE",
                     help="cpu (Triton interpreter) or cuda (default: cuda when available)")
+    group.addoption("--ssmcheck-no-compile-ahead", action="store_true",
+                    help="on a GPU, do not compile a sweep's Triton kernels ahead of its first item (ssmcheck scan's "
+                         "--no-compile-ahead)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -110,8 +117,22 @@ class SweepCollector(pytest.Collector):
             plan = self.make_plan()
         except UsageError as exc:
             raise self.CollectError(str(exc)) from None
+        self.plan = plan
         for case in plan.cases:
             yield CaseItem.from_parent(self, name=case.id, plan=plan, case=case)
+
+    def setup(self) -> None:
+        """Before the sweep's first item runs: compile ahead what the sweep's items that run (after -k) will launch
+        (api.compile_ahead: a GPU's Triton kernels), unless --ssmcheck-no-compile-ahead, or pytest-xdist shares
+        the items among its workers (each would compile them all)."""
+        if self.config.getoption("ssmcheck_no_compile_ahead") or hasattr(self.config, "workerinput"):
+            return
+        from ssmcheck import api  # noqa: PLC0415
+
+        try:
+            api.compile_ahead(self.plan, [item.case for item in self.session.items if item.parent is self])
+        except Exception:  # noqa: BLE001, S110 (each item meets the error again and reports it)
+            pass
 
 
 class CaseItem(pytest.Item):

@@ -45,13 +45,14 @@ class AheadRunner(WhereRunner):
 
 class SpreadingRunner(WhereRunner):
     """A runner whose compiling ahead spreads the cases after the first at once (as a cold cache does): its
-    record's `launches` count the cases each process compiled, and the process keeps what it kept in `kept`."""
+    record's `launches` count the cases each process compiled, and the process keeps what it kept in `kept` and
+    the threads it was given in `threads`."""
 
-    kept = None
+    kept = threads = None
 
     def precompile(self, cases: list, threads: int | None = None, spread=None):
         from ssmcheck.core.precompile import Launches  # noqa: PLC0415
 
         kept = list(cases) if spread is None else [cases[0], *spread(list(cases[1:]))]
-        SpreadingRunner.kept = kept
+        SpreadingRunner.kept, SpreadingRunner.threads = kept, threads
         return Launches(supported=True, count=len(kept), compilations=[0.5] * len(kept))

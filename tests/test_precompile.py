@@ -250,7 +250,7 @@ class _CompilingRunner:
     def __call__(self, case, advance):
         return self.runner(case, advance)
 
-    def precompile(self, cases):
+    def precompile(self, cases, threads=None, spread=None):
         self.asked.append([c.id for c in cases])
         return Launches(supported=True, count=7)  # (compiled nothing: `compilations` empty)
 
@@ -300,17 +300,33 @@ def test_a_cold_pass_spreads_the_cases_left_over_helper_processes(monkeypatch):
     cases = [f"case {i}" for i in range(26)]
     records = api._compile_ahead_here(SpreadingRunner(), cases)
     assert [r["launches"] for r in records] == [10, 9, 7]  # here case 0 and 9 of the 25 left; two helpers (8+)
-    assert SpreadingRunner.kept == cases[:10]
+    assert SpreadingRunner.kept == cases[:10] and SpreadingRunner.threads == 4
     assert records[0]["seconds"] >= max(r["seconds"] for r in records[1:])  # the wait for the helpers included
     assert multiprocessing.active_children() == []
 
 
-@pytest.mark.parametrize(("cores", "cases"), [(6, 40), (16, 16)])
-def test_a_small_machine_or_sweep_compiles_ahead_in_this_process_alone(monkeypatch, cores, cases):
+def test_a_runner_that_cannot_be_pickled_compiles_here_alone():
+    workers = isolation.CompilingWorkers(lambda case, advance: None, helpers=2, threads=1)
+    cases = [f"case {i}" for i in range(30)]
+    assert workers.spread(cases) == cases and workers.workers == []
+    assert workers.finish() == []
+
+
+@pytest.mark.parametrize(("cores", "cases", "threads"), [(6, 40, 6), (16, 16, 4)])
+def test_a_small_machine_or_sweep_compiles_ahead_in_this_process_alone(monkeypatch, cores, cases, threads):
     monkeypatch.setattr(api, "cpu_cores", lambda: cores)
     names = [f"case {i}" for i in range(cases)]
     records = api._compile_ahead_here(SpreadingRunner(), names)
     assert [r["launches"] for r in records] == [cases] and SpreadingRunner.kept == names
+    assert SpreadingRunner.threads == threads  # (with helpers planned, this process's share even if none start)
+
+
+def test_ranks_on_one_machine_share_its_cores(monkeypatch):
+    monkeypatch.setattr(api, "cpu_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's four ranks here: 4 cores each, no helpers
+    names = [f"case {i}" for i in range(40)]
+    records = api._compile_ahead_here(SpreadingRunner(), names)
+    assert [r["launches"] for r in records] == [40] and SpreadingRunner.threads == 4
 
 
 def test_compile_ahead_spreads_once_the_cache_shows_cold(ahead):
@@ -331,6 +347,41 @@ def test_workers_given_nothing_compile_nothing_ahead():
     results = list(run_isolated(AheadRunner(), ["a", "b"], timeout=60, advance=lambda: None, devices=[None, None],
                                 compiled=records.append))
     assert records == [] and {r[3] for r in results} == {None}
+
+
+@pytest.mark.parametrize(("flag", "asked"), [((), True), (("--no-compile-ahead",), False)])
+def test_the_cli_flag_reaches_the_run(monkeypatch, flag, asked):
+    from cli_invoke import invoke  # noqa: PLC0415
+
+    seen = []
+    run = api.run
+
+    def recording(plan, **options):
+        seen.append(options["compile_ahead"])
+        return run(plan, **options)
+
+    monkeypatch.setattr(api, "run", recording)
+    result, _ = invoke("scan", "--preset", "smoke", "--kernel", "torch", "--regime", "normal", "--dtype", "fp32",
+                       "--quiet", *flag)
+    assert result.exit_code == 0 and seen == [asked]
+
+
+def test_the_api_takes_compile_ahead(monkeypatch):
+    seen = []
+    run = api.run
+    monkeypatch.setattr(api, "run",
+                        lambda plan, **options: seen.append(options["compile_ahead"]) or run(plan, **options))
+    api.scan(kernel="torch", preset="smoke", regime="normal", dtype="fp32", compile_ahead=False)
+    assert seen == [False]
+
+
+def test_compile_ahead_through_the_api_on_a_gpu_plan():
+    plan = _as_on_a_gpu(api.plan_scan("torch", "smoke", regime="normal,ragged", dtype="fp32"))
+    runner = _CompilingRunner(plan.runner)
+    record = api.compile_ahead(replace(plan, runner=runner), plan.cases[1:])
+    assert runner.asked == [[plan.cases[1].id]] and record["launches"] == 7 and record["processes"] == 1
+    assert api.compile_ahead(replace(plan, runner=runner), []) is None
+    assert api.compile_ahead(api.plan_scan("torch", "smoke", regime="normal", dtype="fp32")) is None  # the CPU
 
 
 def test_the_cpu_compiles_nothing_ahead():

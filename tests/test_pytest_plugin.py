@@ -166,3 +166,31 @@ def test_the_builtin_kernels_pass_their_smoke_sweeps(pytester):
                                            "--ssmcheck-preset", "smoke", "-rA")
     result.assert_outcomes(passed=len(SMOKE_IDS) + len(DRIFT_SMOKE_IDS))
     assert set(outcomes_by_nodeid(result)) == scan_nodeids(SMOKE_IDS) | {f"ssmcheck-drift::{i}" for i in DRIFT_SMOKE_IDS}
+
+
+RECORD_AHEAD = """
+import json
+from pathlib import Path
+
+import ssmcheck.api
+
+
+def record(plan, cases=None):  # in place of compiling ahead, which only a GPU does
+    with Path(__file__).with_name("ahead.jsonl").open("a") as f:
+        f.write(json.dumps([case.id for case in cases]) + "\\n")
+
+
+ssmcheck.api.compile_ahead = record
+"""
+
+
+@pytest.mark.parametrize(("options", "compiled"), [
+    (("-k", "ragged"), [[i for i in SMOKE_IDS if "ragged" in i]]),  # once, before the first item: those that run
+    (("-k", "ragged", "--ssmcheck-no-compile-ahead"), None),
+])
+def test_a_sweep_compiles_ahead_what_its_selected_items_launch(pytester, options, compiled):
+    pytester.makeconftest(RECORD_AHEAD)
+    result = pytester.runpytest_subprocess("--ssmcheck-scan", "torch", *options)
+    result.assert_outcomes(passed=len([i for i in SMOKE_IDS if "ragged" in i]))
+    ahead = pytester.path / "ahead.jsonl"
+    assert ([json.loads(line) for line in ahead.read_text().splitlines()] if ahead.exists() else None) == compiled

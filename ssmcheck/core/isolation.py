@@ -120,11 +120,16 @@ class CompilingWorkers:
             return cases
         size = -(-len(cases) // (helpers + 1))
         context = multiprocessing.get_context("spawn")
+        kept = cases[:size]
         for start in range(size, len(cases), size):
-            worker = _Worker(context, self.runner, None, (cases[start:start + size], self.threads))
+            try:  # a runner that cannot be pickled (a library user's callable kernel), or no process to be had
+                worker = _Worker(context, self.runner, None, (cases[start:start + size], self.threads))
+                worker.start()
+            except Exception:  # noqa: BLE001 (this process compiles the slice itself)
+                kept += cases[start:start + size]
+                continue
             self.workers.append(worker)
-            worker.start()
-        return cases[:size]
+        return kept
 
     def finish(self) -> list[dict]:
         """Wait for every helper's compilations and end it: their records (Launches.record), none for a helper

@@ -56,6 +56,12 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Ranks | None:
     return Ranks(int(environ["RANK"]), world_size, int(environ.get("LOCAL_RANK", environ["RANK"])))
 
 
+def local_processes(environ: Mapping[str, str] = os.environ) -> int:
+    """How many ranks a launcher started on this machine (torchrun's LOCAL_WORLD_SIZE; 1 without one): they share
+    its cores."""
+    return max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
 def gather_timeout(environ: Mapping[str, str] = os.environ) -> float:
     return float(environ.get("SSMCHECK_GATHER_TIMEOUT", GATHER_TIMEOUT))
 
