@@ -192,13 +192,13 @@ def ahead(monkeypatch):
             return _Inputs(x, x[:, :1], torch.ones(1) if shape.headdim == 4 else None, None)
 
     monkeypatch.setattr(scan_run, "compile_only", counting)
-    monkeypatch.setattr(scan_run, "REGIMES", {"normal": Regime()})
+    monkeypatch.setattr(scan_run, "REGIMES", {"normal": Regime(), "dt-extreme": Regime()})
     monkeypatch.setattr(scan_run, "_shape_key", lambda k, inputs, case: (tuple(inputs.x.shape), inputs.D is None))
     return kernel
 
 
-def _case(seqlen, headdim=8, seed=1):
-    return ScanCase(kernel="fake", regime="normal", dtype="fp32", chunk_size=16, seqlen=seqlen, batch=1, nheads=1,
+def _case(seqlen, headdim=8, seed=1, regime="normal"):
+    return ScanCase(kernel="fake", regime=regime, dtype="fp32", chunk_size=16, seqlen=seqlen, batch=1, nheads=1,
                     headdim=headdim, dstate=4, ngroups=1, state_dtype="fp32", rounding="nearest", model=None, seed=seed)
 
 
@@ -206,11 +206,12 @@ def _name(case):
     return f"c{case.seqlen}-{case.headdim}-{case.seed}"
 
 
-def test_one_call_per_shape_and_the_ssm_part_where_d_or_z(ahead):
-    cases = [_case(40), _case(40, seed=2), _case(13), _case(24, headdim=4)]
+def test_one_call_per_regime_and_shape_and_the_ssm_part_where_d_or_z(ahead):
+    cases = [_case(40), _case(40, seed=2), _case(13), _case(24, headdim=4), _case(40, seed=3, regime="dt-extreme")]
     launches = scan_run.compile_ahead(ahead, cases, lambda case: {}, "cpu", 2)
-    assert ahead.calls == [("call", "c40-8-1"), ("call", "c24-4-1"), ("call_y", "c24-4-1")]
-    assert launches.count == 2
+    # (a regime sets the call's flags: another regime of the same shapes is another call)
+    assert ahead.calls == [("call", "c40-8-1"), ("call", "c24-4-1"), ("call_y", "c24-4-1"), ("call", "c40-8-3")]
+    assert launches.count == 3
 
 
 def test_a_call_that_raises_is_left_to_its_case(ahead):
@@ -449,3 +450,22 @@ def test_an_autotuned_kernel_compiled_ahead_has_every_config_and_no_choice():
     assert len(triple.fn.device_caches[torch.cuda.current_device()][0]) == 2
     triple[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, out, 100)
     torch.testing.assert_close(out, x * 3)
+
+
+@pytest.mark.gpu
+def test_the_smoke_sweeps_cases_launch_no_variant_the_pass_did_not_compile(monkeypatch):
+    monkeypatch.setattr(precompile, "WARM_CALLS", 10**6)  # never taken for warm: the pass covers the whole sweep
+    plan = api.plan_scan("builtin", "smoke", device="cuda")
+    runner = plan.runner
+    scan_run.compile_ahead(runner.adapter(), plan.cases, runner.pins, "cuda", 4)
+    compiled = []
+    do_compile = jit.JITFunction._do_compile
+
+    def counting(self, *args, **kwargs):
+        compiled.append(self.fn.__name__)
+        return do_compile(self, *args, **kwargs)
+
+    monkeypatch.setattr(jit.JITFunction, "_do_compile", counting)
+    statuses = [runner(case, lambda: None).status.value for case in plan.cases]
+    assert statuses == ["pass"] * len(plan.cases)
+    assert compiled == []  # every variant the cases launched was in memory: the pass had compiled it

@@ -345,7 +345,9 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
             try:
                 inputs = kernel.cached_inputs(REGIMES[case.regime].generate(
                     case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]).to(device), case)
-                key = _shape_key(kernel, inputs, case)
+                # The regime too: it sets the call's flags (dt_softplus, dt_limit, D per channel), constexprs of
+                # the kernels, where _warm_up's timing needs the shape alone.
+                key = (case.regime, *_shape_key(kernel, inputs, case))
             except Exception:  # noqa: BLE001, S112 (the case meets it again and reports it)
                 continue
             if key in seen:
