@@ -8,11 +8,13 @@ made a warm-up instead (Triton compiles the variant and launches nothing), and T
 AsyncCompileMode hands the compilations to a pool of threads (Triton releases the GIL in its
 compiler passes, and ptxas runs as a process of its own). A sweep calls its kernel once per shape
 so, throws the outputs away (nothing was computed), and its cases then find every variant in
-Triton's caches.
+Triton's caches. Triton's code generation is Python, though, and shares the GIL with the thread
+that makes the launches: a sweep on a cold cache also spreads its calls over helper processes
+(api, core.isolation.CompilingWorkers).
 
 An autotuned kernel compiles each of its configs inside and benchmarks none: its autotuner's
 choice, and with it the benchmark, is left to the first real call. A Triton without
-AsyncCompileMode (before 3.4) compiles nothing ahead: `compile_only` then says so and launches
+AsyncCompileMode (older than mid-2025's) compiles nothing ahead: `compile_only` then says so and launches
 as usual.
 """
 
@@ -131,7 +133,7 @@ def compile_only(threads: int) -> Iterator[Launches]:
         kwargs.pop("warmup", None)  # Autotuner.warmup passes its own on to the function it tunes
         return self.warmup(*args, **kwargs)
 
-    # ignore_errors (Triton >= 3.5): a failed compilation is not raised on leaving.
+    # ignore_errors (3.6 and 3.9 have it): a failed compilation is not raised on leaving.
     quiet = {"ignore_errors": True} if "ignore_errors" in inspect.signature(AsyncCompileMode).parameters else {}
     with _TimedPool(max(1, threads), launches) as pool:
         mode = AsyncCompileMode(pool, **quiet)
@@ -151,7 +153,7 @@ def compile_only(threads: int) -> Iterator[Launches]:
 
 
 def _leave(mode) -> None:
-    """Leave AsyncCompileMode: wait for its compilations. One that failed raises here before Triton 3.5; the
+    """Leave AsyncCompileMode: wait for its compilations. One that failed raises here without ignore_errors; the
     kernel's real launch compiles it again and raises there, in its case."""
     try:
         mode.__exit__(None, None, None)
