@@ -102,7 +102,9 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
     then holds the cases that finished, `interrupted` names what stopped it, and its exit code is
     the interruption's. Under torchrun (core.ranks) each rank runs its slice, and rank 0's Report holds
     every rank's cases. On a GPU, with `compile_ahead`, the kernel's Triton variants are compiled first, many at
-    once (core.precompile; in this process, before any worker starts): `on_phase` is told what runs meanwhile."""
+    once (core.precompile: here and in helper processes, or in each worker for its slice of the sweep before its
+    first case): `on_phase` is told what runs meanwhile. The report's `compiled_ahead` sums this process's and
+    its workers' (a torchrun rank's own: rank 0 gathers no other rank's)."""
     devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
     timeout = check_case_timeout(devices is not None, case_timeout)
     ranks = launch.from_environment()
