@@ -87,6 +87,39 @@ def test_an_error_inside_restores_the_launches_and_propagates(recorded):
     assert jit.JITFunction.run is run and autotuner.Autotuner.run is tune
 
 
+def test_leaving_settles_the_placeholders_of_compilations_left_over(recorded):
+    from concurrent.futures import Future  # noqa: PLC0415
+
+    from triton.runtime._async_compile import FutureKernel  # noqa: PLC0415
+
+    def future(result=None, error=None, cancel=False):
+        f = Future()
+        if cancel:
+            f.cancel()
+        elif error is not None:
+            f.set_exception(error)
+        elif result is not None:
+            f.set_result(result)
+        return f
+
+    kernels = {}
+
+    def placeholder(key, f):
+        return FutureKernel(lambda compiled: kernels.__setitem__(key, compiled), lambda fk: None, f)
+
+    kernels.update(cancelled=placeholder("cancelled", future(cancel=True)),
+                   failed=placeholder("failed", future(error=RuntimeError("ptxas"))),
+                   running=placeholder("running", future()),
+                   done=placeholder("done", future(result="compiled")), plain="a kernel")
+
+    class Function:  # as a JITFunction keeps them: per device, the kernels first
+        device_caches = {0: (kernels, "key cache", "target")}
+
+    with compile_only(2):
+        jit.JITFunction.run(Function(), grid=(1,), warmup=False)
+    assert kernels == {"done": "compiled", "plain": "a kernel"}
+
+
 def test_without_async_compilation_nothing_is_patched(recorded, monkeypatch):
     import triton.runtime._async_compile as async_compile  # noqa: PLC0415
 

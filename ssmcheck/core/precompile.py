@@ -109,7 +109,7 @@ class _TimedPool(ThreadPoolExecutor):
 def compile_only(threads: int) -> Iterator[Launches]:
     """While inside, Triton launches in this thread compile their kernels in `threads` threads and run nothing.
     On leaving, every compilation is waited for; one that failed is left to the real launch, which compiles
-    again and raises its error there."""
+    again and raises its error there (_leave)."""
     try:
         from triton.runtime import autotuner, jit  # noqa: PLC0415
         from triton.runtime._async_compile import AsyncCompileMode  # noqa: PLC0415
@@ -118,6 +118,8 @@ def compile_only(threads: int) -> Iterator[Launches]:
         return
     launches = Launches(supported=True)
     run, tune = jit.JITFunction.run, autotuner.Autotuner.run
+    # The functions launched inside, by identity (a JITFunction hashes by its source), for _leave.
+    launched: dict[int, object] = {}
 
     owner = threading.get_ident()  # the patches are the classes': another thread's launches run as usual
 
@@ -125,6 +127,7 @@ def compile_only(threads: int) -> Iterator[Launches]:
         if threading.get_ident() != owner:
             return run(self, *args, grid=grid, warmup=warmup, **kwargs)
         launches.count += 1
+        launched[id(self)] = self
         return run(self, *args, grid=grid, warmup=True, **kwargs)
 
     def compile_configs(self, *args, **kwargs):
@@ -144,18 +147,39 @@ def compile_only(threads: int) -> Iterator[Launches]:
         except BaseException:
             # Stopped (a signal, a sweep's Interrupted): the compilations not yet started are dropped, not waited for.
             pool.shutdown(wait=False, cancel_futures=True)
-            _leave(mode)
+            _leave(mode, launched)
             raise
         else:
-            _leave(mode)
+            _leave(mode, launched)
         finally:
             jit.JITFunction.run, autotuner.Autotuner.run = run, tune
 
 
-def _leave(mode) -> None:
-    """Leave AsyncCompileMode: wait for its compilations. One that failed raises here without ignore_errors; the
-    kernel's real launch compiles it again and raises there, in its case."""
+def _leave(mode, launched: dict) -> None:
+    """Leave AsyncCompileMode: wait for its compilations, and take those that failed or were cancelled out of
+    the launched functions' caches (Triton keeps a placeholder there for each compilation until it is done): the
+    kernel's real launch compiles again and raises the error there, in its case, and a launch after a stopped
+    sweep (a library user's next run) compiles instead of meeting a cancelled placeholder."""
     try:
-        mode.__exit__(None, None, None)
+        mode.__exit__(None, None, None)  # raises a failed compilation's error where ignore_errors is missing
     except Exception:  # noqa: BLE001, S110
         pass
+    try:  # Triton's own layout (a JITFunction's device_caches: per device, its kernels first): best effort
+        for fn in launched.values():
+            for kernels, *_ in getattr(fn, "device_caches", {}).values():
+                for key, kernel in list(kernels.items()):
+                    if type(kernel).__name__ == "FutureKernel" and getattr(kernel, "kernel", None) is None:
+                        _settle(kernels, key, kernel)
+    except Exception:  # noqa: BLE001, S110 (the placeholders stay: a launch meets their error, as without this)
+        pass
+
+
+def _settle(kernels: dict, key, placeholder) -> None:
+    """A placeholder of AsyncCompileMode's (a FutureKernel) left in a function's cache: finalized where its
+    compilation succeeded (the cache then holds the kernel), dropped where it failed, was cancelled or still
+    runs (the launch then compiles, or loads what it wrote into Triton's disk cache)."""
+    future = getattr(placeholder, "future", None)
+    if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+        placeholder.result()
+    else:
+        del kernels[key]
