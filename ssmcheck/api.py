@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import Interrupted, execute
-from ssmcheck.core.precompile import combined
+from ssmcheck.core.precompile import combined, record_of
 from ssmcheck.core.report import build_report, json_safe
 from ssmcheck.core.status import exit_code, summarize
 from ssmcheck.core.workers import cpu_cores, rank_gpu
@@ -204,9 +204,8 @@ def _compile_ahead_here(runner, cases: list) -> list[dict]:
     try:
         launches = runner.precompile(cases, threads, None if workers is None else workers.spread)
         others = [] if workers is None else workers.finish()
-        # This process's seconds include the wait for the helpers: the phase's whole time.
-        mine = [] if launches is None or not launches.supported else [launches.record(time.perf_counter() - start)]
-        return mine + others
+        mine = record_of(launches, start)  # its seconds include the wait for the helpers: the phase's whole time
+        return ([] if mine is None else [mine]) + others
     finally:
         if workers is not None:
             workers.end()

@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection, wait
 from ssmcheck.core import runtime
 from ssmcheck.core.execution import STOPPING_SIGNALS, ignore_stopping_signals
 from ssmcheck.core.guard import describe
+from ssmcheck.core.precompile import record_of
 
 # Seconds a worker may take to import torch and triton and configure the device.
 STARTUP_TIMEOUT = 600.0
@@ -71,9 +72,8 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
     context = multiprocessing.get_context("spawn")
     slots = [_Slot(context, runner, device, compiled) for device in devices[: max(1, len(cases))]]
     if ahead:
-        size = -(-len(cases) // len(slots))
-        for i, slot in enumerate(slots):
-            slot.ahead = (cases[i * size:(i + 1) * size], ahead)
+        for slot, part in zip(slots, _contiguous(cases, len(slots))):
+            slot.ahead = (part, ahead)
     waiting = deque(cases)
     try:
         while waiting or any(slot.busy for slot in slots):
@@ -93,6 +93,12 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
     finally:
         for slot in slots:
             slot.kill()
+
+
+def _contiguous(cases: list, parts: int) -> list[list]:
+    """`cases` cut into at most `parts` contiguous slices of equal length (the last shorter), none empty."""
+    size = max(1, -(-len(cases) // parts))
+    return [cases[start:start + size] for start in range(0, len(cases), size)]
 
 
 # Cases a compiling helper gets at least: about a second's compilation each on a cold cache (the default scan's 62
@@ -118,15 +124,14 @@ class CompilingWorkers:
         helpers = min(self.helpers, len(cases) // SPREAD_SLICE - 1)
         if helpers < 1:
             return cases
-        size = -(-len(cases) // (helpers + 1))
         context = multiprocessing.get_context("spawn")
-        kept = cases[:size]
-        for start in range(size, len(cases), size):
+        kept, *others = _contiguous(cases, helpers + 1)
+        for part in others:
             try:  # a runner that cannot be pickled (a library user's callable kernel), or no process to be had
-                worker = _Worker(context, self.runner, None, (cases[start:start + size], self.threads))
+                worker = _Worker(context, self.runner, None, (part, self.threads))
                 worker.start()
             except Exception:  # noqa: BLE001 (this process compiles the slice itself)
-                kept += cases[start:start + size]
+                kept = kept + part
                 continue
             self.workers.append(worker)
         return kept
@@ -385,9 +390,7 @@ def _compile_ahead(runner, ahead_bytes: bytes) -> dict | None:
         launches = runner.precompile(cases, threads)
     except Exception:  # noqa: BLE001
         return None
-    if launches is None or not launches.supported:
-        return None
-    return launches.record(time.perf_counter() - start)
+    return record_of(launches, start)
 
 
 def _send(conn: Connection, message: tuple) -> None:

@@ -71,6 +71,14 @@ class Launches:
                 "compiled": sum(s >= CACHED_SECONDS for s in done), "cache_warm": self.cache_warm(), "processes": 1}
 
 
+def record_of(launches: Launches | None, start: float) -> dict | None:
+    """The record (Launches.record) of a pass begun at time.perf_counter() `start`; None where it compiled nothing
+    ahead (no pass, or a Triton without AsyncCompileMode)."""
+    if launches is None or not launches.supported:
+        return None
+    return launches.record(time.perf_counter() - start)
+
+
 def combined(records: list, seconds: Callable = max) -> dict | None:
     """Several processes' records (Launches.record; None where one compiled nothing ahead) as one: their figures
     summed, `seconds` of their seconds (the longest, for processes that ran at once), the cache warm where it was
@@ -165,10 +173,12 @@ def _leave(mode, launched: dict) -> None:
     except Exception:  # noqa: BLE001, S110
         pass
     try:  # Triton's own layout (a JITFunction's device_caches: per device, its kernels first): best effort
+        from triton.runtime._async_compile import FutureKernel  # noqa: PLC0415 (beside AsyncCompileMode)
+
         for fn in launched.values():
             for kernels, *_ in getattr(fn, "device_caches", {}).values():
                 for key, kernel in list(kernels.items()):
-                    if type(kernel).__name__ == "FutureKernel" and getattr(kernel, "kernel", None) is None:
+                    if isinstance(kernel, FutureKernel) and kernel.kernel is None:
                         _settle(kernels, key, kernel)
     except Exception:  # noqa: BLE001, S110 (the placeholders stay: a launch meets their error, as without this)
         pass
@@ -178,7 +188,7 @@ def _settle(kernels: dict, key, placeholder) -> None:
     """A placeholder of AsyncCompileMode's (a FutureKernel) left in a function's cache: finalized where its
     compilation succeeded (the cache then holds the kernel), dropped where it failed, was cancelled or still
     runs (the launch then compiles, or loads what it wrote into Triton's disk cache)."""
-    future = getattr(placeholder, "future", None)
+    future = placeholder.future
     if future is not None and future.done() and not future.cancelled() and future.exception() is None:
         placeholder.result()
     else:

@@ -154,13 +154,17 @@ def run_case(case: ScanCase, kernel: ScanAdapter, tolerance: Tolerance, referenc
     return result
 
 
+def _case_inputs(kernel: ScanAdapter, case: ScanCase, device: str) -> ScanInputs:
+    """The case's inputs, drawn from its seed, on `device`, as the kernel takes them (its cached_inputs)."""
+    inputs = REGIMES[case.regime].generate(case.shape(), DTYPES[case.dtype], case.seed,
+                                           state_dtype=DTYPES[case.state_dtype])
+    return kernel.cached_inputs(inputs.to(device), case)
+
+
 def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, repeat,
          allow_nondeterministic, compare_stages, serving) -> ScanResult:
     try:
-        inputs = REGIMES[case.regime].generate(
-            case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]
-        ).to(device)
-        inputs = kernel.cached_inputs(inputs, case)
+        inputs = _case_inputs(kernel, case, device)
         cuts = segments.case_cuts(inputs, case.chunk_size, reference_chunk(inputs, reference_kind))
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome)
         return ScanResult(case, Status.ERROR, f"setting up the case raised {describe(exc)}")
@@ -343,8 +347,7 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
             if case.skip_reason or kernel.skip_reason(case):
                 continue
             try:
-                inputs = kernel.cached_inputs(REGIMES[case.regime].generate(
-                    case.shape(), DTYPES[case.dtype], case.seed, state_dtype=DTYPES[case.state_dtype]).to(device), case)
+                inputs = _case_inputs(kernel, case, device)
                 # The regime too: it sets the call's flags (dt_softplus, dt_limit, D per channel), constexprs of
                 # the kernels, where _warm_up's timing needs the shape alone.
                 key = (case.regime, *_shape_key(kernel, inputs, case))
