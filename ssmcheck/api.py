@@ -16,14 +16,13 @@ Bad options raise `UsageError`, one line naming the option.
 from __future__ import annotations
 
 import json
-import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import Interrupted, execute
-from ssmcheck.core.precompile import combined, record_of
+from ssmcheck.core.precompile import combined
 from ssmcheck.core.report import build_report, json_safe
 from ssmcheck.core.status import exit_code, summarize
 from ssmcheck.core.workers import cpu_cores, rank_gpu
@@ -94,21 +93,21 @@ def _case_report(command: str, case: dict) -> CaseReport:
 
 def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None, workers: str | int | None = None,
         on_result: Callable[[object], None] = lambda result: None, advance: Callable[[], None] = lambda: None,
-        on_phase: Callable[[str], None] = lambda text: None, compile_ahead: bool = True) -> Report:
+        compile_ahead: bool = True) -> Report:
     """Run the plan's cases (in a worker process with `isolate`, or in `workers` of them at once, where a case
     running past `case_timeout` seconds, default DEFAULT_CASE_TIMEOUT, is an error), handing each result to
     `on_result` as it finishes; the Report holds them in the plan's order whatever order they finished in.
     An interruption (SIGINT, SIGTERM, a closed stdout) ends the run early: the Report
     then holds the cases that finished, `interrupted` names what stopped it, and its exit code is
     the interruption's. Under torchrun (core.ranks) each rank runs its slice, and rank 0's Report holds
-    every rank's cases. On a GPU, with `compile_ahead`, the kernel's Triton variants are compiled first, many at
-    once (core.precompile: here and in helper processes, or in each worker for its slice of the sweep before its
-    first case): `on_phase` is told what runs meanwhile. The report's `compiled_ahead` sums this process's and
-    its workers' (a torchrun rank's own: rank 0 gathers no other rank's)."""
+    every rank's cases. On a GPU, with `compile_ahead`, helper processes compile the
+    Triton variants of the later cases while the first cases run (`start_compiling_ahead`, core.precompile). The
+    report's `compiled_ahead` sums the records of the helpers that finished before the sweep did (a torchrun rank's
+    own: rank 0 gathers no other rank's)."""
     devices = check_workers(workers, plan.env.device) or ([None] if isolate else None)
     timeout = check_case_timeout(devices is not None, case_timeout)
     ranks = launch.from_environment()
-    ahead = _Ahead(on_phase, compile_ahead)
+    ahead = _Ahead(compile_ahead)
     if ranks is None:
         outcome = execute(_results(plan, devices, timeout, advance, ahead), on_result)
     else:
@@ -131,84 +130,75 @@ def run(plan: Plan, *, isolate: bool = False, case_timeout: float | None = None,
 
 @dataclass
 class _Ahead:
-    """Compiling ahead (core.precompile): `on_phase` hears of it; `records` are the processes' (Launches.record)."""
+    """Whether to compile ahead, and the helper processes' records (core.precompile's Launches.record)."""
 
-    on_phase: Callable[[str], None]
     enabled: bool
     records: list = field(default_factory=list)
 
 
-# The progress line's words while the kernels compile ahead.
-COMPILING = "compiling the kernels' Triton variants"
-
-
 def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None], ahead: _Ahead):
-    compiles = ahead.enabled and plan.cases and _compiles(plan)
-    if compiles:
-        ahead.on_phase(COMPILING)  # until the first case's result (in workers) or start (here) names the case
-    if devices is not None:
-        from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
+    running = 1 if devices is None else len(devices)  # the processes running the cases: this one, or its workers
+    helpers = start_compiling_ahead(plan, plan.cases, running) if ahead.enabled else None
+    try:
+        if devices is not None:
+            from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
 
-        # Each worker compiles its slice of the sweep, its share of the cores at once.
-        threads = max(1, _cores() // len(devices)) if compiles else 0
-        yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices, threads, ahead.records.append)
-        return
-    if compiles:
-        ahead.records += _compile_ahead_here(plan.runner, plan.cases)
-        ahead.on_phase(plan.cases[0].id)
-    for case in plan.cases:
-        yield plan.runner(case, advance)
+            yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices)
+        else:
+            for case in plan.cases:
+                yield plan.runner(case, advance)
+    finally:
+        if helpers is not None:
+            ahead.records += helpers.end()
 
 
 def compile_ahead(plan: Plan, cases: list | None = None) -> dict | None:
-    """Compile the Triton kernels that `cases` (default: all the plan's) will launch, before they run, in this
-    process and helper processes (the README's "Compiling ahead"; `run` does it by itself): the JSON report's
-    `compiled_ahead` record, None where nothing was compiled ahead (the CPU; drift, whose runner does not)."""
-    cases = plan.cases if cases is None else cases
-    if not cases or not _compiles(plan):
+    """Compile the Triton kernels that `cases` (default: all the plan's) will launch, in helper processes, and
+    wait for them (the README's "Compiling ahead"; `run` does it by itself, alongside the cases): the JSON report's
+    `compiled_ahead` record, None where nothing was compiled ahead (the CPU; drift, whose runner does not; a
+    kernel that cannot be pickled)."""
+    helpers = start_compiling_ahead(plan, plan.cases if cases is None else cases, running=0)
+    return None if helpers is None else combined(helpers.wait())
+
+
+# Cores a compiling helper gets (four threads: four processes of four threads compiled the default scan's variants
+# fastest on the 16-core H200 machine; benchmarks/RESULTS.md, thirtieth session).
+CORES_PER_COMPILER = 4
+# Helper processes at most.
+COMPILE_HELPERS = 3
+# How many times faster a helper compiles than a case's first launch here, one variant after another (four threads:
+# 3.2x for the default scan; benchmarks/RESULTS.md, thirtieth session): the share of the sweep this process keeps.
+HELPER_PACE = 3
+
+
+def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
+    """Start processes that compile the cases' Triton variants ahead into Triton's disk cache
+    (core.isolation.CompilingHelpers); None where none compile: not a GPU's plan (the CPU's interpreter compiles
+    nothing), a runner that cannot (drift's), no cases, or a machine too small to spare CORES_PER_COMPILER cores.
+
+    `running` processes run the cases meanwhile, in their order (this one, a harness running them one by one as
+    the pytest plugin does, or workers), each with a core of its own: they keep the first cases, compiling them as
+    they come while the helpers start up and, HELPER_PACE times faster each, compile the rest. With none, the
+    caller waits for the helpers (`wait()`); else `end()` once the cases have run gives the records."""
+    compiles = plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
+    if not compiles or not cases:
         return None
-    return combined(_compile_ahead_here(plan.runner, cases))
+    from ssmcheck.core.isolation import CompilingHelpers  # noqa: PLC0415 (multiprocessing only when it compiles)
 
-
-def _compiles(plan: Plan) -> bool:
-    """Whether the plan's kernel compiles ahead: a GPU's (the CPU's interpreter compiles nothing), and a runner
-    that can (runner.precompile)."""
-    return plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
+    cores = _cores() - running
+    helpers = min(COMPILE_HELPERS, cores // CORES_PER_COMPILER)
+    if not running:
+        helpers = max(1, helpers)
+    kept = len(cases) * running // (running + HELPER_PACE * helpers) if helpers else len(cases)
+    if kept >= len(cases):
+        return None
+    helping = CompilingHelpers(plan.runner, cases[kept:], helpers, max(CORES_PER_COMPILER, cores // helpers))
+    return helping if helping.workers else None
 
 
 def _cores() -> int:
-    """The cores this process may compile with: its share where a launcher started several ranks here."""
+    """The cores this process may use: its share where a launcher started several ranks here."""
     return max(1, cpu_cores() // launch.local_processes())
-
-
-# Cores a compiling process gets at least: with fewer, a sweep run here compiles ahead in this process alone.
-CORES_PER_COMPILER = 4
-# Helper processes at most (four processes of four threads on the 16-core H200 machine; benchmarks/RESULTS.md).
-COMPILE_HELPERS = 3
-
-
-def _compile_ahead_here(runner, cases: list) -> list[dict]:
-    """Compile the sweep ahead for cases run in this process (runner.precompile): once the cache shows cold, the
-    cases left are spread over this process and up to COMPILE_HELPERS helper processes
-    (core.isolation.CompilingWorkers), each with its share of the cores, CORES_PER_COMPILER at least. The
-    processes' records."""
-    from ssmcheck.core.isolation import CompilingWorkers  # noqa: PLC0415 (multiprocessing only when it spreads)
-
-    cores = _cores()
-    helpers = max(0, min(COMPILE_HELPERS, cores // CORES_PER_COMPILER - 1))
-    # Each process its share of the cores, this one too (as measured): its threads share the GIL with the thread
-    # that makes the launches, which sets the pace (benchmarks/RESULTS.md, "compiling ahead").
-    threads = cores // (helpers + 1)
-    workers = CompilingWorkers(runner, helpers, threads) if helpers else None
-    start = time.perf_counter()
-    try:
-        launches = runner.precompile(cases, threads, None if workers is None else workers.spread)
-        others = [] if workers is None else workers.finish()
-        mine = record_of(launches, start)  # its seconds include the wait for the helpers: the phase's whole time
-        return ([] if mine is None else [mine]) + others
-    finally:
-        if workers is not None:
-            workers.end()
 
 
 def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result, ahead: _Ahead):

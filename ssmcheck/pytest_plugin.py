@@ -28,9 +28,9 @@ carries its figures. Cases are independent, so `-x`, `--junitxml` and pytest-xdi
 every xdist worker plans the same sweep from the same options, and a plan lists its cases in a
 fixed order, so all workers collect the same items in the same order.
 
-On a GPU, before a sweep's first item runs, the Triton kernels its selected items will launch are compiled
-ahead, many at once (`ssmcheck.api.compile_ahead`, the README's "Compiling ahead"), except under xdist (whose
-workers share the items) or with `--ssmcheck-no-compile-ahead`.
+On a GPU, once a sweep's first item is set up, helper processes compile the Triton kernels of its selected
+items ahead while the items run (`ssmcheck.api.start_compiling_ahead`, the README's "Compiling ahead"), except
+under xdist (whose workers share the items) or with `--ssmcheck-no-compile-ahead`.
 
 Importing this module does not import triton, which the runtime must first switch to the interpreter
 or compiled mode (core.runtime): ssmcheck's API is imported where a sweep is planned or run.
@@ -122,17 +122,25 @@ class SweepCollector(pytest.Collector):
             yield CaseItem.from_parent(self, name=case.id, plan=plan, case=case)
 
     def setup(self) -> None:
-        """Before the sweep's first item runs: compile ahead what the sweep's items that run (after -k) will launch
-        (api.compile_ahead: a GPU's Triton kernels), unless --ssmcheck-no-compile-ahead, or pytest-xdist shares
-        the items among its workers (each would compile them all)."""
+        """Before the sweep's first item runs: start compiling ahead what the sweep's items that run (after -k)
+        will launch (api.start_compiling_ahead: a GPU's Triton kernels, in helper processes while the items run),
+        unless --ssmcheck-no-compile-ahead, or pytest-xdist shares the items among its workers (each would
+        compile them all)."""
+        self.helpers = None
         if self.config.getoption("ssmcheck_no_compile_ahead") or hasattr(self.config, "workerinput"):
             return
         from ssmcheck import api  # noqa: PLC0415
 
         try:
-            api.compile_ahead(self.plan, [item.case for item in self.session.items if item.parent is self])
-        except Exception:  # noqa: BLE001, S110 (each item meets the error again and reports it)
+            self.helpers = api.start_compiling_ahead(
+                self.plan, [item.case for item in self.session.items if item.parent is self])
+        except Exception:  # noqa: BLE001, S110 (each item compiles at its first launch, as without it)
             pass
+
+    def teardown(self) -> None:
+        """After the sweep's last item: end the helpers that compiled ahead."""
+        if getattr(self, "helpers", None) is not None:
+            self.helpers.end()
 
 
 class CaseItem(pytest.Item):

@@ -28,31 +28,21 @@ def scan_naming_its_gpu(x, *args, **kwargs):
 
 
 class AheadRunner(WhereRunner):
-    """A WhereRunner that compiles ahead: its results also hold the cases and threads its worker was given to
-    compile ahead (runner.precompile), None where it was given none."""
+    """A WhereRunner that compiles ahead (runner.precompile) as a compiling helper calls it: its record's
+    `launches` count ten per case it was given, after `pause` seconds."""
 
-    given = None
+    pause = 0.0
 
     def precompile(self, cases: list, threads: int):
+        import time  # noqa: PLC0415
+
         from ssmcheck.core.precompile import Launches  # noqa: PLC0415
 
-        AheadRunner.given = (list(cases), threads)
+        time.sleep(self.pause)
         return Launches(supported=True, count=10 * len(cases), compilations=[0.5] * len(cases))
 
-    def __call__(self, case: str, advance):
-        return (*super().__call__(case, advance), AheadRunner.given)
 
+class SlowAheadRunner(AheadRunner):
+    """An AheadRunner whose compiling ahead outlasts any test."""
 
-class SpreadingRunner(WhereRunner):
-    """A runner whose compiling ahead spreads the cases after the first at once (as a cold cache does): its
-    record's `launches` count the cases each process compiled, and the process keeps what it kept in `kept` and
-    the threads it was given in `threads`."""
-
-    kept = threads = None
-
-    def precompile(self, cases: list, threads: int | None = None, spread=None):
-        from ssmcheck.core.precompile import Launches  # noqa: PLC0415
-
-        kept = list(cases) if spread is None else [cases[0], *spread(list(cases[1:]))]
-        SpreadingRunner.kept, SpreadingRunner.threads = kept, threads
-        return Launches(supported=True, count=len(kept), compilations=[0.5] * len(kept))
+    pause = 600.0

@@ -175,17 +175,28 @@ from pathlib import Path
 import ssmcheck.api
 
 
-def record(plan, cases=None):  # in place of compiling ahead, which only a GPU does
+def write(entry):
     with Path(__file__).with_name("ahead.jsonl").open("a") as f:
-        f.write(json.dumps([case.id for case in cases]) + "\\n")
+        f.write(json.dumps(entry) + "\\n")
 
 
-ssmcheck.api.compile_ahead = record
+class Helpers:
+    def end(self):
+        write("ended")
+
+
+def record(plan, cases, running=1):  # in place of compiling ahead, which only a GPU does
+    write([case.id for case in cases] + [running])
+    return Helpers()
+
+
+ssmcheck.api.start_compiling_ahead = record
 """
 
 
 @pytest.mark.parametrize(("options", "compiled"), [
-    (("-k", "ragged"), [[i for i in SMOKE_IDS if "ragged" in i]]),  # once, before the first item: those that run
+    # started once, before the first item, with the items that run, run by one process; ended after the last
+    (("-k", "ragged"), [[i for i in SMOKE_IDS if "ragged" in i] + [1], "ended"]),
     (("-k", "ragged", "--ssmcheck-no-compile-ahead"), None),
 ])
 def test_a_sweep_compiles_ahead_what_its_selected_items_launch(pytester, options, compiled):

@@ -103,8 +103,7 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
                     out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
 
             report = api.run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers, on_result=on_result,
-                             advance=lambda: progress.advance(task), compile_ahead=compile_ahead,
-                             on_phase=lambda text: progress.update(task, description=text))
+                             advance=lambda: progress.advance(task), compile_ahead=compile_ahead)
 
         if not quiet:
             _to_stdout(lambda: render(out, report.results))

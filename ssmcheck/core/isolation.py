@@ -10,8 +10,8 @@ The protocol, over one duplex pipe, every message a plain pickle (never torch's 
 reductions: a result must outlive the worker that made it):
 
     parent -> worker   a case; None to stop
-    worker -> parent   ("ready", compiled) once configured (and its slice of the sweep compiled ahead, when
-                       given one at its start: compiled is then its Launches.record, else None),
+    worker -> parent   ("ready", compiled) once configured (a compiling helper: once it has compiled its slice
+                       of the sweep ahead, compiled then its Launches.record, or None; a worker: None),
                        or ("failed", why) if it cannot start;
                        per case: ("ticks", n) while it runs (batched), then ("result", result)
                        or ("failed", why) when running the case itself raised
@@ -52,8 +52,7 @@ class _WorkerLost(Exception):
 
 
 def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[], None],
-                 devices: Sequence[str | None] = (None,), ahead: int = 0,
-                 compiled: Callable[[dict], None] = lambda record: None) -> Iterator:
+                 devices: Sequence[str | None] = (None,)) -> Iterator:
     """Yield `runner(case, advance)` for each case, each run in a worker process: one worker per entry
     of `devices` (the CUDA_VISIBLE_DEVICES it is started with; None leaves the environment alone), each
     taking the next case when it is free. With one worker the results come in the cases' order; with
@@ -63,17 +62,9 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
     `runner.failed(case, message, seconds)`, and a new worker takes the cases after it.
     `advance()` is called in this process for each of the workers' calls to their own advance.
     Closing the generator (or an exception while it waits, e.g. on Ctrl-C) kills the workers.
-
-    With `ahead` threads, each of the first workers compiles a slice of the cases ahead before its first case
-    (`runner.precompile(cases, ahead)`, core.precompile), and `compiled` gets each one's record: the sweep's
-    compilations then run in every worker at once, each slice in the sweep's order, so that cases alike (the
-    same dtype, the same chunk size) and the kernel variants they share mostly fall to one worker.
     """
     context = multiprocessing.get_context("spawn")
-    slots = [_Slot(context, runner, device, compiled) for device in devices[: max(1, len(cases))]]
-    if ahead:
-        for slot, part in zip(slots, _contiguous(cases, len(slots))):
-            slot.ahead = (part, ahead)
+    slots = [_Slot(context, runner, device) for device in devices[: max(1, len(cases))]]
     waiting = deque(cases)
     try:
         while waiting or any(slot.busy for slot in slots):
@@ -101,65 +92,51 @@ def _contiguous(cases: list, parts: int) -> list[list]:
     return [cases[start:start + size] for start in range(0, len(cases), size)]
 
 
-# Cases a compiling helper gets at least: about a second's compilation each on a cold cache (the default scan's 62
-# shapes, 141 variants, 63 s in one thread), so that its slice outlasts its start (3-5 s: torch, the kernel, CUDA).
-SPREAD_SLICE = 8
+class CompilingHelpers:
+    """Processes that each compile a slice of a sweep ahead (runner.precompile) into Triton's disk cache, and end:
+    the sweep's cases, run elsewhere meanwhile or after, then load each variant at their first launch. Each has a
+    GIL of its own, where threads share one (Triton's code generation is Python: eight threads compile the default
+    scan's variants about 4x faster than one, four processes of four threads about 5-6x; benchmarks/RESULTS.md,
+    thirtieth session), and whatever a compile-only call leaves in the kernel's host code ends with it
+    (core.precompile). A runner that cannot be pickled (a library user's callable kernel) gets no helpers."""
 
-
-class CompilingWorkers:
-    """Worker processes that each compile a slice of a sweep ahead (runner.precompile) and end, for a sweep whose
-    cases run in this process: each has a GIL of its own, where threads share one (Triton's code generation is
-    Python: eight threads compile the default scan's variants about 4x faster than one, four processes of four
-    threads about 5-6x; benchmarks/RESULTS.md, thirtieth session)."""
-
-    def __init__(self, runner, helpers: int, threads: int):
-        self.runner, self.helpers, self.threads = runner, helpers, threads
-        self.workers: list[_Worker] = []
-        self.finished = False
-
-    def spread(self, cases: list) -> list:
-        """Split `cases` into contiguous slices, one for this process and one per helper, each of SPREAD_SLICE cases
-        at least (fewer helpers where there are fewer cases); start the helpers on theirs (they start while this
-        process compiles its own) and return this process's."""
-        helpers = min(self.helpers, len(cases) // SPREAD_SLICE - 1)
-        if helpers < 1:
-            return cases
+    def __init__(self, runner, cases: list, helpers: int, threads: int):
+        """Start up to `helpers` processes, each on a contiguous slice of `cases`, in the sweep's order (cases alike
+        and the variants they share mostly fall to one), with `threads` compiling threads."""
         context = multiprocessing.get_context("spawn")
-        kept, *others = _contiguous(cases, helpers + 1)
-        for part in others:
-            try:  # a runner that cannot be pickled (a library user's callable kernel), or no process to be had
-                worker = _Worker(context, self.runner, None, (part, self.threads))
+        self.workers: list[_Worker] = []
+        for part in _contiguous(cases, helpers):
+            try:  # a runner that cannot be pickled, or no process to be had: those cases compile when they run
+                worker = _Worker(context, runner, None, (part, threads))
                 worker.start()
-            except Exception:  # noqa: BLE001 (this process compiles the slice itself)
-                kept = kept + part
-                continue
+            except Exception:  # noqa: BLE001
+                break
             self.workers.append(worker)
-        return kept
 
-    def finish(self) -> list[dict]:
+    def wait(self) -> list[dict]:
         """Wait for every helper's compilations and end it: their records (Launches.record), none for a helper
         that could not start, crashed or took past STARTUP_TIMEOUT (its cases compile when they run)."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT
+        return self._end(time.monotonic() + STARTUP_TIMEOUT)
+
+    def end(self) -> list[dict]:
+        """End every helper now: the records of those that have finished their slice; the others are killed (the
+        sweep ended first: their cases compiled when they ran, or found the cache warm)."""
+        return self._end(time.monotonic())
+
+    def _end(self, deadline: float) -> list[dict]:
         records = []
         for worker in self.workers:
             try:
                 message = worker.receive(deadline)
             except _WorkerLost:
-                continue
+                message = None
             if message is not None and message[0] == "ready" and message[1] is not None:
                 records.append(message[1])
-        self.finished = True
-        return records
-
-    def end(self) -> None:
-        """End every helper: asked to, once finish has waited for them (each then waits for a case); killed at once
-        otherwise (the sweep stopped while they compiled)."""
-        for worker in self.workers:
-            if self.finished:
                 worker.stop()
             else:
                 worker.kill()
         self.workers = []
+        return records
 
 
 _RUNNING = object()  # _Slot.collect's answer while its case has not ended
@@ -169,9 +146,8 @@ class _Slot:
     """A place in the pool: the worker it runs cases in (started when a case comes, replaced when lost),
     the case it runs, and when that case's clock (or the worker's start-up) runs out."""
 
-    def __init__(self, context, runner, device: str | None, compiled: Callable[[dict], None]):
-        self.context, self.runner, self.device, self.compiled = context, runner, device, compiled
-        self.ahead: tuple[list, int] | None = None  # (cases, threads) its first worker compiles ahead
+    def __init__(self, context, runner, device: str | None):
+        self.context, self.runner, self.device = context, runner, device
         self.worker: _Worker | None = None
         self.busy = False
         self.case = None
@@ -182,8 +158,7 @@ class _Slot:
     def take(self, case, timeout: float | None) -> None:
         self.case, self.busy, self.start = case, True, time.monotonic()
         if self.worker is None:
-            self.worker = _Worker(self.context, self.runner, self.device, self.ahead)
-            self.ahead = None  # a worker started in its place (after a crash) compiles as it goes
+            self.worker = _Worker(self.context, self.runner, self.device)
             self.worker.start()
         if not self.worker.ready:
             self.deadline = self.start + STARTUP_TIMEOUT
@@ -212,8 +187,6 @@ class _Slot:
                 kind, value = message
                 if kind == "ready":
                     self.worker.ready = ready = True
-                    if value is not None:
-                        self.compiled(value)
                     self._send(timeout)
                 elif kind == "ticks":
                     for _ in range(value):

@@ -1,27 +1,28 @@
-"""Compiling the Triton kernels a sweep will launch before its cases run, many at once.
+"""Compiling the Triton kernels a sweep will launch before its cases run, many at once, in helper processes.
 
 On a fresh machine a Triton kernel compiles each of its variants (a dtype, a constexpr, a stride
 divisible by 16 or not) at its first launch, one after another: 147 variants and 56 of the 74 s of
 the default scan on a fresh H200 (benchmarks/RESULTS.md, "the default scan on a fresh H200").
-Inside `compile_only`, every launch through `triton.jit` in this thread, ours or a peer's, is
-made a warm-up instead (Triton compiles the variant and launches nothing), and Triton's
-AsyncCompileMode hands the compilations to a pool of threads (Triton releases the GIL in its
-compiler passes, and ptxas runs as a process of its own). A sweep calls its kernel once per shape
-so, throws the outputs away (nothing was computed), and its cases then find every variant in
-Triton's caches. Triton's code generation is Python, though, and shares the GIL with the thread
-that makes the launches: a sweep on a cold cache also spreads its calls over helper processes
-(api, core.isolation.CompilingWorkers).
+Inside `compile_only`, every launch through `triton.jit`, ours or a peer's, is made a warm-up
+instead (Triton compiles the variant and launches nothing), and Triton's AsyncCompileMode hands the
+compilations to a pool of threads (Triton releases the GIL in its compiler passes, and ptxas runs as a
+process of its own). A helper process calls the kernel once per shape so and throws the outputs away
+(nothing was computed); Triton writes each variant to its disk cache, where the sweep's own process
+finds it at the case's first launch (api, core.isolation.CompilingHelpers).
 
-An autotuned kernel compiles each of its configs inside and benchmarks none: its autotuner's
-choice, and with it the benchmark, is left to the first real call. A Triton without
-AsyncCompileMode (older than mid-2025's) compiles nothing ahead: `compile_only` then says so and launches
-as usual.
+Only a process that runs no case may do this. A compile-only call leaves the kernel's host code in
+whatever state a call that computed nothing leaves it: an autotuner with no choice (or, here, its first
+config), a cache keyed by shape that holds what such a call "computed" (a serving engine keeps its
+autotuned configs so, and may keep metadata). The helper processes end with it.
+
+An autotuned kernel compiles each of its configs inside and benchmarks none: the choice, and with it
+the benchmark, is the sweep's process's, at its first real call. A Triton without AsyncCompileMode
+(older than mid-2025's) compiles nothing ahead: `compile_only` then says so and launches as usual.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -58,10 +59,6 @@ class Launches:
             return False
         seconds = self.compilations[:self.calls[WARM_CALLS - 1]]
         return all(s is not None and s < CACHED_SECONDS for s in seconds)
-
-    def cold(self) -> bool:
-        """Whether a compilation has finished that took CACHED_SECONDS or longer: Triton's cache lacked it."""
-        return any(s is not None and s >= CACHED_SECONDS for s in self.compilations)
 
     def record(self, seconds: float) -> dict:
         """Plain figures for a report, of a pass that took `seconds`: the launches, the compilations, how many
@@ -115,9 +112,9 @@ class _TimedPool(ThreadPoolExecutor):
 
 @contextmanager
 def compile_only(threads: int) -> Iterator[Launches]:
-    """While inside, Triton launches in this thread compile their kernels in `threads` threads and run nothing.
-    On leaving, every compilation is waited for; one that failed is left to the real launch, which compiles
-    again and raises its error there (_leave)."""
+    """While inside, Triton launches compile their kernels in `threads` threads and run nothing (in a process that
+    runs no case: the module's docstring says why). On leaving, every compilation is waited for; one that failed
+    is left to the sweep's process, whose launch compiles again and raises its error in its case."""
     try:
         from triton.runtime import autotuner, jit  # noqa: PLC0415
         from triton.runtime._async_compile import AsyncCompileMode  # noqa: PLC0415
@@ -126,23 +123,19 @@ def compile_only(threads: int) -> Iterator[Launches]:
         return
     launches = Launches(supported=True)
     run, tune = jit.JITFunction.run, autotuner.Autotuner.run
-    # The functions launched inside, by identity (a JITFunction hashes by its source), for _leave.
-    launched: dict[int, object] = {}
-
-    owner = threading.get_ident()  # the patches are the classes': another thread's launches run as usual
 
     def compile_run(self, *args, grid, warmup, **kwargs):
-        if threading.get_ident() != owner:
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
         launches.count += 1
-        launched[id(self)] = self
         return run(self, *args, grid=grid, warmup=True, **kwargs)
 
     def compile_configs(self, *args, **kwargs):
-        if threading.get_ident() != owner:
-            return tune(self, *args, **kwargs)
         kwargs.pop("warmup", None)  # Autotuner.warmup passes its own on to the function it tunes
-        return self.warmup(*args, **kwargs)
+        compiled = self.warmup(*args, **kwargs)
+        # Host code may read the choice after the launch (vLLM's launcher keeps it per key and launches the rest
+        # of its call with it): a choice lets the call go on to its next kernels, so that they compile too.
+        if getattr(self, "best_config", None) is None:
+            self.best_config = self.configs[0]
+        return compiled
 
     # ignore_errors (3.6 and 3.9 have it): a failed compilation is not raised on leaving.
     quiet = {"ignore_errors": True} if "ignore_errors" in inspect.signature(AsyncCompileMode).parameters else {}
@@ -153,43 +146,12 @@ def compile_only(threads: int) -> Iterator[Launches]:
         try:
             yield launches
         except BaseException:
-            # Stopped (a signal, a sweep's Interrupted): the compilations not yet started are dropped, not waited for.
+            # Stopped (a signal): the compilations not yet started are dropped, not waited for.
             pool.shutdown(wait=False, cancel_futures=True)
-            _leave(mode, launched)
             raise
-        else:
-            _leave(mode, launched)
         finally:
             jit.JITFunction.run, autotuner.Autotuner.run = run, tune
-
-
-def _leave(mode, launched: dict) -> None:
-    """Leave AsyncCompileMode: wait for its compilations, and take those that failed or were cancelled out of
-    the launched functions' caches (Triton keeps a placeholder there for each compilation until it is done): the
-    kernel's real launch compiles again and raises the error there, in its case, and a launch after a stopped
-    sweep (a library user's next run) compiles instead of meeting a cancelled placeholder."""
-    try:
-        mode.__exit__(None, None, None)  # raises a failed compilation's error where ignore_errors is missing
-    except Exception:  # noqa: BLE001, S110
-        pass
-    try:  # Triton's own layout (a JITFunction's device_caches: per device, its kernels first): best effort
-        from triton.runtime._async_compile import FutureKernel  # noqa: PLC0415 (beside AsyncCompileMode)
-
-        for fn in launched.values():
-            for kernels, *_ in getattr(fn, "device_caches", {}).values():
-                for key, kernel in list(kernels.items()):
-                    if isinstance(kernel, FutureKernel) and kernel.kernel is None:
-                        _settle(kernels, key, kernel)
-    except Exception:  # noqa: BLE001, S110 (the placeholders stay: a launch meets their error, as without this)
-        pass
-
-
-def _settle(kernels: dict, key, placeholder) -> None:
-    """A placeholder of AsyncCompileMode's (a FutureKernel) left in a function's cache: finalized where its
-    compilation succeeded (the cache then holds the kernel), dropped where it failed, was cancelled or still
-    runs (the launch then compiles, or loads what it wrote into Triton's disk cache)."""
-    future = placeholder.future
-    if future is not None and future.done() and not future.cancelled() and future.exception() is None:
-        placeholder.result()
-    else:
-        del kernels[key]
+            try:
+                mode.__exit__(None, None, None)  # waits; raises a failed compilation's error without ignore_errors
+            except Exception:  # noqa: BLE001, S110 (the sweep's process meets the error in its case)
+                pass

@@ -8,7 +8,6 @@ rebuild the kernel's adapter and run cases itself.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -326,24 +325,18 @@ def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple
 
 
 def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[ScanCase], dict], device: str,
-                  threads: int, spread: Callable[[list], list] | None = None) -> Launches:
+                  threads: int) -> Launches:
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
     kernel is called once per shape (and once more without D and z, as the cases call it) with every launch
     made compile-only. A case whose call raises here is left to run as usual, where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
-    nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). Once a
-    compilation shows the cache cold, `spread` gets the cases not yet reached and returns those this process
-    keeps (the others go to other processes: core.isolation.CompilingWorkers)."""
+    nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). In a helper
+    process only (core.precompile says why)."""
     seen: set[tuple] = set()
-    pending = deque(cases)
     with compile_only(threads) as launches:
-        while pending:
+        for case in cases:
             if not launches.supported or (seen and not launches.count) or launches.cache_warm():
                 break
-            if spread is not None and launches.cold():
-                pending, spread = deque(spread(list(pending))), None
-                continue
-            case = pending.popleft()
             if case.skip_reason or kernel.skip_reason(case):
                 continue
             try:
@@ -478,15 +471,14 @@ class ScanRunner:
                 result.message += f"; no reproducer written ({describe(exc)})"
         return result
 
-    def precompile(self, cases: list[ScanCase], threads: int | None = None,
-                   spread: Callable[[list], list] | None = None) -> Launches | None:
+    def precompile(self, cases: list[ScanCase], threads: int | None = None) -> Launches | None:
         """On a GPU, compile the Triton kernels the cases will launch before they run, in `threads` threads at once
-        (default: one per CPU core; COMPILE_THREADS at most) (compile_ahead, which hands `spread` the cases left
-        once the cache shows cold); None where nothing is compiled ahead (the CPU's interpreter compiles nothing)."""
+        (default: one per CPU core; COMPILE_THREADS at most) (compile_ahead; in a helper process only); None where
+        nothing is compiled ahead (the CPU's interpreter compiles nothing)."""
         if self.device != "cuda" or self.interpreter:
             return None
         threads = min(cpu_cores() if threads is None else threads, COMPILE_THREADS)
-        return compile_ahead(self.adapter(), cases, self.pins, self.device, threads, spread)
+        return compile_ahead(self.adapter(), cases, self.pins, self.device, threads)
 
     def without_extras(self) -> ScanRunner:
         """This runner without stage comparisons and reproducers: the case's verdict alone."""
