@@ -23,12 +23,14 @@ its worker killed. Either way the next case gets a new worker.
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import pickle
 import signal
 import sys
 import time
+import types
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -98,17 +100,21 @@ class CompilingHelpers:
     GIL of its own, where threads share one (Triton's code generation is Python: eight threads compile the default
     scan's variants about 4x faster than one, four processes of four threads about 5-6x; benchmarks/RESULTS.md,
     thirtieth session), and whatever a compile-only call leaves in the kernel's host code ends with it
-    (core.precompile). A runner that cannot be pickled (a library user's callable kernel) gets no helpers."""
+    (core.precompile). A runner that cannot be pickled, or that holds what the main script defines (a library
+    user's callable kernel), gets no helpers: they start without the main script (_main_script_hidden)."""
 
     def __init__(self, runner, cases: list, helpers: int, threads: int):
         """Start up to `helpers` processes, each on a contiguous slice of `cases`, in the sweep's order (cases alike
         and the variants they share mostly fall to one), with `threads` compiling threads."""
         context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
+        if _defined_by_main_script(runner):
+            return
         for part in _contiguous(cases, helpers):
             try:  # a runner that cannot be pickled, or no process to be had: those cases compile when they run
                 worker = _Worker(context, runner, None, (part, threads))
-                worker.start()
+                with _main_script_hidden():
+                    worker.start()
             except Exception:  # noqa: BLE001
                 break
             self.workers.append(worker)
@@ -137,6 +143,40 @@ class CompilingHelpers:
                 worker.kill()
         self.workers = []
         return records
+
+
+def _defined_by_main_script(runner) -> bool:
+    """Whether the runner holds a function or class of the `__main__` module (a library user's kernel defined in
+    their script), as far as pickling it reaches (the caller finds out itself whether it pickles at all)."""
+    found = []
+
+    class Finder(pickle.Pickler):
+        def persistent_id(self, obj):  # called for every object pickled; None pickles it as usual
+            if isinstance(obj, (types.FunctionType, type)) and obj.__module__ == "__main__":
+                found.append(obj)
+            return None
+
+    with suppress(Exception):
+        Finder(io.BytesIO()).dump(runner)
+    return bool(found)
+
+
+@contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Start a process without this process's main script. `spawn` runs the main script again in the child (as
+    `__mp_main__`, so that what it defines unpickles there): a library user's script without an `if __name__ ==
+    "__main__":` guard would run its sweep again in every helper. A helper needs nothing of it (its runner holds
+    nothing the script defines: _defined_by_main_script); a package run with `-m` is never run again anyway."""
+    main = sys.modules["__main__"]
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        for name in ("__file__", "__spec__"):
+            main.__dict__.pop(name, None)
+        main.__dict__.update(saved)
 
 
 _RUNNING = object()  # _Slot.collect's answer while its case has not ended
