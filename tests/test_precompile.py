@@ -299,16 +299,19 @@ class ScriptRunner(AheadRunner):  # a kernel of the script's own
 
 print("helpers for the script's runner:", len(isolation.CompilingHelpers(ScriptRunner(), ["a"], 1, 1).workers))
 print("records:", [r["launches"] for r in isolation.CompilingHelpers(AheadRunner(), ["a", "b"], 1, 1).wait()])
+results = isolation.run_isolated(AheadRunner(), ["c", "d"], 60, lambda: None, [None, None])
+print("cases:", sorted(r[0] for r in results))
 """
 
 
-def test_helpers_started_from_a_script_without_a_main_guard_do_not_run_it_again(tmp_path):
+def test_helpers_and_workers_started_from_a_script_without_a_main_guard_do_not_run_it_again(tmp_path):
     script = tmp_path / "sweep.py"
     script.write_text(UNGUARDED_SCRIPT.format(path=sys.path))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert (run.stdout + run.stderr).count("the script ran") == 1  # spawn would have run it in the helper too
     assert "helpers for the script's runner: 0" in run.stdout and "records: [20]" in run.stdout
+    assert "cases: ['c', 'd']" in run.stdout
 
 
 class _Started:

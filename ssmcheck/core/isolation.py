@@ -33,7 +33,7 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from multiprocessing.connection import Connection, wait
 
 from ssmcheck.core import runtime
@@ -101,7 +101,7 @@ class CompilingHelpers:
     scan's variants about 4x faster than one, four processes of four threads about 5-6x; benchmarks/RESULTS.md,
     thirtieth session), and whatever a compile-only call leaves in the kernel's host code ends with it
     (core.precompile). A runner that cannot be pickled, or that holds what the main script defines (a library
-    user's callable kernel), gets no helpers: they start without the main script (_main_script_hidden)."""
+    user's callable kernel: the helper would have to run the script again, _Worker.start), gets no helpers."""
 
     def __init__(self, runner, cases: list, helpers: int, threads: int):
         """Start up to `helpers` processes, each on a contiguous slice of `cases`, in the sweep's order (cases alike
@@ -113,8 +113,7 @@ class CompilingHelpers:
         for part in _contiguous(cases, helpers):
             try:  # a runner that cannot be pickled, or no process to be had: those cases compile when they run
                 worker = _Worker(context, runner, None, (part, threads))
-                with _main_script_hidden():
-                    worker.start()
+                worker.start()
             except Exception:  # noqa: BLE001
                 break
             self.workers.append(worker)
@@ -165,8 +164,8 @@ def _defined_by_main_script(runner) -> bool:
 def _main_script_hidden() -> Iterator[None]:
     """Start a process without this process's main script. `spawn` runs the main script again in the child (as
     `__mp_main__`, so that what it defines unpickles there): a library user's script without an `if __name__ ==
-    "__main__":` guard would run its sweep again in every helper. A helper needs nothing of it (its runner holds
-    nothing the script defines: _defined_by_main_script); a package run with `-m` is never run again anyway."""
+    "__main__":` guard would run its sweep again in every worker and helper. Only a runner that holds what the
+    script defines needs it (_defined_by_main_script); a package run with `-m` is never run again anyway."""
     main = sys.modules["__main__"]
     saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
     main.__dict__.pop("__file__", None)
@@ -280,10 +279,11 @@ class _Worker:
         )
         self._child_conn = child_conn
         self.ready = False
+        self.needs_main_script = _defined_by_main_script(runner)
 
     def start(self) -> None:
         try:
-            with _stop_signals_blocked():
+            with _stop_signals_blocked(), nullcontext() if self.needs_main_script else _main_script_hidden():
                 self.process.start()
         finally:
             self._child_conn.close()  # the worker's end: held here, it would hide the worker's exit
