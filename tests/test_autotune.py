@@ -1,5 +1,6 @@
 """Finding a kernel's autotuners across its package, and pinning one config at a time."""
 
+import pytest
 import torch
 
 from ssmcheck.core import autotune
@@ -44,3 +45,91 @@ def test_a_wrapper_is_searched_from_the_kernel_it_names_as_its_origin():
     finally:
         del sys.modules["wrapperpkg.wrap"]
 
+
+
+def test_the_picks_recorded_are_the_configs_launched_from_the_autotuners_cache():
+    import triton
+
+    class Tuner:  # as Triton's Autotuner.run: tune a new key into the cache, then launch the cache's pick
+        def __init__(self, configs, cache=None):
+            self.configs = configs
+            if cache is not None:
+                self.cache = cache
+
+        def launch(self, key, tuned=None):
+            if key not in self.cache:
+                self.cache[key] = tuned
+            return self.cache[key]
+
+    first, second = triton.Config({"BLOCK": 16}, num_warps=1), triton.Config({"BLOCK": 32}, num_warps=2)
+    tuner = Tuner([first, second], {"n=40": first, "n=64": first})
+    table = Tuner([first])  # a launch table: no cache
+    tuned = [autotune.Tuned("_kernel", "m", tuner), autotune.Tuned("_table", "m", table)]
+    with autotune.recorded_picks(tuned) as picks:
+        pass
+    assert picks == {}
+    with autotune.recorded_picks(tuned) as picks:
+        tuner.launch("n=80", tuned=second)  # a new key, tuned here
+        tuner.launch("n=80")
+        tuner.launch("n=40")  # a key tuned before: its pick too
+    assert picks == {"_kernel": [{"index": 1, "kwargs": {"BLOCK": 32}, "num_warps": 2, "num_stages": 3},
+                                 {"index": 0, "kwargs": {"BLOCK": 16}, "num_warps": 1, "num_stages": 3}]}
+    assert type(tuner.cache) is dict and tuner.cache["n=80"] is second  # its own cache again, with the new key
+    text = "_kernel config 1 (BLOCK=32, num_warps=2, num_stages=3)"
+    assert autotune.picks_text({"_kernel": picks["_kernel"][:1]}) == text
+    with autotune.recorded_picks(tuned) as picks:
+        tuner.launch("n=8", tuned=triton.Config({"BLOCK": 8}))  # not one of the list's (a pruner's): no index
+    assert picks["_kernel"][0]["index"] is None
+
+
+def test_a_case_reports_its_autotuners_picks_and_a_failing_case_names_them(monkeypatch):
+    """On a GPU the autotuner tunes at each shape's first call and launches its pick from its cache; here (the
+    interpreter runs the first config without tuning) the copy's autotuner does that by hand, and its first
+    config is BLOCK=32, whose planted bug fails the case."""
+    from dataclasses import replace
+
+    from ssmcheck import api
+
+    plan = api.plan_scan("tests.tuned_kernels.scan:chunk_scan", "smoke", regime="normal,ragged", dtype="fp32",
+                         device="cpu")
+    (tuned,) = plan.runner.autotuned()
+    monkeypatch.setattr(tuned.autotuner, "configs", tuned.autotuner.configs[::-1])  # BLOCK=32 first
+    run = tuned.autotuner.run
+
+    def tuning(*args, **kwargs):
+        key = (args[2],)  # n
+        if key not in tuned.autotuner.cache:
+            tuned.autotuner.cache[key] = tuned.autotuner.configs[0]
+        tuned.autotuner.cache[key]  # the launch's pick  # noqa: B018
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(tuned.autotuner, "run", tuning)
+    monkeypatch.setattr(tuned.autotuner, "cache", {})
+    report = api.run(replace(plan, runner=replace(plan.runner, warmup=True)))  # warm-up calls: a GPU's default
+    picked = {"_copy_kernel": [{"index": 0, "kwargs": {"BLOCK": 32}, "num_warps": 2, "num_stages": 3}]}
+    for case in report.cases:  # the second case's key was tuned by the first: its pick is still named
+        assert case.data["autotune_picks"] == picked, case.message
+        assert case.status in ("fail", "nonfinite")
+        assert "the autotuner's picks: _copy_kernel config 0 (BLOCK=32, num_warps=2, num_stages=3)" in case.message
+    assert type(tuned.autotuner.cache) is dict
+
+
+def test_without_warm_up_calls_or_autotuning_no_picks_are_reported():
+    from ssmcheck import api
+
+    report = api.scan("tests.tuned_kernels.scan:chunk_scan", "smoke", regime="normal", dtype="fp32", device="cpu")
+    assert [case.data["autotune_picks"] for case in report.cases] == [None]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_autotuners_pick_is_recorded_for_every_case():
+    """BLOCK=32 of the copy re-reads its block 256 times: the autotuner picks BLOCK=16, and every case (the
+    second shape's too, whose key the first tuned) names it."""
+    from ssmcheck import api
+
+    report = api.scan("tests.tuned_kernels.scan:chunk_scan", "smoke", regime="normal,ragged,long", dtype="fp32",
+                      device="cuda")
+    assert report.summary["pass"] == 3
+    for case in report.cases:
+        assert case.data["autotune_picks"] == {
+            "_copy_kernel": [{"index": 0, "kwargs": {"BLOCK": 16}, "num_warps": 1, "num_stages": 3}]}

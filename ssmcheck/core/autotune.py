@@ -146,6 +146,57 @@ def pinned(choices: dict[Tuned, int]) -> Iterator[None]:
             tuned.autotuner.configs = configs
 
 
+class _Recording(dict):
+    """An autotuner's cache that records the keys looked up in it: Triton's Autotuner.run looks up its pick for
+    the launch's key there at every launch (after tuning the key, where it was new)."""
+
+    def __init__(self, cache: dict):
+        super().__init__(cache)
+        self.used: list = []
+
+    def __getitem__(self, key):
+        config = super().__getitem__(key)
+        if key not in self.used:
+            self.used.append(key)
+        return config
+
+
+@contextmanager
+def recorded_picks(tuned: list[Tuned]) -> Iterator[dict[str, list[dict]]]:
+    """While inside, record the configs the autotuners in `tuned` launch with (their picks for the launches'
+    keys); the dict yielded is filled on leaving: {function name: [{"index", **describe(config)}, ...]}, each
+    distinct pick once, functions that launched nothing tuned left out. An autotuner with one config (pinned,
+    or in the interpreter) runs it without a pick; a launcher that keeps the picks itself and launches the
+    function directly (vLLM's, after a key's first launch) shows none."""
+    picks: dict[str, list[dict]] = {}
+    recordings = {}
+    for t in tuned:
+        cache = getattr(t.autotuner, "cache", None)
+        if type(cache) is dict:  # Triton's Autotuner; a launch table has none
+            recordings[t] = (cache, _Recording(cache))
+            t.autotuner.cache = recordings[t][1]
+    try:
+        yield picks
+    finally:
+        for t, (cache, recording) in recordings.items():
+            t.autotuner.cache = cache
+            cache.update(recording)  # what it tuned meanwhile
+            chosen = []
+            for key in recording.used:
+                config = dict.__getitem__(recording, key)
+                entry = {"index": next((i for i, c in enumerate(t.configs) if c is config), None), **describe(config)}
+                if entry not in chosen:
+                    chosen.append(entry)
+            if chosen:
+                picks[t.name] = chosen
+
+
+def picks_text(picks: dict[str, list[dict]]) -> str:
+    """`_kernel config 3 (BLOCK=64, num_warps=4, num_stages=3)` for each pick of `recorded_picks`, joined."""
+    return "; ".join(f"{name} config {pick['index']} ({described_text(pick)})"
+                     for name, chosen in picks.items() for pick in chosen)
+
+
 def header_line(configs: str, autotuned: list[str], interpreter: bool) -> str:
     """Which configs of the kernel's autotuned functions (`find`, as Tuned.label names them) run:
     '' when it has none."""

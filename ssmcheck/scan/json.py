@@ -35,6 +35,7 @@ def case_json(result: ScanResult) -> dict:
         "seconds": round(result.seconds, 4),
         "kernel_seconds": None if result.kernel_seconds is None else round(result.kernel_seconds, 4),
         "warmup_seconds": None if result.warmup_seconds is None else round(result.warmup_seconds, 4),
+        "autotune_picks": result.autotune_picks,
         "params": result.case.params(),
         "inputs": result.inputs_note,
         "state_storage": result.state_storage,

@@ -142,6 +142,8 @@ class ScanResult:
     seconds: float = 0.0  # the whole case: inputs, kernel, reference, baseline, measurements
     kernel_seconds: float | None = None
     warmup_seconds: float | None = None  # the kernel's first call for this shape (compile, autotune), apart
+    # What the kernel's autotuners picked at that first call (core.autotune.recorded_picks); None where none tuned.
+    autotune_picks: dict | None = None
     inputs_note: str = ""
     state_storage: str | None = None  # the format the states were judged as stored in (fp32, fp16, bf16)
     kernel: Comparison | None = None

@@ -171,7 +171,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     torch.manual_seed(case.seed)  # for kernels that draw random bits from torch's generator
     _sync(device)
     transcript = Transcript()
-    warmup_seconds = _warm_up(kernel, inputs, case, transcript, device) if warmup else None
+    warmup_seconds, picks = _warm_up(kernel, inputs, case, transcript, device) if warmup else (None, {})
     start = time.perf_counter()
     try:
         # With --repeat, the same inputs again: a race shows as runs that differ.
@@ -201,7 +201,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     tokens = inputs.token_map()
     ssm = figures.kernel_ssm is not None
     result = ScanResult(
-        case, Status.PASS, kernel_seconds=kernel_seconds, warmup_seconds=warmup_seconds, inputs_note=inputs.note,
+        case, Status.PASS, kernel_seconds=kernel_seconds, warmup_seconds=warmup_seconds,
+        autotune_picks=picks or None, inputs_note=inputs.note,
         stdout=transcript.text,
         state_storage=dtype_name(storage),
         kernel=Comparison(figures.kernel_y, measure.error_stats(out[1], figures.reference_states),
@@ -241,6 +242,9 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             result.reads_outside = _reads_outside(kernel, replace(inputs, D=None, z=None), case, transcript, device)
         if result.reads_outside is not None:
             result.message += f"; {outside.describe(result.reads_outside)}"
+    if result.status in (Status.FAIL, Status.NONFINITE) and picks:
+        # A config-dependent failure passes under another pick: where it flips between runs, this says which ran.
+        result.message += f"; the autotuner's picks: {autotune.picks_text(picks)}"
     if result.status in (Status.FAIL, Status.NONFINITE):
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
                                     figures.kernel_groups.per_chunk_head())
@@ -298,24 +302,37 @@ def _baseline_streams(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, 
 # in 4, 16 s in 8 and 20 s in 16 on the 16-core H200 machine (benchmarks/RESULTS.md, thirtieth session).
 COMPILE_THREADS = 8
 
-# Per process: the (kernel, shape) pairs already called once, so compiled and autotuned.
-_WARM: set[tuple] = set()
+# Per process: the (kernel, shape) pairs already called once, so compiled and autotuned, with what their autotuners
+# picked then (core.autotune.recorded_picks; empty where none tuned).
+_WARM: dict[tuple, dict] = {}
 
 
-def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str) -> float | None:
+def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
+             device: str) -> tuple[float | None, dict]:
     """Call the kernel once, untimed as the case, if this kernel has not yet run this shape: the seconds
-    it took (compilation and autotuning on a GPU), or None when it was warm already. A failure here is
-    left to the timed call, which meets it again and reports it."""
+    it took (compilation and autotuning on a GPU), or None when it was warm already; and what the kernel's
+    autotuners picked for this shape at that call. A failure here is left to the timed call, which meets it
+    again and reports it."""
     key = _shape_key(kernel, inputs, case)
     if key in _WARM:
-        return None
-    _WARM.add(key)
+        return None, _WARM[key]
     start = time.perf_counter()
+    with autotune.recorded_picks(_autotuned(kernel)) as picks:
+        try:
+            _calls(kernel, inputs, case, transcript, device, 1)
+        except Exception:  # noqa: BLE001, S110 (the timed call reports it)
+            pass
+    seconds = time.perf_counter() - start
+    _WARM[key] = picks
+    return seconds, picks
+
+
+def _autotuned(kernel: ScanAdapter) -> list:
+    """The kernel's autotuned functions (core.autotune.find); none where they cannot be found."""
     try:
-        _calls(kernel, inputs, case, transcript, device, 1)
-    except Exception:  # noqa: BLE001, S110 (the timed call reports it)
-        pass
-    return time.perf_counter() - start
+        return autotune.find(kernel.fn)
+    except Exception:  # noqa: BLE001 (the picks are advisory)
+        return []
 
 
 def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple:
