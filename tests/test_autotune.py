@@ -133,3 +133,38 @@ def test_on_a_gpu_the_autotuners_pick_is_recorded_for_every_case():
     for case in report.cases:
         assert case.data["autotune_picks"] == {
             "_copy_kernel": [{"index": 0, "kwargs": {"BLOCK": 16}, "num_warps": 1, "num_stages": 3}]}
+
+
+def test_a_launch_past_the_autotuner_under_another_config_than_the_pin_is_noted(device):
+    (tuned,) = autotune.find(entry.run)
+    second = tuned.configs[1]
+    x = torch.arange(1, 41, dtype=torch.float32, device=device)
+    with autotune.pinned({tuned: 0}) as bypassed:
+        entry.run(x)  # through the autotuner: the pin runs
+        tuned.autotuner.fn[(2,)](x, torch.empty_like(x), 40, **tuned.configs[0].all_kwargs())  # directly, the pin
+    assert bypassed == []
+    with autotune.pinned({tuned: 0}) as bypassed:
+        for _ in range(2):  # directly, another config (as a launcher keeping an earlier choice would): noted once
+            tuned.autotuner.fn[(2,)](x, torch.empty_like(x), 40, **second.all_kwargs())
+    assert bypassed == ["_copy_kernel ran BLOCK=32, num_warps=2, num_ctas=1, num_stages=3 where its config 0 "
+                        "(BLOCK=16, num_warps=1, num_stages=3) was pinned"]
+    assert "run" not in vars(tuned.autotuner.fn) and len(tuned.autotuner.configs) == 2
+
+
+def test_a_pinned_config_that_a_launcher_bypassed_makes_the_case_an_error(tmp_path):
+    """With --configs all the second config's case would be judged as config 1 while the launcher ran the
+    config it kept from the first case (BLOCK=16, which passes): an error that says so, not a pass."""
+    from cli_invoke import invoke
+
+    from tests.tuned_kernels import kept
+
+    kept.KEPT.clear()
+    result, report = invoke("scan", "--kernel", "tests.tuned_kernels.kept:chunk_scan", "--configs", "all",
+                            "--preset", "smoke", "--regime", "normal", "--dtype", "fp32", "--quiet",
+                            json_path=tmp_path / "r.json")
+    statuses = [(c["params"]["config"]["index"], c["status"]) for c in report["cases"]]
+    assert statuses == [(0, "pass"), (1, "error")] and result.exit_code == 4
+    message = report["cases"][1]["message"]
+    assert message.startswith("the pinned config did not run: _copy_kernel ran BLOCK=16, num_warps=1")
+    assert "where its config 1 (BLOCK=32, num_warps=2, num_stages=3) was pinned" in message
+    assert "the verdict of what ran: " in message

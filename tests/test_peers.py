@@ -651,3 +651,18 @@ def test_padded_regime_skips_vllm_and_runs_mamba_ssm(fakes):
     assert reason is not None and "takes no pad tokens" in reason and "cu_seqlens" in reason
     fakes(MAMBA_SCAN)
     assert scan_adapter.resolve("mamba_ssm", True).skip_reason(case) is None
+
+
+def test_the_vllm_wrapper_forgets_the_configs_vllms_launcher_kept(fakes, monkeypatch):
+    """vLLM 0.33's launcher keeps the autotuner's choice per key and launches it directly afterwards: a config
+    pinned later would never run. Each call through the wrapper starts with that store empty."""
+    import types  # noqa: PLC0415
+
+    fakes(VARLEN_SCAN)
+    launcher = types.ModuleType("vllm.model_executor.layers.mamba.ops.triton_helpers")
+    launcher._autotuned_configs = {("_chunk_scan_fwd_kernel", 64): "a config kept by an earlier call"}
+    monkeypatch.setitem(sys.modules, launcher.__name__, launcher)
+    x = torch.randn(1, 40, 2, 4)
+    B = torch.randn(1, 40, 1, 8)
+    vllm_peer.chunk_scan()(x, torch.rand(1, 40, 2), -torch.ones(2), B, B.clone(), 16)
+    assert launcher._autotuned_configs == {}

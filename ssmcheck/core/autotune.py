@@ -134,16 +134,52 @@ def _autotuner_in(value, autotuner_class):
 
 
 @contextmanager
-def pinned(choices: dict[Tuned, int]) -> Iterator[None]:
-    """Run each autotuner in `choices` with only its config of that index; restore every list after."""
+def pinned(choices: dict[Tuned, int]) -> Iterator[list[str]]:
+    """Run each autotuner in `choices` with only its config of that index; restore every list after.
+
+    Yields the launches of a pinned function under another config, each once as a line: a launcher that keeps
+    the configs it saw and launches the function directly, bypassing the autotuner (vLLM 0.33's keeps one per
+    key), runs the config of an earlier call instead of the pin, and the case would then be judged as a config
+    that never ran. Watched on the function each autotuner launches (a launch table has none)."""
     saved = {tuned: tuned.autotuner.configs for tuned in choices}
+    bypassed: list[str] = []
+    watched = []
     try:
         for tuned, index in choices.items():
-            tuned.autotuner.configs = [saved[tuned][index]]
-        yield
+            config = saved[tuned][index]
+            tuned.autotuner.configs = [config]
+            fn = getattr(tuned.autotuner, "fn", None)
+            if fn is not None and "run" not in vars(fn):
+                fn.run = _checked(fn.run, tuned.name, index, config, bypassed)
+                watched.append(fn)
+        yield bypassed
     finally:
+        for fn in watched:
+            del fn.run
         for tuned, configs in saved.items():
             tuned.autotuner.configs = configs
+
+
+def _checked(run: Callable, name: str, index: int, config, bypassed: list[str]) -> Callable:
+    """`run` (a pinned function's launch) noting in `bypassed` each launch whose config is not `config`."""
+    wanted = config.all_kwargs()
+
+    def checked(*args, **kwargs):
+        if any(key not in kwargs or kwargs[key] != value for key, value in wanted.items()):
+            ran = ", ".join(f"{key}={kwargs.get(key, '?')}" for key in wanted)
+            line = f"{name} ran {ran} where its config {index} ({described_text(describe(config))}) was pinned"
+            if line not in bypassed:
+                bypassed.append(line)
+        return run(*args, **kwargs)
+
+    return checked
+
+
+def bypassed_message(bypassed: list[str], verdict: str) -> str:
+    """A case's message where its pinned config did not run (`pinned`'s lines): its own verdict is another
+    config's."""
+    return (f"the pinned config did not run: {'; '.join(bypassed)} (the kernel's launcher reuses a config it kept); "
+            f"the verdict of what ran: {verdict}")
 
 
 class _Recording(dict):

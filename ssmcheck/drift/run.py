@@ -33,6 +33,7 @@ import torch
 from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.guard import describe
+from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.drift import independence, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
@@ -254,9 +255,13 @@ class DriftRunner:
     def __call__(self, case: DriftCase, advance: Callable[[], None]) -> DriftResult:
         """Run one case, calling `advance` once per decode step, its autotune config pinned
         (core.autotune.pins)."""
-        with autotune.pinned(autotune.pins(self.autotuned(), case.config, self.interpreter)):
-            return run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance, repeat=self.repeat,
-                            allow_nondeterministic=self.allow_nondeterministic, prefill=self.prefill())
+        with autotune.pinned(autotune.pins(self.autotuned(), case.config, self.interpreter)) as bypassed:
+            result = run_case(case, self.adapter(), self.tolerance, self.device, on_step=advance, repeat=self.repeat,
+                              allow_nondeterministic=self.allow_nondeterministic, prefill=self.prefill())
+        if bypassed and result.status is not Status.SKIPPED:
+            return replace(result, verdict=replace(result.verdict, status=Status.ERROR,
+                                                   message=autotune.bypassed_message(bypassed, result.verdict.message)))
+        return result
 
     def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""

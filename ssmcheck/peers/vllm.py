@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ NULL_BLOCK_ID = 0
 _WHAT = "vLLM's Mamba2 ops"
 _SCAN_MODULE = "vllm.model_executor.layers.mamba.ops.ssd_combined"
 _STATE_UPDATE_MODULE = "vllm.model_executor.layers.mamba.ops.mamba_ssm"
+# vLLM 0.33's launcher for its autotuned SSD kernels, which keeps the autotuner's choice per key (_forget_launches).
+_LAUNCHER_MODULE = "vllm.model_executor.layers.mamba.ops.triton_helpers"
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def chunk_scan() -> Callable:
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
                         return_final_states=False, return_varlen_states=False, *, state_dtype=None,
                         final_states_out=None, final_state_indices=None):
+        _forget_launches()
         return call_chunk_scan(
             varlen, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
             seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit,
@@ -121,6 +125,17 @@ def chunk_scan() -> Callable:
         _hide_keywords(vllm_chunk_scan, CACHE_WRITE_KEYWORDS)
     setattr(vllm_chunk_scan, autotune.ORIGIN, varlen)  # --configs: vLLM's autotuners, not ours
     return vllm_chunk_scan
+
+
+def _forget_launches() -> None:
+    """Empty vLLM's per-key store of autotuned configs (0.33's `triton_helpers._autotuned_configs`; older
+    vLLMs have none). Its launcher keeps the config the autotuner chose for a key and launches the kernel with
+    it directly afterwards, past the autotuner: a config that --configs pins later would never run (ssmcheck
+    would call that case an error: core.autotune.pinned). Emptied before each call, every launch goes through the
+    autotuner, whose own cache keeps its choices (nothing is benchmarked again)."""
+    kept = getattr(sys.modules.get(_LAUNCHER_MODULE), "_autotuned_configs", None)
+    if isinstance(kept, dict):
+        kept.clear()
 
 
 def _hide_keywords(wrapper: Callable, names: Sequence[str]) -> None:
@@ -219,6 +234,7 @@ def chunk_scan_stages() -> Callable:
 
     def vllm_stages(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
                     cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf), *, state_dtype=None):
+        _forget_launches()
         batch, seqlen, nheads, headdim = x.shape
         dstate = B.shape[-1]
         layout = _packed(x, C, chunk_size, seq_idx, cu_seqlens, initial_states, state_dtype)

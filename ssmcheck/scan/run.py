@@ -479,8 +479,10 @@ class ScanRunner:
     def __call__(self, case: ScanCase, advance: Callable[[], None]) -> ScanResult:
         """Run one case (a scan case is one unit of progress: `advance` is not called); with `repro`, a
         failing case's reproducer is written (scan.repro)."""
-        with autotune.pinned(self.pins(case)):
+        with autotune.pinned(self.pins(case)) as bypassed:
             result = self._run(case)
+        if bypassed and result.status is not Status.SKIPPED:
+            result.status, result.message = Status.ERROR, autotune.bypassed_message(bypassed, result.message)
         if self.repro is not None and result.status in repro.REPRODUCED:  # its runs pin their own configs
             try:
                 result.repro = str(repro.write(Path(self.repro), self, case, result))
