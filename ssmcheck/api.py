@@ -187,11 +187,11 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
 
     cores = _cores() - running
     helpers = min(COMPILE_HELPERS, cores // CORES_PER_COMPILER)
-    if not running:
+    if not running:  # (waited for: one helper at least, whatever the cores)
         helpers = max(1, helpers)
-    kept = len(cases) * running // (running + HELPER_PACE * helpers) if helpers else len(cases)
-    if kept >= len(cases):
+    if not helpers:
         return None
+    kept = len(cases) * running // (running + HELPER_PACE * helpers)  # fewer than all: the helpers' share is not 0
     helping = CompilingHelpers(plan.runner, cases[kept:], helpers, max(CORES_PER_COMPILER, cores // helpers))
     return helping if helping.workers else None
 

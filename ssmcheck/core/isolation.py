@@ -101,22 +101,23 @@ class CompilingHelpers:
     scan's variants about 4x faster than one, four processes of four threads about 5-6x; benchmarks/RESULTS.md,
     thirtieth session), and whatever a compile-only call leaves in the kernel's host code ends with it
     (core.precompile). A runner that cannot be pickled, or that holds what the main script defines (a library
-    user's callable kernel: the helper would have to run the script again, _Worker.start), gets no helpers."""
+    user's callable kernel: the helper would have to run the script again, _main_script_hidden), gets no
+    helpers."""
 
     def __init__(self, runner, cases: list, helpers: int, threads: int):
         """Start up to `helpers` processes, each on a contiguous slice of `cases`, in the sweep's order (cases alike
         and the variants they share mostly fall to one), with `threads` compiling threads."""
         context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
-        if _defined_by_main_script(runner):
-            return
-        for part in _contiguous(cases, helpers):
-            try:  # a runner that cannot be pickled, or no process to be had: those cases compile when they run
+        # A runner that cannot be pickled or that the main script defines, or no process to be had: those cases
+        # compile when they run.
+        with suppress(Exception):
+            if _pickled(runner)[1]:
+                return
+            for part in _contiguous(cases, helpers):
                 worker = _Worker(context, runner, None, (part, threads))
                 worker.start()
-            except Exception:  # noqa: BLE001
-                break
-            self.workers.append(worker)
+                self.workers.append(worker)
 
     def wait(self) -> list[dict]:
         """Wait for every helper's compilations and end it: their records (Launches.record), none for a helper
@@ -144,9 +145,9 @@ class CompilingHelpers:
         return records
 
 
-def _defined_by_main_script(runner) -> bool:
-    """Whether the runner holds a function or class of the `__main__` module (a library user's kernel defined in
-    their script), as far as pickling it reaches (the caller finds out itself whether it pickles at all)."""
+def _pickled(runner) -> tuple[bytes, bool]:
+    """The runner pickled, and whether it holds a function or class of the `__main__` module (a library user's
+    kernel defined in their script, which a process can unpickle only by running the script again)."""
     found = []
 
     class Finder(pickle.Pickler):
@@ -155,9 +156,9 @@ def _defined_by_main_script(runner) -> bool:
                 found.append(obj)
             return None
 
-    with suppress(Exception):
-        Finder(io.BytesIO()).dump(runner)
-    return bool(found)
+    data = io.BytesIO()
+    Finder(data).dump(runner)
+    return data.getvalue(), bool(found)
 
 
 @contextmanager
@@ -165,7 +166,7 @@ def _main_script_hidden() -> Iterator[None]:
     """Start a process without this process's main script. `spawn` runs the main script again in the child (as
     `__mp_main__`, so that what it defines unpickles there): a library user's script without an `if __name__ ==
     "__main__":` guard would run its sweep again in every worker and helper. Only a runner that holds what the
-    script defines needs it (_defined_by_main_script); a package run with `-m` is never run again anyway."""
+    script defines needs it (_pickled); a package run with `-m` is never run again anyway."""
     main = sys.modules["__main__"]
     saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
     main.__dict__.pop("__file__", None)
@@ -268,18 +269,18 @@ class _Worker:
     """The parent's handle on one worker process."""
 
     def __init__(self, context, runner, device: str | None = None, ahead: tuple[list, int] | None = None):
-        self.conn, child_conn = context.Pipe()
         # The runner travels pickled, to be unpickled after the worker has configured the
         # runtime: unpickling imports the command's modules, and they may import triton.
+        runner_bytes, self.needs_main_script = _pickled(runner)
+        self.conn, child_conn = context.Pipe()
         # Not a daemon: a daemonic process may not start processes of its own, and a kernel may
         # (compile workers). It is killed when done with, and dies with its parent (_serve).
         self.process = context.Process(
-            target=_serve, args=(runner.device, pickle.dumps(runner), child_conn, device, pickle.dumps(ahead)),
+            target=_serve, args=(runner.device, runner_bytes, child_conn, device, pickle.dumps(ahead)),
             name="ssmcheck-worker",
         )
         self._child_conn = child_conn
         self.ready = False
-        self.needs_main_script = _defined_by_main_script(runner)
 
     def start(self) -> None:
         try:

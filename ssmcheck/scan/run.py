@@ -19,7 +19,6 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.precompile import Launches, compile_only
-from ssmcheck.core.workers import cpu_cores
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
@@ -242,10 +241,9 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             result.reads_outside = _reads_outside(kernel, replace(inputs, D=None, z=None), case, transcript, device)
         if result.reads_outside is not None:
             result.message += f"; {outside.describe(result.reads_outside)}"
-    if result.status in (Status.FAIL, Status.NONFINITE) and picks:
-        # A config-dependent failure passes under another pick: where it flips between runs, this says which ran.
-        result.message += f"; the autotuner's picks: {autotune.picks_text(picks)}"
     if result.status in (Status.FAIL, Status.NONFINITE):
+        if picks:  # a config-dependent failure passes under another pick: where it flips between runs, which ran
+            result.message += f"; the autotuner's picks: {autotune.picks_text(picks)}"
         result.error_map = ErrorMap(case.chunk_size, int(tokens.position.max()) + 1,
                                     figures.kernel_groups.per_chunk_head())
     failed = result.status in (Status.FAIL, Status.NONFINITE)
@@ -317,7 +315,7 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     if key in _WARM:
         return None, _WARM[key]
     start = time.perf_counter()
-    with autotune.recorded_picks(_autotuned(kernel)) as picks:
+    with autotune.recorded_picks(autotune.find(kernel.fn)) as picks:
         try:
             _calls(kernel, inputs, case, transcript, device, 1)
         except Exception:  # noqa: BLE001, S110 (the timed call reports it)
@@ -325,14 +323,6 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     seconds = time.perf_counter() - start
     _WARM[key] = picks
     return seconds, picks
-
-
-def _autotuned(kernel: ScanAdapter) -> list:
-    """The kernel's autotuned functions (core.autotune.find); none where they cannot be found."""
-    try:
-        return autotune.find(kernel.fn)
-    except Exception:  # noqa: BLE001 (the picks are advisory)
-        return []
 
 
 def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple:
@@ -490,14 +480,13 @@ class ScanRunner:
                 result.message += f"; no reproducer written ({describe(exc)})"
         return result
 
-    def precompile(self, cases: list[ScanCase], threads: int | None = None) -> Launches | None:
+    def precompile(self, cases: list[ScanCase], threads: int) -> Launches | None:
         """On a GPU, compile the Triton kernels the cases will launch before they run, in `threads` threads at once
-        (default: one per CPU core; COMPILE_THREADS at most) (compile_ahead; in a helper process only); None where
-        nothing is compiled ahead (the CPU's interpreter compiles nothing)."""
+        (COMPILE_THREADS at most) (compile_ahead; in a helper process only); None where nothing is compiled ahead
+        (the CPU's interpreter compiles nothing)."""
         if self.device != "cuda" or self.interpreter:
             return None
-        threads = min(cpu_cores() if threads is None else threads, COMPILE_THREADS)
-        return compile_ahead(self.adapter(), cases, self.pins, self.device, threads)
+        return compile_ahead(self.adapter(), cases, self.pins, self.device, min(threads, COMPILE_THREADS))
 
     def without_extras(self) -> ScanRunner:
         """This runner without stage comparisons and reproducers: the case's verdict alone."""
