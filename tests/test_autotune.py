@@ -114,6 +114,53 @@ def test_a_case_reports_its_autotuners_picks_and_a_failing_case_names_them(monke
     assert type(tuned.autotuner.cache) is dict
 
 
+def test_a_pinned_case_names_the_other_functions_picks_and_not_its_pinned_ones(monkeypatch):
+    """With --configs all a case pins one function's config and the others autotune. Its picks are those of its
+    own first call: the pinned function runs its one config without a pick (as Triton's Autotuner does with
+    one config), and an earlier case's pick of that function, made while another was pinned, is not this case's."""
+    from dataclasses import replace
+
+    from ssmcheck import api
+
+    plan = api.plan_scan("tests.tuned_kernels.twice:chunk_scan", "smoke", regime="normal", dtype="fp32",
+                         device="cpu", configs="all")
+    tuned = {t.name: t for t in plan.runner.autotuned()}
+    assert sorted(tuned) == ["_copy_kernel", "_scale_kernel"]
+    for t in tuned.values():
+        run = t.autotuner.run
+
+        def tuning(*args, _t=t, _run=run, **kwargs):
+            configs = _t.autotuner.configs
+            if len(configs) > 1:  # Triton's Autotuner: one config runs without a pick
+                key = (args[2],)  # n
+                if key not in _t.autotuner.cache:
+                    _t.autotuner.cache[key] = configs[0]
+                picked = _t.autotuner.cache[key]  # the launch's pick
+                _t.autotuner.configs = [picked]  # the interpreter runs it, where it cannot benchmark
+            try:
+                return _run(*args, **kwargs)
+            finally:
+                _t.autotuner.configs = configs
+
+        monkeypatch.setattr(t.autotuner, "run", tuning)
+        monkeypatch.setattr(t.autotuner, "cache", {})
+    pins = autotune.pins
+    monkeypatch.setattr(autotune, "pins", lambda t, config, interpreter: pins(t, config, False))  # a GPU's pins
+    report = api.run(replace(plan, runner=replace(plan.runner, warmup=True)))
+    first = {"index": 0, "kwargs": {"BLOCK": 16}, "num_warps": 1, "num_stages": 3}
+    seen = set()
+    for case in report.cases:
+        pinned = case.data["params"]["config"]["function"]
+        other = next(name for name in tuned if name != pinned)
+        assert case.data["autotune_picks"] == {other: [first]}, (case.id, case.data["autotune_picks"])
+        seen.add(pinned)
+        if case.status == "fail":  # copy's BLOCK=32 pinned: the message names scale's pick, not copy's
+            assert "the autotuner's picks: _scale_kernel config 0 (BLOCK=16" in case.message
+            assert "_copy_kernel config" not in case.message
+    assert seen == set(tuned)
+    assert report.summary["fail"] + report.summary["nonfinite"] == 1
+
+
 def test_without_warm_up_calls_or_autotuning_no_picks_are_reported():
     from ssmcheck import api
 

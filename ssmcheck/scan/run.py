@@ -326,9 +326,12 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
 
 
 def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple:
-    """What a kernel's first call compiles and autotunes for."""
+    """What a kernel's first call compiles and autotunes for. The pinned config too (--configs all): each pin
+    compiles its own variant, and the other functions' picks recorded at its first call are the ones its cases
+    run with (a pinned function shows none: it runs its one config without a pick)."""
     return (kernel.name, case.dtype, case.chunk_size, tuple(inputs.x.shape), tuple(inputs.B.shape), inputs.varlen,
-            case.state_dtype, case.rounding, inputs.D is None, inputs.z is None, inputs.initial_states is None)
+            case.state_dtype, case.rounding, inputs.D is None, inputs.z is None, inputs.initial_states is None,
+            case.config)
 
 
 def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[ScanCase], dict], device: str,
