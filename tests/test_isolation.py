@@ -102,3 +102,41 @@ def test_a_failing_runner_is_one_line_and_the_worker_goes_on():
     ]
     assert results[2][2].startswith("the result could not be sent back: ")
     assert multiprocessing.active_children() == []
+
+
+def test_workers_are_asked_to_end_all_at_once_before_any_is_waited_for(monkeypatch):
+    """A worker's exit takes a while on a GPU (its CUDA context torn down): asked and waited for one after another,
+    eight workers' exits added up at the end of every sweep."""
+    from ssmcheck.core import isolation
+
+    events = []
+
+    class Process:
+        def __init__(self, name):
+            self.name = name
+
+        def join(self, timeout):
+            assert timeout > 0
+            events.append(("join", self.name))
+
+    class Worker:
+        def __init__(self, name):
+            self.process = Process(name)
+
+        def ask_to_stop(self):
+            events.append(("ask", self.process.name))
+
+        def kill(self):
+            events.append(("kill", self.process.name))
+
+    isolation._stop_all([Worker("a"), Worker("b"), Worker("c")])
+    assert events[:3] == [("ask", "a"), ("ask", "b"), ("ask", "c")]
+    assert events[3:] == [("join", "a"), ("kill", "a"), ("join", "b"), ("kill", "b"), ("join", "c"), ("kill", "c")]
+
+
+def test_workers_that_were_asked_to_end_have_ended_when_the_sweep_returns():
+    runner, cases = _scan("1,3")
+    children_before = set(multiprocessing.active_children())
+    results = list(run_isolated(runner, cases, timeout=120, advance=lambda: None, devices=[None, None]))
+    assert [r.status for r in results] == [Status.PASS, Status.PASS]
+    assert set(multiprocessing.active_children()) == children_before

@@ -81,8 +81,7 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
                 result = slot.collect(timeout, advance)
                 if result is not _RUNNING:
                     yield result
-        for slot in slots:
-            slot.stop()
+        _stop_all([slot.worker for slot in slots if slot.worker is not None])
     finally:
         for slot in slots:
             slot.kill()
@@ -130,7 +129,7 @@ class CompilingHelpers:
         return self._end(time.monotonic())
 
     def _end(self, deadline: float) -> list[dict]:
-        records = []
+        records, finished = [], []
         for worker in self.workers:
             try:
                 message = worker.receive(deadline)
@@ -138,9 +137,10 @@ class CompilingHelpers:
                 message = None
             if message is not None and message[0] == "ready" and message[1] is not None:
                 records.append(message[1])
-                worker.stop()
+                finished.append(worker)
             else:
                 worker.kill()
+        _stop_all(finished)
         self.workers = []
         return records
 
@@ -254,11 +254,6 @@ class _Slot:
         self.busy, self.case, self.deadline, self.lost = False, None, None, None
         return result
 
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
-
     def kill(self) -> None:
         if self.worker is not None:
             self.worker.kill()
@@ -321,18 +316,27 @@ class _Worker:
             return f"crashed: signal {-code} ({_signal_name(-code)})"
         return f"exited with code {code} without a result"
 
-    def stop(self) -> None:
-        """Ask the worker to end, and kill it if it does not."""
+    def ask_to_stop(self) -> None:
+        """Ask the worker to end after its current case (_stop_all waits for it)."""
         with suppress(OSError):
             self.conn.send_bytes(pickle.dumps(None))
-        self.process.join(END_WAIT)
-        self.kill()
 
     def kill(self) -> None:
         if self.process.pid is not None:
             self.process.kill()  # SIGKILL: a worker stuck in C code never sees anything gentler
             self.process.join(END_WAIT)
         self.conn.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    """Ask every worker to end, wait up to END_WAIT for them all, and kill those still running: they end at once,
+    not one after another (a worker's exit, its CUDA context torn down, takes a while)."""
+    for worker in workers:
+        worker.ask_to_stop()
+    deadline = time.monotonic() + END_WAIT
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+        worker.kill()
 
 
 @contextmanager
