@@ -131,7 +131,7 @@ def test_workers_are_asked_to_end_all_at_once_before_any_is_waited_for(monkeypat
 
     isolation._stop_all([Worker("a"), Worker("b"), Worker("c")])
     assert events[:3] == [("ask", "a"), ("ask", "b"), ("ask", "c")]
-    assert events[3:] == [("join", "a"), ("kill", "a"), ("join", "b"), ("kill", "b"), ("join", "c"), ("kill", "c")]
+    assert events[3:] == [("join", "a"), ("join", "b"), ("join", "c"), ("kill", "a"), ("kill", "b"), ("kill", "c")]
 
 
 def test_workers_that_were_asked_to_end_have_ended_when_the_sweep_returns():
@@ -140,3 +140,27 @@ def test_workers_that_were_asked_to_end_have_ended_when_the_sweep_returns():
     results = list(run_isolated(runner, cases, timeout=120, advance=lambda: None, devices=[None, None]))
     assert [r.status for r in results] == [Status.PASS, Status.PASS]
     assert set(multiprocessing.active_children()) == children_before
+
+
+def test_workers_are_killed_when_the_wait_for_their_end_is_interrupted():
+    from ssmcheck.core import isolation
+
+    killed = []
+
+    class Process:
+        def join(self, timeout):
+            raise KeyboardInterrupt
+
+    class Worker:
+        def __init__(self, name):
+            self.name, self.process = name, Process()
+
+        def ask_to_stop(self):
+            pass
+
+        def kill(self):
+            killed.append(self.name)
+
+    with pytest.raises(KeyboardInterrupt):
+        isolation._stop_all([Worker("a"), Worker("b")])
+    assert killed == ["a", "b"]

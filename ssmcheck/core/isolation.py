@@ -331,12 +331,15 @@ class _Worker:
 def _stop_all(workers: list[_Worker]) -> None:
     """Ask every worker to end, wait up to END_WAIT for them all, and kill those still running: they end at once,
     not one after another (a worker's exit, its CUDA context torn down, takes a while)."""
-    for worker in workers:
-        worker.ask_to_stop()
-    deadline = time.monotonic() + END_WAIT
-    for worker in workers:
-        worker.process.join(max(0.0, deadline - time.monotonic()))
-        worker.kill()
+    try:
+        for worker in workers:
+            worker.ask_to_stop()
+        deadline = time.monotonic() + END_WAIT
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+    finally:  # interrupted (Ctrl-C) while waiting too: none is left running
+        for worker in workers:
+            worker.kill()
 
 
 @contextmanager
