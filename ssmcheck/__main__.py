@@ -1,3 +1,3 @@
-from ssmcheck.cli import main
+from ssmcheck.console import main
 
 main()

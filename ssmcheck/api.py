@@ -20,6 +20,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ssmcheck.core import prestart
 from ssmcheck.core import ranks as launch
 from ssmcheck.core.execution import Interrupted, execute
 from ssmcheck.core.precompile import combined
@@ -138,7 +139,11 @@ class _Ahead:
 
 def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None], ahead: _Ahead):
     running = 1 if devices is None else len(devices)  # the processes running the cases: this one, or its workers
-    helpers = start_compiling_ahead(plan, plan.cases, running) if ahead.enabled else None
+    helpers = None
+    if ahead.enabled:
+        helpers = start_compiling_ahead(plan, plan.cases, running)
+    else:  # no helper will be given work: any the command started (core.prestart) end now, not at exit
+        prestart.dismiss()
     try:
         if devices is not None:
             from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
@@ -161,11 +166,6 @@ def compile_ahead(plan: Plan, cases: list | None = None) -> dict | None:
     return None if helpers is None else combined(helpers.wait())
 
 
-# Cores a compiling helper gets (four threads: four processes of four threads compiled the default scan's variants
-# fastest on the 16-core H200 machine; benchmarks/RESULTS.md, thirtieth session).
-CORES_PER_COMPILER = 4
-# Helper processes at most.
-COMPILE_HELPERS = 3
 # How many times faster a helper compiles than a case's first launch here, one variant after another (four threads:
 # 3.2x for the default scan; benchmarks/RESULTS.md, thirtieth session): the share of the sweep this process keeps.
 HELPER_PACE = 3
@@ -174,26 +174,30 @@ HELPER_PACE = 3
 def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
     """Start processes that compile the cases' Triton variants ahead into Triton's disk cache
     (core.isolation.CompilingHelpers); None where none compile: not a GPU's plan (the CPU's interpreter compiles
-    nothing), a runner that cannot (drift's), no cases, or a machine too small to spare CORES_PER_COMPILER cores.
+    nothing), a runner that cannot (drift's), no cases, or a machine too small to spare prestart.CORES_PER_COMPILER cores.
 
     `running` processes run the cases meanwhile, in their order (this one, a harness running them one by one as
     the pytest plugin does, or workers), each with a core of its own: they keep the first cases, compiling them as
     they come while the helpers start up and, HELPER_PACE times faster each, compile the rest. With none, the
     caller waits for the helpers (`wait()`); else `end()` once the cases have run gives the records."""
-    compiles = plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
-    if not compiles or not cases:
-        return None
-    from ssmcheck.core.isolation import CompilingHelpers  # noqa: PLC0415 (multiprocessing only when it compiles)
+    try:
+        compiles = plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
+        if not compiles or not cases:
+            return None
+        from ssmcheck.core.isolation import CompilingHelpers  # noqa: PLC0415 (multiprocessing only when it compiles)
 
-    cores = _cores() - running
-    helpers = min(COMPILE_HELPERS, cores // CORES_PER_COMPILER)
-    if not running:  # (waited for: one helper at least, whatever the cores)
-        helpers = max(1, helpers)
-    if not helpers:
-        return None
-    kept = len(cases) * running // (running + HELPER_PACE * helpers)  # fewer than all: the helpers' share is not 0
-    helping = CompilingHelpers(plan.runner, cases[kept:], helpers, max(CORES_PER_COMPILER, cores // helpers))
-    return helping if helping.workers else None
+        cores = _cores() - running
+        helpers = min(prestart.COMPILE_HELPERS, cores // prestart.CORES_PER_COMPILER)
+        if not running:  # (waited for: one helper at least, whatever the cores)
+            helpers = max(1, helpers)
+        if not helpers:
+            return None
+        kept = len(cases) * running // (running + HELPER_PACE * helpers)  # fewer than all: the helpers' share is not 0
+        threads = max(prestart.CORES_PER_COMPILER, cores // helpers)
+        helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads)
+        return helping if helping.workers else None
+    finally:
+        prestart.dismiss()  # the helpers the command started and this sweep did not take (core.prestart)
 
 
 def _cores() -> int:

@@ -30,7 +30,7 @@ def test_module_in_the_current_directory_with_the_installed_script(tmp_path):
         def fn(*args, **kwargs):
             return torch_kernel(*args, **kwargs)
     """))
-    (bin_dir / "ssmcheck").write_text("from ssmcheck.cli import main\nmain()\n")
+    (bin_dir / "ssmcheck").write_text("from ssmcheck.console import main\nmain()\n")  # as pip writes it
     argv = ["scan", "--kernel", "mykernels:fn", "--preset", "smoke", "--regime", "normal", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, str(bin_dir / "ssmcheck"), *argv], cwd=user, env=env,

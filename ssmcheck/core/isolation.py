@@ -33,13 +33,14 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext, suppress
 from multiprocessing.connection import Connection, wait
 
-from ssmcheck.core import runtime
+from ssmcheck.core import prestart, runtime
 from ssmcheck.core.execution import STOPPING_SIGNALS, ignore_stopping_signals
 from ssmcheck.core.guard import describe
 from ssmcheck.core.precompile import record_of
+from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked
 
 # Seconds a worker may take to import torch and triton and configure the device.
 STARTUP_TIMEOUT = 600.0
@@ -100,23 +101,25 @@ class CompilingHelpers:
     scan's variants about 4x faster than one, four processes of four threads about 5-6x; benchmarks/RESULTS.md,
     thirtieth session), and whatever a compile-only call leaves in the kernel's host code ends with it
     (core.precompile). A runner that cannot be pickled, or that holds what the main script defines (a library
-    user's callable kernel: the helper would have to run the script again, _main_script_hidden), gets no
+    user's callable kernel: the helper would have to run the script again, spawning.main_script_hidden), gets no
     helpers."""
 
     def __init__(self, runner, cases: list, helpers: int, threads: int):
         """Start up to `helpers` processes, each on a contiguous slice of `cases`, in the sweep's order (cases alike
-        and the variants they share mostly fall to one), with `threads` compiling threads."""
+        and the variants they share mostly fall to one), with `threads` compiling threads. Helpers the command
+        started before it imported torch (core.prestart) are taken first; those not taken are ended."""
         context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
         # A runner that cannot be pickled or that the main script defines, or no process to be had: those cases
         # compile when they run.
-        with suppress(Exception):
-            if _pickled(runner)[1]:
-                return
-            for part in _contiguous(cases, helpers):
-                worker = _Worker(context, runner, None, (part, threads))
-                worker.start()
-                self.workers.append(worker)
+        try:
+            with suppress(Exception):
+                if _pickled(runner)[1]:
+                    return
+                for part in _contiguous(cases, helpers):
+                    self.workers.append(_helper(context, runner, (part, threads)))
+        finally:
+            prestart.dismiss()
 
     def wait(self) -> list[dict]:
         """Wait for every helper's compilations and end it: their records (Launches.record), none for a helper
@@ -145,6 +148,19 @@ class CompilingHelpers:
         return records
 
 
+def _helper(context, runner, ahead: tuple[list, int]) -> _Worker:
+    """A compiling helper given `ahead`: one the command started already where one is left, else a new one."""
+    started = prestart.take(runner.device)
+    if started is not None:
+        try:
+            return _Worker(context, runner, None, ahead, started)
+        except _WorkerLost:  # it ended while it waited (its runtime could not be configured)
+            pass
+    worker = _Worker(context, runner, None, ahead)
+    worker.start()
+    return worker
+
+
 def _pickled(runner) -> tuple[bytes, bool]:
     """The runner pickled, and whether it holds a function or class of the `__main__` module (a library user's
     kernel defined in their script, which a process can unpickle only by running the script again)."""
@@ -159,24 +175,6 @@ def _pickled(runner) -> tuple[bytes, bool]:
     data = io.BytesIO()
     Finder(data).dump(runner)
     return data.getvalue(), bool(found)
-
-
-@contextmanager
-def _main_script_hidden() -> Iterator[None]:
-    """Start a process without this process's main script. `spawn` runs the main script again in the child (as
-    `__mp_main__`, so that what it defines unpickles there): a library user's script without an `if __name__ ==
-    "__main__":` guard would run its sweep again in every worker and helper. Only a runner that holds what the
-    script defines needs it (_pickled); a package run with `-m` is never run again anyway."""
-    main = sys.modules["__main__"]
-    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        for name in ("__file__", "__spec__"):
-            main.__dict__.pop(name, None)
-        main.__dict__.update(saved)
 
 
 _RUNNING = object()  # _Slot.collect's answer while its case has not ended
@@ -263,10 +261,19 @@ class _Slot:
 class _Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, context, runner, device: str | None = None, ahead: tuple[list, int] | None = None):
+    def __init__(self, context, runner, device: str | None = None, ahead: tuple[list, int] | None = None,
+                 started: tuple | None = None):
+        """`started`: a helper process already running for the runner's device, with this end of its pipe
+        (core.prestart.take), to be given the work instead of a new process."""
         # The runner travels pickled, to be unpickled after the worker has configured the
         # runtime: unpickling imports the command's modules, and they may import triton.
         runner_bytes, self.needs_main_script = _pickled(runner)
+        self.ready = False
+        if started is not None:
+            self.process, self.conn = started
+            self._child_conn = None
+            self.send((runner_bytes, pickle.dumps(ahead)))  # serve_when_given's work
+            return
         self.conn, child_conn = context.Pipe()
         # Not a daemon: a daemonic process may not start processes of its own, and a kernel may
         # (compile workers). It is killed when done with, and dies with its parent (_serve).
@@ -275,11 +282,12 @@ class _Worker:
             name="ssmcheck-worker",
         )
         self._child_conn = child_conn
-        self.ready = False
 
     def start(self) -> None:
+        if self._child_conn is None:  # started already
+            return
         try:
-            with _stop_signals_blocked(), nullcontext() if self.needs_main_script else _main_script_hidden():
+            with stopping_signals_blocked(), nullcontext() if self.needs_main_script else main_script_hidden():
                 self.process.start()
         finally:
             self._child_conn.close()  # the worker's end: held here, it would hide the worker's exit
@@ -342,17 +350,6 @@ def _stop_all(workers: list[_Worker]) -> None:
             worker.kill()
 
 
-@contextmanager
-def _stop_signals_blocked() -> Iterator[None]:
-    """Block SIGINT and SIGTERM while a worker is started: the worker inherits the mask, so a signal
-    during its start-up waits until `_serve` has set them to be ignored (they are the parent's to handle)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -372,12 +369,39 @@ def _serve(device: str, runner_bytes: bytes, conn: Connection, visible_gpu: str 
     sweep ahead when given one, then run each case received until told to stop."""
     if visible_gpu is not None:  # before anything starts CUDA, which reads it once
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpu
+    _become_worker()
+    try:
+        runtime.configure(device)
+    except Exception as exc:  # noqa: BLE001 (reported to the parent as the case's error)
+        _send(conn, ("failed", _one_line(exc)))
+        return
+    _serve_configured(conn, runner_bytes, ahead_bytes)
+
+
+def serve_when_given(conn: Connection, device: str) -> None:
+    """A helper started before its work (core.prestart): configure the runtime for `device` at once, then wait
+    for (runner_bytes, ahead_bytes), and serve them as _serve does; None, or the parent gone, ends it."""
+    _become_worker()
+    try:
+        runtime.configure(device)
+        work = pickle.loads(conn.recv_bytes())
+    except Exception as exc:  # noqa: BLE001 (the parent, once it gives the work, reads why)
+        with suppress(OSError):
+            _send(conn, ("failed", _one_line(exc)))
+        return
+    if work is not None:
+        _serve_configured(conn, *work)
+
+
+def _become_worker() -> None:
     ignore_stopping_signals()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING_SIGNALS)
     _die_with_parent()
     os.dup2(2, 1)  # what is printed outside a kernel's capture goes to stderr, never into the report
+
+
+def _serve_configured(conn: Connection, runner_bytes: bytes, ahead_bytes: bytes) -> None:
     try:
-        runtime.configure(device)
         runner = pickle.loads(runner_bytes)
     except Exception as exc:  # noqa: BLE001 (reported to the parent as the case's error)
         _send(conn, ("failed", _one_line(exc)))

@@ -1,0 +1,108 @@
+"""Compiling helpers started before the `ssmcheck` command imports torch.
+
+A GPU scan compiles its Triton variants ahead in helper processes (core.isolation.CompilingHelpers). A helper
+spends its first seconds importing torch and triton and starting CUDA, as the command does before it has planned
+its sweep, so helpers spawned once the sweep is planned compile only after both: on a fresh H200 they were spawned
+4.7 s into `ssmcheck scan` and compiled from about 5 s later (benchmarks/RESULTS.md, thirty-second session).
+Started here instead, first thing in the command (ssmcheck.console), they import beside it and then wait for their
+work: CompilingHelpers takes them (`take`), and those it does not take end once the sweep has decided (`dismiss`),
+or at exit.
+
+Only where they will be wanted, guessed from the command line before anything is imported (`wanted`): the `scan`
+command on a machine with an NVIDIA driver and the cores for a helper, and not --help, --device cpu,
+--no-compile-ahead or Triton's interpreter. A wrong guess costs processes that are dismissed.
+
+This module imports neither torch nor triton: its caller has not yet chosen between compiled kernels and
+Triton's interpreter (core.runtime).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.util  # its exit handler (which joins children) registered before this module's
+import os
+from collections.abc import Mapping, Sequence
+
+from ssmcheck.core.ranks import local_processes
+from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked
+from ssmcheck.core.workers import cpu_cores
+
+# Cores a compiling helper gets (four threads: four processes of four threads compiled the default scan's variants
+# fastest on the 16-core H200 machine; benchmarks/RESULTS.md, thirtieth session).
+CORES_PER_COMPILER = 4
+# Helper processes at most.
+COMPILE_HELPERS = 3
+# Where the NVIDIA driver is loaded (Linux): the sign of a GPU before torch is imported to ask.
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"
+
+# The helpers started and not yet taken: (device, process, this end of its pipe).
+_WAITING: list[tuple[str, multiprocessing.Process, object]] = []
+
+
+def wanted(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: bool) -> int:
+    """How many helpers to start for the command line `args` (without the program's name): as many as
+    api.start_compiling_ahead would give a sweep run in this process, or 0 where it gives none."""
+    if not args or args[0] != "scan" or not driver or environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return 0
+    options = list(args[1:])
+    if any(a in ("-h", "--help", "--no-compile-ahead", "--device=cpu") for a in options):
+        return 0
+    if any(a == "--device" and following == "cpu" for a, following in zip(options, options[1:])):
+        return 0
+    spare = max(1, cores // local_processes(environ)) - 1  # one core runs the cases
+    return min(COMPILE_HELPERS, spare // CORES_PER_COMPILER)
+
+
+def for_command(args: Sequence[str]) -> None:
+    """Start the helpers `wanted` says the command line `args` will want, on the GPU."""
+    count = wanted(args, os.environ, cpu_cores(), os.path.exists(NVIDIA_DRIVER))
+    if count:
+        start(count, "cuda")
+
+
+def start(count: int, device: str) -> None:
+    """Start `count` helpers that ready the runtime for `device` and wait for their work."""
+    context = multiprocessing.get_context("spawn")
+    if not _WAITING:
+        # Exit handlers run last registered first: this one ends the waiting helpers before multiprocessing's
+        # joins them, which would wait for ever (a command that ends before its sweep, say on a usage error).
+        atexit.register(dismiss)
+    for _ in range(count):
+        parent_end, child_end = context.Pipe()
+        # Not a daemon, as any worker (core.isolation._Worker says why).
+        process = context.Process(target=_wait_for_work, args=(child_end, device), name="ssmcheck-helper")
+        with stopping_signals_blocked(), main_script_hidden():
+            process.start()
+        child_end.close()
+        _WAITING.append((device, process, parent_end))
+
+
+def take(device: str) -> tuple[multiprocessing.Process, object] | None:
+    """A helper started for `device` that is still alive, with this end of its pipe; None where none is."""
+    while _WAITING:
+        started_for, process, conn = _WAITING.pop(0)
+        if started_for == device and process.is_alive():
+            return process, conn
+        _end(process, conn)
+    return None
+
+
+def dismiss() -> None:
+    """End the helpers not taken: the sweep wanted fewer, or none."""
+    while _WAITING:
+        _, process, conn = _WAITING.pop()
+        _end(process, conn)
+
+
+def _end(process: multiprocessing.Process, conn) -> None:
+    process.kill()  # it holds no work: nothing to finish
+    process.join()
+    conn.close()
+
+
+def _wait_for_work(conn, device: str) -> None:
+    """The helper: import what the work needs, beside the command's own imports, then serve it."""
+    from ssmcheck.core import isolation  # noqa: PLC0415 (torch: here, in the helper, at once)
+
+    isolation.serve_when_given(conn, device)

@@ -1,0 +1,77 @@
+"""Compiling helpers started before the command imports torch (core.prestart), and taken by the sweep's helpers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+
+import pytest
+
+from ssmcheck.core import isolation, prestart
+from tests.pool_helpers import AheadRunner
+
+
+@pytest.mark.parametrize(("args", "environ", "cores", "driver", "count"), [
+    (["scan"], {}, 16, True, 3),
+    (["scan", "--preset", "thorough", "--workers", "8"], {}, 16, True, 3),  # the sweep dismisses what it does not take
+    (["scan"], {}, 9, True, 2),
+    (["scan"], {}, 5, True, 1),
+    (["scan"], {}, 4, True, 0),  # no core to spare a helper
+    (["scan"], {"LOCAL_WORLD_SIZE": "2"}, 16, True, 1),  # two torchrun ranks share the cores
+    (["scan"], {}, 16, False, 0),  # no NVIDIA driver: the CPU's interpreter compiles nothing
+    (["scan"], {"TRITON_INTERPRET": "1"}, 16, True, 0),
+    (["scan"], {"TRITON_INTERPRET": "0"}, 16, True, 3),
+    (["scan", "--device", "cpu"], {}, 16, True, 0),
+    (["scan", "--device=cpu"], {}, 16, True, 0),
+    (["scan", "--device", "cuda"], {}, 16, True, 3),
+    (["scan", "--no-compile-ahead"], {}, 16, True, 0),
+    (["scan", "--help"], {}, 16, True, 0),
+    (["scan", "-h"], {}, 16, True, 0),
+    (["drift"], {}, 16, True, 0),  # drift's runner compiles nothing ahead
+    (["merge", "a.json", "b.json"], {}, 16, True, 0),
+    ([], {}, 16, True, 0),
+])
+def test_helpers_are_started_only_for_a_scan_that_will_compile_ahead(args, environ, cores, driver, count):
+    assert prestart.wanted(args, environ, cores, driver) == count
+
+
+def test_the_command_entry_starts_its_helpers_before_it_imports_torch_or_triton():
+    code = "import sys, ssmcheck.console; print(sorted({'torch', 'triton'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_sweeps_helpers_are_those_started_and_the_rest_are_ended():
+    prestart.start(2, "cpu")
+    started = [process for _, process, _ in prestart._WAITING]
+    helpers = isolation.CompilingHelpers(AheadRunner(), ["a", "b", "c"], helpers=1, threads=1)
+    assert [worker.process for worker in helpers.workers] == started[:1]
+    assert prestart._WAITING == [] and not started[1].is_alive()  # dismissed once the sweep took what it wanted
+    assert [record["launches"] for record in helpers.wait()] == [30]
+    assert multiprocessing.active_children() == []
+
+
+def test_a_helper_started_for_another_device_is_ended_and_a_new_one_serves():
+    prestart.start(1, "cuda")  # (on a CPU machine it fails to configure; either way the sweep's device is the CPU)
+    ((_, other, _),) = prestart._WAITING
+    helpers = isolation.CompilingHelpers(AheadRunner(), ["a", "b"], helpers=1, threads=1)
+    assert helpers.workers[0].process is not other and not other.is_alive()
+    assert [record["launches"] for record in helpers.wait()] == [20]
+    assert multiprocessing.active_children() == []
+
+
+def test_helpers_not_taken_are_ended_by_dismiss():
+    prestart.start(2, "cpu")
+    started = [process for _, process, _ in prestart._WAITING]
+    prestart.dismiss()
+    assert prestart._WAITING == [] and not any(process.is_alive() for process in started)
+    assert prestart.take("cpu") is None
+
+
+def test_a_command_that_ends_before_its_sweep_ends_its_waiting_helpers():
+    """A usage error, say: the helpers never get work, and the exit must not wait for them."""
+    code = "from ssmcheck.core import prestart; prestart.start(2, 'cpu'); raise SystemExit(2)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
