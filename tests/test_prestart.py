@@ -14,7 +14,11 @@ from tests.pool_helpers import AheadRunner
 
 @pytest.mark.parametrize(("args", "environ", "cores", "driver", "count"), [
     (["scan"], {}, 16, True, 3),
-    (["scan", "--preset", "thorough", "--workers", "8"], {}, 16, True, 3),  # the sweep dismisses what it does not take
+    (["scan", "--preset", "thorough", "--workers", "8"], {}, 16, True, 2),  # 8 cores run the cases: 8 left
+    (["scan", "--workers=4"], {}, 16, True, 3),
+    (["scan", "--workers", "14"], {}, 16, True, 0),
+    (["scan", "--workers", "auto"], {}, 16, True, 3),  # one per GPU, guessed one
+    (["scan", "--workers", "x"], {}, 16, True, 3),  # the CLI refuses it; the guess does not
     (["scan"], {}, 9, True, 2),
     (["scan"], {}, 5, True, 1),
     (["scan"], {}, 4, True, 0),  # no core to spare a helper

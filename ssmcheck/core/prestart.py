@@ -50,8 +50,16 @@ def wanted(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: 
         return 0
     if any(a == "--device" and following == "cpu" for a, following in zip(options, options[1:])):
         return 0
-    spare = max(1, cores // local_processes(environ)) - 1  # one core runs the cases
-    return min(COMPILE_HELPERS, spare // CORES_PER_COMPILER)
+    spare = max(1, cores // local_processes(environ)) - _running(options)  # a core for each process running cases
+    return max(0, min(COMPILE_HELPERS, spare // CORES_PER_COMPILER))
+
+
+def _running(options: Sequence[str]) -> int:
+    """The processes that will run the cases: --workers N, else this one (and for --workers auto, one per GPU:
+    its count is unknown before CUDA starts; one is the guess, and a helper too many is dismissed)."""
+    values = [following for a, following in zip(options, options[1:]) if a == "--workers"]
+    values += [a.split("=", 1)[1] for a in options if a.startswith("--workers=")]
+    return int(values[-1]) if values and values[-1].isdigit() and int(values[-1]) > 0 else 1
 
 
 def for_command(args: Sequence[str]) -> None:
