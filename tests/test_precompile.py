@@ -7,11 +7,13 @@ helpers compile nothing more."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import pytest
@@ -21,7 +23,9 @@ from triton.runtime import autotuner, jit
 from ssmcheck import api
 from ssmcheck.core import isolation, precompile
 from ssmcheck.core.precompile import Launches, compile_only
+from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.scan import run as scan_run
+from ssmcheck.scan.adapter import ScanAdapter
 from ssmcheck.scan.spec import ScanCase
 from tests.pool_helpers import AheadRunner, SlowAheadRunner
 
@@ -187,7 +191,6 @@ class _Kernel:
 @pytest.fixture
 def ahead(monkeypatch):
     """compile_ahead over fake cases and inputs (each case's seqlen its x's length; D only where headdim is 4)."""
-    from contextlib import contextmanager  # noqa: PLC0415
 
     kernel = _Kernel()
 
@@ -247,6 +250,56 @@ def test_a_cold_cache_is_compiled_ahead_to_the_end(ahead):
     cases = [_case(16 * i + 1) for i in range(1, 9)]
     launches = scan_run.compile_ahead(ahead, cases, lambda case: {}, "cpu", 2)
     assert len(ahead.calls) == 8 and not launches.cache_warm() and launches.record(0.0)["compiled"] == 8
+
+
+def _record_calls(monkeypatch, computed: bool) -> set:
+    """The signatures of the chunk-scan and state-update calls made from now on (shape, varlen, initial
+    states, D, z; the state's shape and dtype). Not `computed`: each call's outputs come back NaN, as a
+    compile-only call leaves the outputs it poisoned."""
+    seen = set()
+    call, update = ScanAdapter.call, DriftAdapter.update
+
+    def scan_call(self, inputs, case, transcript, nan_fences=None):
+        seen.add(("scan", tuple(inputs.x.shape), inputs.varlen, inputs.initial_states is None, inputs.D is None,
+                  inputs.z is None))
+        out = call(self, inputs, case, transcript, nan_fences)
+        return out if computed else tuple(t.fill_(math.nan) for t in out)
+
+    def decode(self, state, arguments, *rest):
+        seen.add(("decode", tuple(state.shape), state.dtype))
+        out = update(self, state, arguments, *rest)
+        return out if computed else out.fill_(math.nan)
+
+    monkeypatch.setattr(ScanAdapter, "call", scan_call)
+    monkeypatch.setattr(DriftAdapter, "update", decode)
+    return seen
+
+
+def test_the_invariance_checks_calls_are_made_ahead_as_the_case_makes_them(monkeypatch):
+    """With --invariance a case also calls the kernel on a sequence alone, on a split's second part from the
+    first part's states, and the state update: each call of the case has its like among compile_ahead's,
+    although those compute nothing."""
+    plan = api.plan_scan("builtin", "smoke", regime="ragged", dtype="fp32", invariance=True, device="cpu")
+    runner, case = plan.runner, plan.cases[0]
+    with monkeypatch.context() as patched:
+        ran = _record_calls(patched, computed=True)
+        result = runner(case, lambda: None)
+    assert [check.status.value for check in result.invariance] == ["pass", "pass", "pass", "skipped"]
+    assert any(s[0] == "decode" for s in ran) and any(s[0] == "scan" and not s[3] for s in ran)
+
+    @contextmanager
+    def counting(threads):
+        yield Launches(supported=True, count=1)  # (the interpreter launches nothing through compile_only)
+
+    monkeypatch.setattr(scan_run, "compile_only", counting)
+    made = []
+    for serving in (runner.serving(), None):
+        with monkeypatch.context() as patched:
+            made.append(_record_calls(patched, computed=False))
+            scan_run.compile_ahead(runner.adapter(), [case], runner.pins, "cpu", 1, serving, runner.tolerance)
+    with_checks, without = made
+    assert with_checks == ran
+    assert len(without) == 1 and without < ran  # the case's own call alone
 
 
 # ---------------------------------------------------------------------------- helper processes, api.run
@@ -473,15 +526,18 @@ def test_an_autotuned_kernel_compiled_ahead_has_every_config_and_its_first_for_a
 
 
 @pytest.mark.gpu
-def test_the_smoke_sweeps_cases_compile_nothing_its_helpers_did_not(monkeypatch, tmp_path):
+@pytest.mark.parametrize("invariance", [False, True])
+def test_the_smoke_sweeps_cases_compile_nothing_its_helpers_did_not(monkeypatch, tmp_path, invariance):
     """The helpers of api.compile_ahead fill a fresh Triton cache; the smoke sweep, run then in a process of its
-    own as a user runs it, adds no compiled kernel to it (every variant it launched was there)."""
+    own as a user runs it, adds no compiled kernel to it (every variant it launched was there), with the
+    invariance checks' calls too (the state update's among them)."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # cold: the helpers compile the whole sweep
-    record = api.compile_ahead(api.plan_scan("builtin", "smoke", device="cuda"))
+    record = api.compile_ahead(api.plan_scan("builtin", "smoke", device="cuda", invariance=invariance))
     compiled = {p.name for p in tmp_path.rglob("*.cubin")}
     assert record["compiled"] > 0 and compiled and not record["cache_warm"]
     run = subprocess.run([sys.executable, "-m", "ssmcheck", "scan", "--preset", "smoke", "--quiet",
-                          "--no-compile-ahead"], capture_output=True, text=True, timeout=300,
+                          "--no-compile-ahead", *(["--invariance"] if invariance else [])],
+                         capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert run.returncode == 0, run.stdout + run.stderr
     assert {p.name for p in tmp_path.rglob("*.cubin")} == compiled

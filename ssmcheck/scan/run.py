@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ssmcheck.core import autotune, outside
+from ssmcheck.core.callables import KernelSpecError
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
@@ -335,10 +336,12 @@ def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple
 
 
 def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[ScanCase], dict], device: str,
-                  threads: int) -> Launches:
+                  threads: int, serving: invariance.Options | None = None,
+                  tolerance: Tolerance | None = None) -> Launches:
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
     kernel is called once per shape (and once more without D and z, as the cases call it) with every launch
-    made compile-only. A case whose call raises here is left to run as usual, where its error is reported.
+    made compile-only; with `serving` (and the runner's `tolerance`), the invariance checks' calls follow
+    (_rehearse_checks). A case whose call raises here is left to run as usual, where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
     nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). In a helper
     process only (core.precompile says why)."""
@@ -361,13 +364,28 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
             seen.add(key)
             try:
                 with autotune.pinned(pins(case)):
-                    kernel.call(inputs, case, Transcript())
+                    out = kernel.call(inputs, case, Transcript())
                     if inputs.D is not None or inputs.z is not None:
                         kernel.call_y(replace(inputs, D=None, z=None), case, Transcript())
+                    if serving is not None:
+                        _rehearse_checks(serving, kernel, case, inputs, out, tolerance, device)
             except Exception:  # noqa: BLE001, S110 (as above)
                 pass
             launches.call_done()
     return launches
+
+
+def _rehearse_checks(options: invariance.Options, kernel: ScanAdapter, case: ScanCase, inputs: ScanInputs,
+                     out, tolerance: Tolerance, device: str) -> None:
+    """Run the case's invariance checks inside compile_only, so that their calls compile their own variants: a
+    sequence alone, a split's second part from the first part's states (initial states: other constexprs), the
+    state-update kernel's decode steps, the cache write. Nothing those calls return was computed, so the
+    checks' verdicts are thrown away; the kernel's own calls stand in for the baselines (plain PyTorch, which
+    would compute and compile nothing) and for the reference."""
+    calls = _serving_calls(options, kernel, case, out[1].dtype, False, tolerance, Transcript(), device)
+    calls = replace(calls, baseline=calls.scan, baseline_decode=calls.decode or calls.baseline_decode)
+    nothing = Comparison(measure.error_stats(out[0], out[0]), measure.error_stats(out[1], out[1]))
+    invariance.run_checks(calls, inputs, case.chunk_size, case.seed, out, out, nothing)
 
 
 def _calls(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript, device: str, count: int,
@@ -485,11 +503,16 @@ class ScanRunner:
 
     def precompile(self, cases: list[ScanCase], threads: int) -> Launches | None:
         """On a GPU, compile the Triton kernels the cases will launch before they run, in `threads` threads at once
-        (COMPILE_THREADS at most) (compile_ahead; in a helper process only); None where nothing is compiled ahead
-        (the CPU's interpreter compiles nothing)."""
+        (COMPILE_THREADS at most) (compile_ahead; in a helper process only), the invariance checks' calls too where
+        they run; None where nothing is compiled ahead (the CPU's interpreter compiles nothing)."""
         if self.device != "cuda" or self.interpreter:
             return None
-        return compile_ahead(self.adapter(), cases, self.pins, self.device, min(threads, COMPILE_THREADS))
+        try:
+            serving = self.serving()
+        except KernelSpecError:  # each case reports it
+            serving = None
+        return compile_ahead(self.adapter(), cases, self.pins, self.device, min(threads, COMPILE_THREADS), serving,
+                             self.tolerance)
 
     def without_extras(self) -> ScanRunner:
         """This runner without stage comparisons and reproducers: the case's verdict alone."""
