@@ -186,14 +186,14 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
             return None
         from ssmcheck.core.isolation import CompilingHelpers  # noqa: PLC0415 (multiprocessing only when it compiles)
 
-        cores = _cores() - running
-        helpers = min(prestart.COMPILE_HELPERS, cores // prestart.CORES_PER_COMPILER)
+        cores = _cores()
+        helpers = prestart.helper_count(cores, running)
         if not running:  # (waited for: one helper at least, whatever the cores)
             helpers = max(1, helpers)
         if not helpers:
             return None
         kept = len(cases) * running // (running + HELPER_PACE * helpers)  # fewer than all: the helpers' share is not 0
-        threads = max(prestart.CORES_PER_COMPILER, cores // helpers)
+        threads = max(prestart.CORES_PER_COMPILER, (cores - running) // helpers)
         helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads)
         return helping if helping.workers else None
     finally:

@@ -386,6 +386,7 @@ class _Started:
     (4, 1, 1, None),  # too few cores to spare four: nothing ahead
     (4, 1, 0, (40, 1, 4)),  # (waited for: one helper, whatever the cores)
     (16, 4, 1, None),  # torchrun's four ranks on this machine: 4 cores each, none to spare
+    (2, 1, 3, None),  # more workers than cores
 ])
 def test_helpers_take_the_sweep_after_the_cases_this_process_keeps(monkeypatch, cores, ranks, running, started):
     monkeypatch.setattr(api, "cpu_cores", lambda: cores)

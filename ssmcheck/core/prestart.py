@@ -50,8 +50,13 @@ def wanted(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: 
         return 0
     if any(a == "--device" and following == "cpu" for a, following in zip(options, options[1:])):
         return 0
-    spare = max(1, cores // local_processes(environ)) - _running(options)  # a core for each process running cases
-    return max(0, min(COMPILE_HELPERS, spare // CORES_PER_COMPILER))
+    return helper_count(max(1, cores // local_processes(environ)), _running(options))
+
+
+def helper_count(cores: int, running: int) -> int:
+    """The compiling helpers for `cores` (this process's share of the machine) where `running` processes run the
+    cases, a core each: CORES_PER_COMPILER of the cores left each, COMPILE_HELPERS at most; 0 where none are left."""
+    return max(0, min(COMPILE_HELPERS, (cores - running) // CORES_PER_COMPILER))
 
 
 def _running(options: Sequence[str]) -> int:
