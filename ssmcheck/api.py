@@ -166,8 +166,8 @@ def compile_ahead(plan: Plan, cases: list | None = None) -> dict | None:
     return None if helpers is None else combined(helpers.wait())
 
 
-# How many times faster a helper compiles than a case's first launch here, one variant after another (four threads:
-# 3.2x for the default scan; benchmarks/RESULTS.md, thirtieth session): the share of the sweep this process keeps.
+# How many times faster a helper compiles than a case's first launch in a worker, one variant after another (four
+# threads: 3.2x for the default scan; benchmarks/RESULTS.md, thirtieth session): the share of the sweep workers keep.
 HELPER_PACE = 3
 
 
@@ -177,9 +177,13 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
     nothing), a runner that cannot (drift's), no cases, or a machine too small to spare prestart.CORES_PER_COMPILER cores.
 
     `running` processes run the cases meanwhile, in their order (this one, a harness running them one by one as
-    the pytest plugin does, or workers), each with a core of its own: they keep the first cases, compiling them as
-    they come while the helpers start up and, HELPER_PACE times faster each, compile the rest. With none, the
-    caller waits for the helpers (`wait()`); else `end()` once the cases have run gives the records."""
+    the pytest plugin does, or workers), each with a core of its own. Workers keep the first cases, compiling them as
+    they come while the helpers start up and, HELPER_PACE times faster each, compile the rest. One process keeps
+    none: the helpers race it through its first cases too, compiling a case's variants several at a time where it
+    compiles them one after another at their first launches (on a fresh H200 the default scan's first case waited
+    3.2 s for its variants where it waited 4.3-5.9 s keeping 7 cases; benchmarks/RESULTS.md, "fewer variants"), and
+    the cases whose variants it compiled first they find in the cache. With none, the caller waits for the helpers
+    (`wait()`); else `end()` once the cases have run gives the records."""
     try:
         compiles = plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
         if not compiles or not cases:
@@ -192,7 +196,8 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
             helpers = max(1, helpers)
         if not helpers:
             return None
-        kept = len(cases) * running // (running + HELPER_PACE * helpers)  # fewer than all: the helpers' share is not 0
+        # (fewer than all: the helpers' share is not 0)
+        kept = 0 if running == 1 else len(cases) * running // (running + HELPER_PACE * helpers)
         threads = max(prestart.CORES_PER_COMPILER, (cores - running) // helpers)
         helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads)
         return helping if helping.workers else None

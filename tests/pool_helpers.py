@@ -42,6 +42,20 @@ class AheadRunner(WhereRunner):
         return Launches(supported=True, count=10 * len(cases), compilations=[0.5] * len(cases))
 
 
+class GroupedAheadRunner(WhereRunner):
+    """Compiles ahead integer cases grouped by parity (runner.compile_group): its record's `launches` is the sum of
+    the cases it was given, which tells the slices apart."""
+
+    @staticmethod
+    def compile_group(case: int) -> int:
+        return case % 2
+
+    def precompile(self, cases: list, threads: int):
+        from ssmcheck.core.precompile import Launches  # noqa: PLC0415
+
+        return Launches(supported=True, count=sum(cases), compilations=[0.5] * len(cases))
+
+
 class SlowAheadRunner(AheadRunner):
     """An AheadRunner whose compiling ahead outlasts any test."""
 

@@ -8,6 +8,7 @@ small sizes; `gpu` tests run compiled at Mamba2 sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -360,6 +361,31 @@ def test_gpu_decay_extreme_stays_finite():
     inputs = draw(case, "cuda")
     y, final, _ = run_kernel(case, inputs)
     assert torch.isfinite(y).all() and torch.isfinite(final).all()
+
+
+@pytest.mark.gpu
+def test_gpu_optional_inputs_share_each_stages_compiled_variant():
+    # With and without D, z, dt_bias, softplus, dt_limit and initial states, and at one group or three, every stage
+    # runs the variant its first call compiled: a flag or a stand-in that made a variant of its own would double
+    # what a sweep compiles (most of the default scan's time on a fresh machine). Widths no other test uses, so
+    # that the first call here compiles.
+    from ssmcheck.ops.chunk_scan import chunk_cb, chunk_output, chunk_state, dt_cumsum, state_passing
+
+    kernels = [chunk_cb._chunk_cb_kernel, chunk_output._chunk_output_kernel, chunk_state._chunk_state_kernel,
+               dt_cumsum._dt_cumsum_kernel, state_passing._state_passing_kernel]
+
+    def variants():
+        return [len(k.device_caches[torch.cuda.current_device()][0]) for k in kernels]
+
+    base = Case(batch=1, seqlen=300, nheads=12, headdim=48, ngroups=3, dstate=48, chunk_size=32,
+                dtype=torch.float16, dt_limit=(1e-4, 10.0), seed=11)
+    check_case(base, "cuda")
+    first = variants()
+    for change in (dict(D=None), dict(z=False), dict(dt_bias=False), dict(dt_softplus=False),
+                   dict(dt_limit=(0.0, math.inf)), dict(initial_states=False), dict(ngroups=1),
+                   dict(D=None, z=False, dt_bias=False, initial_states=False)):
+        check_case(dataclasses.replace(base, **change, seed=12), "cuda")
+        assert variants() == first, f"{change} compiled another variant: {variants()} after {first}"
 
 
 @pytest.mark.gpu

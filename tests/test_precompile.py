@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from triton.runtime import autotuner, jit
 
 from ssmcheck import api
@@ -27,7 +29,7 @@ from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.scan import run as scan_run
 from ssmcheck.scan.adapter import ScanAdapter
 from ssmcheck.scan.spec import ScanCase
-from tests.pool_helpers import AheadRunner, SlowAheadRunner
+from tests.pool_helpers import AheadRunner, GroupedAheadRunner, SlowAheadRunner
 
 
 class _Recorded:
@@ -319,6 +321,26 @@ def test_helpers_compile_contiguous_slices_and_give_their_records_when_waited_fo
     assert multiprocessing.active_children() == []
 
 
+def test_helpers_take_the_runners_compile_groups_whole():
+    # Odd and even cases are the runner's two groups: one helper each, not the contiguous [1, 2] and [3, 4].
+    helpers = isolation.CompilingHelpers(GroupedAheadRunner(), [1, 2, 3, 4], helpers=2, threads=1)
+    assert sorted(r["launches"] for r in helpers.wait()) == [1 + 3, 2 + 4]
+
+
+@given(st.lists(st.integers(0, 5), max_size=40), st.integers(1, 6))
+def test_shares_hold_every_case_once_in_order_and_keep_groups_that_fit_whole(groups, parts):
+    cases = list(enumerate(groups))  # (position, group)
+    shares = isolation._shares(cases, parts, group=lambda case: case[1])
+    assert sorted(c for share in shares for c in share) == cases
+    assert len(shares) <= parts and bool(shares) == bool(cases) and all(share == sorted(share) and share for share in shares)
+    fair = -(-len(cases) // parts) if cases else 0
+    for g in set(groups):
+        members = [share for share in shares if any(c[1] == g for c in share)]
+        if groups.count(g) <= fair:
+            assert len(members) == 1, f"group {g} ({groups.count(g)} cases, shares of {fair}) was cut: {shares}"
+    assert isolation._shares(cases, parts) == [cases[i:i + fair] for i in range(0, len(cases), fair or 1)]
+
+
 def test_ending_the_helpers_kills_those_still_compiling_and_keeps_the_others_records():
     helpers = isolation.CompilingHelpers(AheadRunner(), ["a", "b"], helpers=1, threads=1)
     slow = isolation.CompilingHelpers(SlowAheadRunner(), ["c"], helpers=1, threads=1)
@@ -378,11 +400,11 @@ class _Started:
 
 
 @pytest.mark.parametrize(("cores", "ranks", "running", "started"), [
-    (16, 1, 1, (40 - 4, 3, 5)),  # 15 cores spared: 3 helpers of 5; this process keeps 40 // (1 + 3 x 3) cases
+    (16, 1, 1, (40, 3, 5)),  # 15 cores spared: 3 helpers of 5, racing this process through all the cases
     (16, 1, 0, (40, 3, 5)),  # a harness waiting for the helpers keeps none, nor a core
     (16, 1, 4, (40 - 12, 3, 4)),  # four workers: 12 cores spared; 40 x 4 // (4 + 3 x 3) kept
     (16, 1, 8, (40 - 22, 2, 4)),  # eight workers: 8 cores, 2 helpers; 40 x 8 // (8 + 3 x 2) kept
-    (8, 1, 1, (40 - 10, 1, 7)),  # one helper: 40 // (1 + 3) kept
+    (8, 1, 1, (40, 1, 7)),  # one helper
     (4, 1, 1, None),  # too few cores to spare four: nothing ahead
     (4, 1, 0, (40, 1, 4)),  # (waited for: one helper, whatever the cores)
     (16, 4, 1, None),  # torchrun's four ranks on this machine: 4 cores each, none to spare

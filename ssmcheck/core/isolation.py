@@ -88,10 +88,27 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
             slot.kill()
 
 
-def _contiguous(cases: list, parts: int) -> list[list]:
-    """`cases` cut into at most `parts` contiguous slices of equal length (the last shorter), none empty."""
-    size = max(1, -(-len(cases) // parts))
-    return [cases[start:start + size] for start in range(0, len(cases), size)]
+def _shares(cases: list, parts: int, group=None) -> list[list]:
+    """`cases` cut into at most `parts` slices of about equal length, none empty, each in the sweep's order.
+
+    With `group` (case -> a hashable: cases that launch mostly the same Triton variants), a group stays in one
+    slice where it fits in an equal share, so that one helper compiles its variants where several would each
+    compile them (the default scan on a GPU: 88 compilations of its 81 variants, not the 132 of slices cut in the
+    sweep's order; benchmarks/RESULTS.md, "fewer variants"); a larger group is cut into equal shares. Largest
+    first, each piece goes to the slice with the fewest cases. Without `group`, contiguous slices in the sweep's
+    order.
+    """
+    share = max(1, -(-len(cases) // parts))
+    if group is None:
+        return [cases[start:start + share] for start in range(0, len(cases), share)]
+    groups: dict = {}
+    for index, case in enumerate(cases):
+        groups.setdefault(group(case), []).append(index)
+    pieces = [g[start:start + share] for g in groups.values() for start in range(0, len(g), share)]
+    slices: list[list[int]] = [[] for _ in range(parts)]
+    for piece in sorted(pieces, key=len, reverse=True):
+        min(slices, key=len).extend(piece)
+    return [[cases[i] for i in sorted(part)] for part in slices if part]
 
 
 class CompilingHelpers:
@@ -105,9 +122,11 @@ class CompilingHelpers:
     helpers."""
 
     def __init__(self, runner, cases: list, helpers: int, threads: int):
-        """Start up to `helpers` processes, each on a contiguous slice of `cases`, in the sweep's order (cases alike
-        and the variants they share mostly fall to one), with `threads` compiling threads. Helpers the command
-        started before it imported torch (core.prestart) are taken first; those not taken are ended."""
+        """Start up to `helpers` processes, each on a slice of `cases` in the sweep's order, with `threads` compiling
+        threads. A runner with a `compile_group(case)` method has each group of cases that launch mostly the same
+        variants compiled by one helper (`_shares`); otherwise the slices are contiguous, where cases alike mostly
+        fall to one. Helpers the command started before it imported torch (core.prestart) are taken first; those
+        not taken are ended."""
         context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
         # A runner that cannot be pickled or that the main script defines, or no process to be had: those cases
@@ -116,7 +135,7 @@ class CompilingHelpers:
             with suppress(Exception):
                 if _pickled(runner)[1]:
                     return
-                for part in _contiguous(cases, helpers):
+                for part in _shares(cases, helpers, getattr(runner, "compile_group", None)):
                     self.workers.append(_helper(context, runner, (part, threads)))
         finally:
             prestart.dismiss()

@@ -514,6 +514,13 @@ class ScanRunner:
         return compile_ahead(self.adapter(), cases, self.pins, self.device, min(threads, COMPILE_THREADS), serving,
                              self.tolerance)
 
+    @staticmethod
+    def compile_group(case: ScanCase) -> tuple:
+        """What picks most of the Triton variants a case launches: the kernel, its pinned config, the dtype and the
+        chunk size (shapes, regimes and state dtypes add a few each). A compiling helper takes such a group whole,
+        so that no two compile its variants (core.isolation.CompilingHelpers)."""
+        return case.kernel, case.config, case.dtype, case.chunk_size
+
     def without_extras(self) -> ScanRunner:
         """This runner without stage comparisons and reproducers: the case's verdict alone."""
         return replace(self, stages=False, repro=None)

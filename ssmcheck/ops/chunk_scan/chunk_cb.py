@@ -10,7 +10,8 @@ from .layout import ChunkTable
 from .numerics import mma, operand, program_coords
 
 
-@triton.jit
+# The group count only maps heads to groups: its equality to 1 is not worth a variant of its own.
+@triton.jit(do_not_specialize=["ngroups"])
 def _chunk_cb_kernel(
     C_ptr, B_ptr, chunk_token_ptr, chunk_len_ptr, cb_ptr,
     ngroups, dstate, stride_c_tok, stride_c_group, stride_c_state,

@@ -30,7 +30,13 @@ from .layout import ChunkTable
 from .numerics import decay2, mma, operand, program_coords
 
 
-@triton.jit
+# Whether there are D and z is a run-time flag, and the group count is not specialised: each would otherwise double
+# the variants Triton compiles (every scan case also calls the kernel without D and z for its SSM part; compiling
+# is most of the default scan's time on a fresh machine: benchmarks/RESULTS.md, "fewer variants"). The flags
+# guard only the epilogue. D per channel stays a constexpr: a per-channel load with a run-time stride kept its
+# addresses live through the loop: 148 registers instead of 126 at Mamba2-2.7B widths (offline, sm_90), and the
+# whole scan 1.37x slower at 64k tokens on the H200.
+@triton.jit(do_not_specialize=["ngroups"])
 def _chunk_output_kernel(
     x_ptr, z_ptr, C_ptr, D_ptr, cb_ptr, dt_ptr, log2_ptr, states_ptr, chunk_token_ptr, chunk_len_ptr, y_ptr,
     nheads, ngroups, headdim, dstate,
@@ -38,7 +44,7 @@ def _chunk_output_kernel(
     stride_z_tok, stride_z_head, stride_z_dim,
     stride_c_tok, stride_c_group, stride_c_state,
     stride_y_tok, stride_y_head, stride_y_dim,
-    HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr, HAS_Z: tl.constexpr,
+    has_d, has_z, D_PER_CHANNEL: tl.constexpr,
     MM_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -63,11 +69,10 @@ def _chunk_output_kernel(
     state_base = states_ptr + (c * nheads + h) * headdim * dstate
     st = operand(tl.load(state_base + p[None, :] * dstate + d[:, None], mask=pv[None, :] & dv[:, None], other=0.0),
                  MM_DTYPE)
-    if HAS_D:
-        if D_PER_CHANNEL:
-            Dh = tl.load(D_ptr + h * headdim + p, mask=pv, other=0.0).to(tl.float32)[None, :]
-        else:
-            Dh = tl.load(D_ptr + h).to(tl.float32)
+    if D_PER_CHANNEL:
+        Dh = tl.load(D_ptr + h * headdim + p, mask=pv & has_d, other=0.0).to(tl.float32)[None, :]
+    else:
+        Dh = tl.load(D_ptr + h, mask=has_d, other=0.0).to(tl.float32)
     # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile). The bases must be
     # 64-bit: tok0 * stride_tok passes 2**31 from token 203,053 on when the inputs are views into a fused
     # in_proj buffer at Mamba2-2.7B widths (10576 elements per token); an offset inside a chunk stays below
@@ -104,10 +109,10 @@ def _chunk_output_kernel(
             acc = mma(operand(scores, MM_DTYPE), operand(xk, MM_DTYPE), acc)
 
         out_mask = mv[:, None] & pv[None, :]
-        if HAS_D:
+        if has_d:
             xm = tl.load(x_chunk + m[:, None] * stride_x_tok + x_cols, mask=out_mask, other=0.0).to(tl.float32)
             acc += Dh * xm
-        if HAS_Z:
+        if has_z:
             zm = tl.load(z_ptr + tok0 * stride_z_tok + h * stride_z_head + m[:, None] * stride_z_tok
                          + p[None, :] * stride_z_dim, mask=out_mask, other=0.0).to(tl.float32)
             acc *= zm * tl.sigmoid(zm)
@@ -143,13 +148,14 @@ def chunk_output(x, z, C, D, cb, dt_proc, log2_pairs, states, y, mm_dtype, table
     cs = table.chunk_size
     cfg = {**default_config(headdim, dstate, cs, interpret), **(config or {})}
     grid = (table.nchunks * nheads * cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
-    zz = z if z is not None else x
+    # Stand-ins for a missing z and D (never read), of the dtypes they usually have (x's; fp32), so that a call
+    # without them shares the variant of one with them.
     _chunk_output_kernel[grid](
-        x, zz, C, D if D is not None else x, cb, dt_proc, log2_pairs, states, table.chunk_token,
-        table.chunk_len, y,
+        x, z if z is not None else x, C, D if D is not None else dt_proc, cb, dt_proc, log2_pairs, states,
+        table.chunk_token, table.chunk_len, y,
         nheads, ngroups, headdim, dstate,
-        *x.stride(), *zz.stride(), *C.stride(), *y.stride(),
-        HAS_D=D is not None, D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
+        *x.stride(), *(z if z is not None else x).stride(), *C.stride(), *y.stride(), D is not None, z is not None,
+        D_PER_CHANNEL=D is not None and D.dim() == 2,
         MM_DTYPE=mm_dtype, OUT_DTYPE=triton_dtype(y.dtype), CHUNK=cs,
         BLOCK_D=max(16, next_power_of_2(dstate)), **cfg,
     )

@@ -21,7 +21,8 @@ from .layout import ChunkTable
 from .numerics import LOG2E, decay2, mma, operand, program_coords
 
 
-@triton.jit
+# The group count only maps heads to groups: its equality to 1 is not worth a variant of its own.
+@triton.jit(do_not_specialize=["ngroups"])
 def _chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_cs_ptr, chunk_token_ptr, chunk_len_ptr, local_ptr,
     nheads, ngroups, headdim, dstate,

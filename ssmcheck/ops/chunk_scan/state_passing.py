@@ -23,15 +23,14 @@ from .layout import ChunkTable
 
 
 # A seed is no shape: its divisibility by 16 must not mean another compilation (the default scan's cases draw
-# their own seeds).
+# their own seeds). Whether there are initial states, and the chunk size (a stride here), are run-time values for
+# the same reason: as constexprs they multiplied the variants compiled (benchmarks/RESULTS.md, "fewer variants").
 @triton.jit(do_not_specialize=["seed"])
 def _state_passing_kernel(
     local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed,
-    nheads, headdim, dstate,
-    stride_init_seq, stride_init_head, stride_init_dim, stride_init_state,
-    HAS_INIT: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, N_ROUNDS: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    nheads, headdim, dstate, chunk_size,
+    stride_init_seq, stride_init_head, stride_init_dim, stride_init_state, has_init,
+    STATE_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, N_ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head_size = headdim * dstate
@@ -41,24 +40,23 @@ def _state_passing_kernel(
     s = tl.cast(pid // (nb * nheads), tl.int64)
     e = eb * BLOCK + tl.arange(0, BLOCK)  # flattened (headdim, dstate) index
     ev = e < head_size
-    if HAS_INIT:
+    state = tl.zeros((BLOCK,), dtype=tl.float32)
+    if has_init:
         state = tl.load(init_ptr + s * stride_init_seq + h * stride_init_head + (e // dstate) * stride_init_dim
                         + (e % dstate) * stride_init_state, mask=ev, other=0.0).to(tl.float32)
-    else:
-        state = tl.zeros((BLOCK,), dtype=tl.float32)
     c_first = tl.load(seq_chunk_ptr + s)
     c_end = tl.load(seq_chunk_ptr + s + 1)
     # Philox counter: the element's index among its own sequence's chunk states, `at` less the sequence's first
     # chunk's offset. (Each index is computed once: the interpreter pays per tile op, scalars included.)
     first = tl.cast(c_first, tl.int64) * nheads * head_size
-    dA_last_ptr = dA_cs_ptr + CHUNK - 1
+    dA_last_ptr = dA_cs_ptr + chunk_size - 1
     # The loads do not depend on the recurrence: prefetch them two chunks ahead.
     for c in tl.range(c_first, c_end, num_stages=3):
         ch = tl.cast(c, tl.int64) * nheads + h
         at = ch * head_size + e
         tl.store(states_ptr + at, round_to_storage(state, seed, at - first, STATE_DTYPE, STOCHASTIC, N_ROUNDS),
                  mask=ev)
-        dA_last = tl.load(dA_last_ptr + ch * CHUNK).to(tl.float32)
+        dA_last = tl.load(dA_last_ptr + ch * chunk_size).to(tl.float32)
         state = state * tl.exp(tl.minimum(dA_last, 0.0)) + tl.load(local_ptr + at, mask=ev, other=0.0)
     at = (s * nheads + h) * head_size + e
     # The final state counts as the state entering the chunk after the sequence's last.
@@ -81,13 +79,12 @@ def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, s
     states = alloc(local.shape, device=local.device, dtype=state_dtype)
     final = alloc((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)
     grid = (table.nseq * nheads * cdiv(headdim * dstate, cfg["BLOCK"]),)
+    # Without initial states, `states` stands in (never read): its strides are a contiguous state's, so the call
+    # shares the variant of one with contiguous initial states of the same dtype.
     init = initial_states if initial_states is not None else states
     _state_passing_kernel[grid](
         local, dA_cs, init, table.seq_chunk, states, final, seed,
-        nheads, headdim, dstate,
-        *(init.stride() if initial_states is not None else (0, 0, 0, 0)),
-        HAS_INIT=initial_states is not None,
-        STATE_DTYPE=triton_dtype(state_dtype), STOCHASTIC=stochastic, N_ROUNDS=DEFAULT_PHILOX_ROUNDS,
-        CHUNK=table.chunk_size, **cfg,
+        nheads, headdim, dstate, table.chunk_size, *init.stride(), initial_states is not None,
+        STATE_DTYPE=triton_dtype(state_dtype), STOCHASTIC=stochastic, N_ROUNDS=DEFAULT_PHILOX_ROUNDS, **cfg,
     )
     return states, final
