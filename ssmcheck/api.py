@@ -177,13 +177,15 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
     nothing), a runner that cannot (drift's), no cases, or a machine too small to spare prestart.CORES_PER_COMPILER cores.
 
     `running` processes run the cases meanwhile, in their order (this one, a harness running them one by one as
-    the pytest plugin does, or workers), each with a core of its own. Workers keep the first cases, compiling them as
-    they come while the helpers start up and, HELPER_PACE times faster each, compile the rest. One process keeps
-    none: the helpers race it through its first cases too, compiling a case's variants several at a time where it
-    compiles them one after another at their first launches (on a fresh H200 the default scan's first case waited
-    3.2 s for its variants where it waited 4.3-5.9 s keeping 7 cases; benchmarks/RESULTS.md, "fewer variants"), and
-    the cases whose variants it compiled first they find in the cache. With none, the caller waits for the helpers
-    (`wait()`); else `end()` once the cases have run gives the records."""
+    the pytest plugin does, or workers), each with a core of its own. They keep the first cases, compiling them as
+    they come while the helpers start up and, HELPER_PACE times faster each, compile the rest. But one process whose
+    helpers the command started before it imported torch (core.prestart), ready as the sweep starts, keeps none:
+    they race it through its first cases too, compiling a case's variants several at a time where it compiles them
+    one after another at their first launches (on a fresh H200 the default scan's first case waited 3.2 s for its
+    variants where it waited 4.3-5.9 s keeping 7 cases; benchmarks/RESULTS.md, "fewer variants"). Helpers started
+    here come up seconds later, when it has compiled its first cases, and one whose first calls all find the cache
+    warm stops (core.precompile). With none running, the caller waits for the helpers (`wait()`); else `end()`
+    once the cases have run gives the records."""
     try:
         compiles = plan.env.device == "cuda" and not plan.env.interpreter and hasattr(plan.runner, "precompile")
         if not compiles or not cases:
@@ -196,8 +198,10 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
             helpers = max(1, helpers)
         if not helpers:
             return None
-        # (fewer than all: the helpers' share is not 0)
-        kept = 0 if running == 1 else len(cases) * running // (running + HELPER_PACE * helpers)
+        if running == 1 and prestart.waiting("cuda"):
+            kept = 0
+        else:  # (fewer than all: the helpers' share is not 0)
+            kept = len(cases) * running // (running + HELPER_PACE * helpers)
         threads = max(prestart.CORES_PER_COMPILER, (cores - running) // helpers)
         helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads)
         return helping if helping.workers else None

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from triton.runtime import autotuner, jit
 
 from ssmcheck import api
-from ssmcheck.core import isolation, precompile
+from ssmcheck.core import isolation, precompile, prestart
 from ssmcheck.core.precompile import Launches, compile_only
 from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.scan import run as scan_run
@@ -400,11 +400,11 @@ class _Started:
 
 
 @pytest.mark.parametrize(("cores", "ranks", "running", "started"), [
-    (16, 1, 1, (40, 3, 5)),  # 15 cores spared: 3 helpers of 5, racing this process through all the cases
+    (16, 1, 1, (40 - 4, 3, 5)),  # 15 cores spared: 3 helpers of 5; this process keeps 40 // (1 + 3 x 3) cases
     (16, 1, 0, (40, 3, 5)),  # a harness waiting for the helpers keeps none, nor a core
     (16, 1, 4, (40 - 12, 3, 4)),  # four workers: 12 cores spared; 40 x 4 // (4 + 3 x 3) kept
     (16, 1, 8, (40 - 22, 2, 4)),  # eight workers: 8 cores, 2 helpers; 40 x 8 // (8 + 3 x 2) kept
-    (8, 1, 1, (40, 1, 7)),  # one helper
+    (8, 1, 1, (40 - 10, 1, 7)),  # one helper: 40 // (1 + 3) kept
     (4, 1, 1, None),  # too few cores to spare four: nothing ahead
     (4, 1, 0, (40, 1, 4)),  # (waited for: one helper, whatever the cores)
     (16, 4, 1, None),  # torchrun's four ranks on this machine: 4 cores each, none to spare
@@ -418,6 +418,18 @@ def test_helpers_take_the_sweep_after_the_cases_this_process_keeps(monkeypatch, 
     plan = _as_on_a_gpu(api.plan_scan("torch", "smoke", regime="normal", dtype="fp32"))
     helpers = api.start_compiling_ahead(plan, [plan.cases[0]] * 40, running)
     assert _Started.started == ([] if started is None else [started]) and (helpers is None) == (started is None)
+
+
+@pytest.mark.parametrize(("running", "kept"), [(1, 0), (4, 12)])
+def test_helpers_the_command_started_race_a_lone_process_from_the_first_case(monkeypatch, running, kept):
+    monkeypatch.setattr(api, "cpu_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(isolation, "CompilingHelpers", _Started)
+    monkeypatch.setattr(_Started, "started", [])
+    monkeypatch.setattr(prestart, "waiting", lambda device: 3 if device == "cuda" else 0)
+    plan = _as_on_a_gpu(api.plan_scan("torch", "smoke", regime="normal", dtype="fp32"))
+    api.start_compiling_ahead(plan, [plan.cases[0]] * 40, running)
+    assert [started[0] for started in _Started.started] == [40 - kept]  # workers keep their share still
 
 
 def test_no_helpers_for_the_cpu_or_a_runner_that_does_not_compile(monkeypatch):

@@ -69,7 +69,9 @@ def test_a_helper_started_for_another_device_is_ended_and_a_new_one_serves():
 def test_helpers_not_taken_are_ended_by_dismiss():
     prestart.start(2, "cpu")
     started = [process for _, process, _ in prestart._WAITING]
+    assert (prestart.waiting("cpu"), prestart.waiting("cuda")) == (2, 0)
     prestart.dismiss()
+    assert prestart.waiting("cpu") == 0
     assert prestart._WAITING == [] and not any(process.is_alive() for process in started)
     assert prestart.take("cpu") is None
 

@@ -101,6 +101,11 @@ def take(device: str) -> tuple[multiprocessing.Process, object] | None:
     return None
 
 
+def waiting(device: str) -> int:
+    """How many helpers started for `device` wait to be taken (alive or not)."""
+    return sum(started_for == device for started_for, _, _ in _WAITING)
+
+
 def dismiss() -> None:
     """End the helpers not taken: the sweep wanted fewer, or none."""
     while _WAITING:
