@@ -166,8 +166,9 @@ def compile_ahead(plan: Plan, cases: list | None = None) -> dict | None:
     return None if helpers is None else combined(helpers.wait())
 
 
-# How many times faster a helper compiles than a case's first launch in a worker, one variant after another (four
-# threads: 3.2x for the default scan; benchmarks/RESULTS.md, thirtieth session): the share of the sweep workers keep.
+# How many times faster a helper compiles than a process running the cases at their first launches, one variant
+# after another (four threads: 3.2x for the default scan; benchmarks/RESULTS.md, thirtieth session): the share of
+# the sweep such processes keep.
 HELPER_PACE = 3
 
 
