@@ -168,8 +168,9 @@ def main() -> None:
     import torch  # noqa: PLC0415
     import triton  # noqa: PLC0415
 
-    env = SimpleNamespace(gpu=None, device="none (the interpreter; compiled here for sm_90 with --compile)",
-                          torch=torch.__version__, triton=triton.__version__)
+    compiled = f"; compiled here for sm_{CAPABILITY}" if opts.compile else ""
+    env = SimpleNamespace(gpu=None, device=f"none (the interpreter{compiled})", torch=torch.__version__,
+                          triton=triton.__version__)
     append_section(opts.results, "Triton variants of a scan (offline)", env, commit(opts.commit),
                    [f"`ssmcheck scan --quiet --device cpu {' '.join(opts.scan_args)}` through the interpreter, the chunk scan's "
                     "stages at their GPU tiles; specialisation keys as Triton 3's launcher makes them"], text)
