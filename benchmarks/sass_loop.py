@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from record import append_section, commit, markdown_table
+from variants import compile_specialisation, specialisation
 
 # Compiled mode on any machine: the kernels are compiled for the target, never run (before triton is imported).
 os.environ.pop("TRITON_INTERPRET", None)
@@ -46,38 +47,13 @@ class Launch:
         return record
 
 
-def _signature(kernel, args, kwargs):
-    """(signature, constexprs, attrs, options) as Triton's launcher specialises these arguments: integers
-    equal to 1 become constants, tensors and multiples of 16 are marked divisible by 16."""
-    import torch  # noqa: PLC0415
-
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
-    sig, consts, attrs = {k: "constexpr" for k in kwargs}, dict(kwargs), {}
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-             torch.int32: "i32", torch.int64: "i64"}
-    for i, (name, value) in enumerate(zip(kernel.arg_names, args)):
-        if isinstance(value, torch.Tensor):
-            sig[name] = "*" + names[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool) or value == 1:
-            sig[name], consts[name] = "constexpr", value
-        elif isinstance(value, int):
-            sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32"
-    return sig, consts, attrs, options
-
-
 def compile_launch(launch: Launch, capability: int):
-    import triton  # noqa: PLC0415
-    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-    from triton.compiler import ASTSource  # noqa: PLC0415
-
-    sig, consts, attrs, options = _signature(launch.kernel, launch.args, dict(launch.kwargs))
-    return triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", capability, 32), options=options)
+    """The recorded launch compiled for sm_`capability`, specialised as Triton's launcher would
+    (variants.specialisation)."""
+    kernel = launch.kernel
+    unspecialised = {p.name for p in kernel.params if p.do_not_specialize}
+    return compile_specialisation(kernel, specialisation(kernel.fn, unspecialised, launch.args, dict(launch.kwargs)),
+                                  capability)
 
 
 def _cuobjdump() -> str:

@@ -108,24 +108,30 @@ def record(scan_args: list[str]) -> list:
     return [(module, name, launches[(module, name)], spec) for module, name, spec in seen.values()]
 
 
-def compile_all(path: str) -> None:
-    """Compile every specialisation pickled at `path` for sm_CAPABILITY, in this (compiled-mode) process, and
-    pickle {kernel name: [seconds, ...]} back over it."""
+def compile_specialisation(kernel, spec: tuple, capability: int = CAPABILITY):
+    """`kernel` (a triton.jit function, in compiled mode) compiled for sm_`capability` at `spec` (specialisation's
+    result)."""
     import triton  # noqa: PLC0415
     import triton.language as tl  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource  # noqa: PLC0415
 
+    signature, constexprs, attrs, options = spec
     dtypes = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32, "fp64": tl.float64}
+    constexprs = {k: dtypes.get(v, v) if isinstance(v, str) else v for k, v in constexprs.items()}
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def compile_all(path: str) -> None:
+    """Compile every specialisation pickled at `path` for sm_CAPABILITY, in this (compiled-mode) process, and
+    pickle {kernel name: [seconds, ...]} back over it."""
     seconds = collections.defaultdict(list)
     with open(path, "rb") as f:
         variants = pickle.load(f)
-    for module, name, _, (signature, constexprs, attrs, options) in variants:
-        kernel = getattr(importlib.import_module(module), name)
-        constexprs = {k: dtypes.get(v, v) if isinstance(v, str) else v for k, v in constexprs.items()}
+    for module, name, _, spec in variants:
         start = time.perf_counter()
-        triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget("cuda", CAPABILITY, 32), options=options)
+        compile_specialisation(getattr(importlib.import_module(module), name), spec)
         seconds[name].append(time.perf_counter() - start)
     with open(path, "wb") as f:
         pickle.dump(dict(seconds), f)

@@ -34,8 +34,8 @@ from .numerics import decay2, mma, operand, program_coords
 # the variants Triton compiles (every scan case also calls the kernel without D and z for its SSM part; compiling
 # is most of the default scan's time on a fresh machine: benchmarks/RESULTS.md, "fewer variants"). The flags
 # guard only the epilogue. D per channel stays a constexpr: a per-channel load with a run-time stride kept its
-# addresses live through the loop: 148 registers instead of 126 at Mamba2-2.7B widths (offline, sm_90), and the
-# whole scan 1.37x slower at 64k tokens on the H200.
+# addresses live through the loop: 168 registers instead of 128 at Mamba2-2.7B widths (benchmarks/sass_loop.py), and
+# the whole scan 1.37x slower at 64k tokens on the H200.
 @triton.jit(do_not_specialize=["ngroups"])
 def _chunk_output_kernel(
     x_ptr, z_ptr, C_ptr, D_ptr, cb_ptr, dt_ptr, log2_ptr, states_ptr, chunk_token_ptr, chunk_len_ptr, y_ptr,
