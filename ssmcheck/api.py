@@ -199,7 +199,7 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
             helpers = max(1, helpers)
         if not helpers:
             return None
-        if running == 1 and prestart.waiting("cuda"):
+        if running == 1 and prestart.waiting(plan.env.device):
             kept = 0
         else:  # (fewer than all: the helpers' share is not 0)
             kept = len(cases) * running // (running + HELPER_PACE * helpers)

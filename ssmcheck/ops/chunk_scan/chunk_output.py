@@ -150,11 +150,12 @@ def chunk_output(x, z, C, D, cb, dt_proc, log2_pairs, states, y, mm_dtype, table
     grid = (table.nchunks * nheads * cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
     # Stand-ins for a missing z and D (never read), of the dtypes they usually have (x's; fp32), so that a call
     # without them shares the variant of one with them.
+    zz = z if z is not None else x
     _chunk_output_kernel[grid](
-        x, z if z is not None else x, C, D if D is not None else dt_proc, cb, dt_proc, log2_pairs, states,
-        table.chunk_token, table.chunk_len, y,
+        x, zz, C, D if D is not None else dt_proc, cb, dt_proc, log2_pairs, states, table.chunk_token,
+        table.chunk_len, y,
         nheads, ngroups, headdim, dstate,
-        *x.stride(), *(z if z is not None else x).stride(), *C.stride(), *y.stride(), D is not None, z is not None,
+        *x.stride(), *zz.stride(), *C.stride(), *y.stride(), D is not None, z is not None,
         D_PER_CHANNEL=D is not None and D.dim() == 2,
         MM_DTYPE=mm_dtype, OUT_DTYPE=triton_dtype(y.dtype), CHUNK=cs,
         BLOCK_D=max(16, next_power_of_2(dstate)), **cfg,
