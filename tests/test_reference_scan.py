@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ssmcheck.ops.chunk_scan.baseline import scan_baseline
-from ssmcheck.ops.chunk_scan.naive import scan_chunked, scan_recurrent
+from ssmcheck.ops.chunk_scan import naive
+from ssmcheck.ops.chunk_scan.naive import RecurrentStream, scan_chunked, scan_recurrent
 
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
@@ -102,6 +103,48 @@ def test_varlen_restarts_each_sequence_from_its_initial_state():
         assert torch.equal(out.y[:, b:e], alone.y)
         assert torch.equal(out.varlen_states[s], alone.final_states[0])
     assert torch.equal(out.final_states[0], out.varlen_states[-1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), cuts=st.lists(st.integers(0, 90), max_size=4), seqlen=st.integers(1, 90),
+       extreme=st.booleans())
+def test_recurrence_in_groups_matches_the_hand_written_loop(seed, cuts, seqlen, extreme):
+    """The token groups of the recurrent reference (naive._recur) against the recurrence written out token by
+    token, over sequences of any length (so groups whole and partial, starts anywhere in a group); `extreme`
+    makes some tokens' decay underflow to exactly 0."""
+    cu = [0, *sorted(c for c in cuts if c < seqlen), seqlen]
+    args, kw = make_case(seed, seqlen=seqlen, nheads=2, headdim=2, dstate=3, D="channel", init=True,
+                         nstates=len(cu) - 1)
+    if extreme:
+        args["dt"][:, ::5] = 1e4
+    dt_limit = (0.0, math.inf)
+    out = scan_recurrent(**args, **kw, cu_seqlens=torch.tensor(cu))
+    for s, (b, e) in enumerate(zip(cu, cu[1:])):
+        if e == b:
+            continue
+        piece = {k: (v[:, b:e] if k != "A" else v) for k, v in args.items()}
+        y, final = hand_loop(**piece, D=kw["D"], z=kw["z"][:, b:e], dt_bias=kw["dt_bias"],
+                             init=kw["initial_states"][s : s + 1], dt_limit=dt_limit)
+        assert rel(out.y[:, b:e], y) < 1e-13
+        assert rel(out.varlen_states[s], final[0]) < 1e-13
+
+
+def test_the_recurrent_reference_streams_bit_for_bit(monkeypatch):
+    """Segments cut on a grid of 16 tokens from each sequence start (the chunk grid of scan.segments at chunk
+    sizes 16 and up) give the whole call's states and C·h, bit for bit (y's gate may round differently where
+    the CPU's vector loop leaves a segment's last elements to its scalar one), with blocks of at most 40
+    tokens cutting the segments further."""
+    cu = [0, 37, 38, 150, 200]
+    args, kw = make_case(21, seqlen=cu[-1], init=True, nstates=len(cu) - 1)
+    monkeypatch.setattr(naive, "_RECURRENT_BLOCK_ELEMENTS", 40 * 2 * 3 * 4)  # 40 tokens of the state's elements
+    kw["cu_seqlens"] = torch.tensor(cu)
+    whole = scan_recurrent(**args, **kw)
+    stream = RecurrentStream(*args.values(), **kw)
+    cuts = [0, 32, 37, 38, 54, 150, 166, 200]
+    parts = [stream.segment(f0, f1) for f0, f1 in zip(cuts, cuts[1:])]
+    assert torch.equal(torch.cat([y_ssm for _, y_ssm in parts]), whole.y_ssm.flatten(0, 1))
+    assert rel(torch.cat([y for y, _ in parts]), whole.y.flatten(0, 1)) < 1e-15
+    assert torch.equal(stream.states()[1], whole.varlen_states)
 
 
 def test_varlen_without_initial_states_starts_from_zero_and_trailing_empty_sequence():

@@ -24,7 +24,6 @@ from collections.abc import Collection
 
 import torch
 
-from ssmcheck.core.guard import changed_input
 from ssmcheck.core.tensors import bits
 
 # Elements of fence on each side of a storage: as many as the storage holds, at most FENCE_BYTES (a chunk of 256
@@ -59,8 +58,8 @@ class Fenced:
 
     def __init__(self, originals: dict[str, torch.Tensor | None], nan_fences: Collection[str] | None = None):
         self.originals = originals
-        # (address, dtype) -> (buffer, fence length, the names sharing it, the fence's value)
-        self._buffers: dict[tuple, tuple[torch.Tensor, int, tuple[str, ...], float]] = {}
+        # (address, dtype) -> (buffer, fence length, the names sharing it, the fence's bit pattern)
+        self._buffers: dict[tuple, tuple[torch.Tensor, int, tuple[str, ...], int]] = {}
         for names in storages(originals):
             t = originals[names[0]]
             nan = nan_fences is None or not set(names).isdisjoint(nan_fences)
@@ -74,7 +73,7 @@ class Fenced:
         fence = -(-min(n, FENCE_BYTES // t.element_size()) // ALIGN) * ALIGN
         buffer = torch.full((fence + n + fence,), value, dtype=t.dtype, device=t.device)
         buffer[fence:fence + n] = storage
-        return buffer, fence, names, value
+        return buffer, fence, names, bits(torch.full((), value, dtype=t.dtype)).item()  # the pattern, on the host
 
     def _copy(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
@@ -86,25 +85,36 @@ class Fenced:
 
     def changed(self) -> str | None:
         """The first input whose copy the call changed (bit for bit), or None."""
-        return changed_input({name: t for name, t in self.originals.items() if t is not None}, self.tensors)
+        return self._written()[0]
+
+    def breached(self) -> str | None:
+        """The first input (of those sharing a storage, the first named) whose fences the call wrote, or None."""
+        return self._written()[1]
 
     def violation(self) -> str | None:
         """What the call did to its inputs that it must not, in one line (a write into one, or past one), or
         None."""
-        changed = self.changed()
+        changed, breached = self._written()
         if changed is not None:
             return f"the kernel wrote into its input {changed}: inputs must be left unchanged"
-        breached = self.breached()
         if breached is not None:
             return (f"the kernel wrote outside its input {breached}: into the NaN fence ssmcheck puts either side of "
                     "each input's memory")
         return None
 
-    def breached(self) -> str | None:
-        """The first input (of those sharing a storage, the first named) whose fences the call wrote, or None."""
-        for buffer, fence, names, value in self._buffers.values():
-            fill = bits(torch.full((1,), value, dtype=buffer.dtype, device=buffer.device))
-            edges = torch.cat([buffer[:fence], buffer[buffer.numel() - fence:]])
-            if not bool((bits(edges) == fill).all()):
-                return names[0]
-        return None
+    def _written(self) -> tuple[str | None, str | None]:
+        """(changed, breached), every input and fence compared on the device and read back in one transfer: a
+        check after every call of a case, so one wait for the device per call, not one per tensor."""
+        names = [name for name, t in self.originals.items() if t is not None]
+        flags = [(bits(self.originals[name]) != bits(self.tensors[name])).any() for name in names]
+        buffers = list(self._buffers.values())
+        for buffer, fence, _, fill in buffers:
+            # Both fences as one view: the first `fence` elements, and as many from numel - fence on.
+            edges = buffer.as_strided((2, fence), (buffer.numel() - fence, 1))
+            flags.append((bits(edges) != fill).any())
+        if not flags:
+            return None, None
+        found = torch.stack([flag.to(flags[0].device) for flag in flags]).tolist()
+        changed = next((name for name, flag in zip(names, found) if flag), None)
+        breached = next((entry[2][0] for entry, flag in zip(buffers, found[len(names):]) if flag), None)
+        return changed, breached

@@ -21,7 +21,6 @@ import torch
 from ssmcheck.core.capture import Transcript, captured_stdout
 from ssmcheck.core.execution import reclaim_signals
 from ssmcheck.core.poison import uninitialised_as_nan
-from ssmcheck.core.tensors import same_bits
 
 
 class KernelExit(RuntimeError):
@@ -86,8 +85,3 @@ def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript
         raise KernelExit("KeyboardInterrupt raised by the kernel") from exc
     finally:
         reclaim_signals()  # the kernel's native code may have taken SIGTERM over
-
-
-def changed_input(before: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor | None]) -> str | None:
-    """The first input whose bits differ from its copy in `before`, or None."""
-    return next((name for name, copy in before.items() if not same_bits(copy, inputs[name])), None)

@@ -10,17 +10,18 @@ from .layout import ChunkTable
 from .numerics import mma, operand, program_coords
 
 
-# The group count only maps heads to groups: its equality to 1 is not worth a variant of its own.
+# The group count only maps heads to groups: its equality to 1 is not worth a variant of its own. The chunk
+# size only counts tiles and strides cb, so it is a run-time value too: chunk sizes that share the tiles
+# (min(chunk size, 64)) share one compiled variant.
 @triton.jit(do_not_specialize=["ngroups"])
 def _chunk_cb_kernel(
     C_ptr, B_ptr, chunk_token_ptr, chunk_len_ptr, cb_ptr,
-    ngroups, dstate, stride_c_tok, stride_c_group, stride_c_state,
+    ngroups, dstate, chunk_size, stride_c_tok, stride_c_group, stride_c_state,
     stride_b_tok, stride_b_group, stride_b_state,
-    MM_DTYPE: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    MM_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    kb, mb, g, c = program_coords(pid, CHUNK // BLOCK_K, CHUNK // BLOCK_M, ngroups)
+    kb, mb, g, c = program_coords(pid, chunk_size // BLOCK_K, chunk_size // BLOCK_M, ngroups)
     tok0 = tl.load(chunk_token_ptr + c).to(tl.int64)  # 64-bit token offsets: see chunk_state's bases
     n = tl.load(chunk_len_ptr + c)
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -39,7 +40,7 @@ def _chunk_cb_kernel(
             acc = mma(operand(cm, MM_DTYPE), operand(bk, MM_DTYPE), acc)
         # Causal: zero above the diagonal, so that the output stage needs no mask of its own (chunk_output).
         acc = tl.where(k[None, :] <= m[:, None], acc, 0.0)
-    tl.store(cb_ptr + ((tl.cast(c, tl.int64) * ngroups + g) * CHUNK + m[:, None]) * CHUNK + k[None, :], acc)
+    tl.store(cb_ptr + ((tl.cast(c, tl.int64) * ngroups + g) * chunk_size + m[:, None]) * chunk_size + k[None, :], acc)
 
 
 def default_config(dstate: int, chunk_size: int, interpret: bool = False) -> dict:
@@ -64,7 +65,7 @@ def chunk_cb(C, B, mm_dtype, table: ChunkTable, interpret: bool, config: dict | 
     grid = (table.nchunks * ngroups * (cs // cfg["BLOCK_M"]) * (cs // cfg["BLOCK_K"]),)
     _chunk_cb_kernel[grid](
         C, B, table.chunk_token, table.chunk_len, cb,
-        ngroups, dstate, *C.stride(), *B.stride(),
-        MM_DTYPE=mm_dtype, CHUNK=cs, **cfg,
+        ngroups, dstate, cs, *C.stride(), *B.stride(),
+        MM_DTYPE=mm_dtype, **cfg,
     )
     return cb

@@ -21,15 +21,16 @@ from .layout import ChunkTable
 from .numerics import LOG2E, decay2, mma, operand, program_coords
 
 
-# The group count only maps heads to groups: its equality to 1 is not worth a variant of its own.
+# The group count only maps heads to groups: its equality to 1 is not worth a variant of its own. The chunk
+# size is a stride of dA_cs and dt here, so it is a run-time value too: chunk sizes that share the tiles
+# (BLOCK_T = min(chunk size, 32)) share one compiled variant.
 @triton.jit(do_not_specialize=["ngroups"])
 def _chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_cs_ptr, chunk_token_ptr, chunk_len_ptr, local_ptr,
-    nheads, ngroups, headdim, dstate,
+    nheads, ngroups, headdim, dstate, chunk_size,
     stride_x_tok, stride_x_head, stride_x_dim,
     stride_b_tok, stride_b_group, stride_b_state,
-    MM_DTYPE: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    MM_DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Chunks vary slowest, so the programs of one chunk run together and share B in L2.
     pid = tl.program_id(0)
@@ -45,11 +46,11 @@ def _chunk_state_kernel(
     # Scalar 64-bit bases, 32-bit offsets inside the chunk (fewer registers per tile). The bases must be
     # 64-bit: tok0 * stride_tok passes 2**31 from token 203,053 on when the inputs are views into a fused
     # in_proj buffer at Mamba2-2.7B widths (10576 elements per token); an offset inside a chunk stays below
-    # CHUNK * stride_tok (2.7M there).
+    # chunk_size * stride_tok (2.7M there).
     x_chunk = x_ptr + tok0 * stride_x_tok + h * stride_x_head + p[:, None] * stride_x_dim
     b_chunk = B_ptr + tok0 * stride_b_tok + g * stride_b_group + d[None, :] * stride_b_state
-    row = (c * nheads + h) * CHUNK
-    dA_last = tl.load(dA_cs_ptr + row + CHUNK - 1)
+    row = (c * nheads + h) * chunk_size
+    dA_last = tl.load(dA_cs_ptr + row + chunk_size - 1)
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     for t0 in range(0, n, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
@@ -88,7 +89,7 @@ def chunk_state(x, B, dt_proc, dA_cs, mm_dtype, table: ChunkTable, interpret: bo
     grid = (table.nchunks * nheads * cdiv(headdim, cfg["BLOCK_P"]) * cdiv(dstate, cfg["BLOCK_N"]),)
     _chunk_state_kernel[grid](
         x, B, dt_proc, dA_cs, table.chunk_token, table.chunk_len, local,
-        nheads, ngroups, headdim, dstate, *x.stride(), *B.stride(),
-        MM_DTYPE=mm_dtype, CHUNK=table.chunk_size, **cfg,
+        nheads, ngroups, headdim, dstate, table.chunk_size, *x.stride(), *B.stride(),
+        MM_DTYPE=mm_dtype, **cfg,
     )
     return local

@@ -1,7 +1,7 @@
 """Reference chunk scans: the float64 ground truth, and the SSD form the baseline shares.
 
-- `scan_recurrent`: the sequential recurrence of DESIGN §2, one token at a time (no
-  chunking, so it shares no algorithm with the kernels under test).
+- `scan_recurrent`: the recurrence of DESIGN §2 over the tokens (no chunking, so it shares no
+  algorithm with the kernels under test), evaluated in groups of 16 tokens (`_recur`).
 - `scan_chunked`: the chunked (SSD) form in float64, for long sequences.
 - `scan_ssd`: the SSD form with the places it rounds (`Arithmetic`) as a parameter:
   `scan_chunked` rounds nowhere; the same-precision baseline (baseline.py) rounds
@@ -102,6 +102,45 @@ def _row_runs(f0: int, f1: int, seqlen: int) -> list[tuple[slice, int, int]]:
 _RECURRENT_BLOCK_ELEMENTS = 2**24
 
 
+# Tokens a group of _recur holds. RecurrentStream's blocks start on a grid of this step counted from each
+# sequence's start, so a stream cut on a chunk grid of 16 or a multiple of it (scan.segments) groups the tokens
+# as the whole call does, and computes what it computes, bit for bit.
+_RECURRENCE_GROUP = 16
+
+
+def _recur(states: torch.Tensor, decay: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """h_k = decay_k * h_(k-1) + u_k through the tokens of one block of a sequence, in place: `states` (rows,
+    tokens, nheads, headdim, dstate) holds the updates u and leaves holding the states h; decay (rows, tokens,
+    nheads); `state` h before the first token. Returns the state after the last.
+
+    Groups of _RECURRENCE_GROUP tokens from the block's start are evaluated in two levels rather than one token
+    after another, so that n tokens cost about 16 + n/16 tensor operations instead of n (on a GPU each is a
+    launch, the whole cost at these sizes): the groups run the recurrence side by side from a zero state, then
+    the states entering them follow one another (each h_in·∏decay + the group's last local state), then every
+    token adds its group's entering state times the decays since the group began. Each h is then a sum of at
+    most about 16 + n/16 rounded terms, as exact in float64 as the token loop; nothing is chunked as the kernels
+    chunk (no log-decay cumsums, no C·Bᵀ, no matmul in the recurrence). Tokens after the last whole group go
+    one at a time.
+    """
+    tokens, width = states.shape[1], _RECURRENCE_GROUP
+    whole = tokens // width * width
+    if whole:
+        groups = states[:, :whole].unflatten(1, (-1, width))  # (rows, groups, width, nheads, headdim, dstate)
+        group_decay = decay[:, :whole].unflatten(1, (-1, width))[..., None, None]
+        for k in range(1, width):
+            groups[:, :, k].addcmul_(groups[:, :, k - 1], group_decay[:, :, k])
+        since_start = torch.cumprod(group_decay, dim=2)  # the decay from each group's start through token k
+        entering = states.new_empty(states.shape[0], groups.shape[1] + 1, *states.shape[2:])
+        entering[:, 0] = state
+        for g in range(groups.shape[1]):
+            torch.addcmul(groups[:, g, -1], entering[:, g], since_start[:, g, -1], out=entering[:, g + 1])
+        groups.addcmul_(entering[:, :-1, None], since_start)
+        state = groups[:, -1, -1]
+    for k in range(whole, tokens):  # fewer than a group left over
+        state = states[:, k].addcmul_(state, decay[:, k, :, None, None])
+    return state
+
+
 class RecurrentStream:
     """`scan_recurrent` one segment of flattened tokens at a time: `segment(f0, f1)` returns (y, y_ssm)
     of tokens [f0, f1) as (f1 - f0, nheads, headdim); `states()`, after the last, the final states."""
@@ -130,6 +169,26 @@ class RecurrentStream:
         elif initial_states is not None:
             self.state = initial_states.to(dtype).clone()
 
+    def _position(self, t: int) -> int:
+        """Token t's place in its sequence (t is its place in its row)."""
+        return t - max((start for start in self.starts if start <= t), default=0)
+
+    def _blocks(self, t0: int, t1: int, most: int) -> list[tuple[int, int]]:
+        """Tokens [t0, t1) of a row as blocks [k0, k1), counted from t0: a sequence starts at a block's first
+        token or not within it, and a block ends at a sequence's end, at t1, or on the _RECURRENCE_GROUP grid of
+        its sequence, holding at most `most` tokens where the grid allows. The groups of _recur then fall
+        where they fall in the whole call however the row was cut into segments on that grid."""
+        blocks, t = [], t0
+        for end in sorted({t1, *(start for start in self.starts if t0 < start < t1)}):
+            while t < end:
+                position = self._position(t)
+                target = (position + most) // _RECURRENCE_GROUP * _RECURRENCE_GROUP
+                if target <= position:
+                    target = (position // _RECURRENCE_GROUP + 1) * _RECURRENCE_GROUP
+                blocks.append((t - t0, min(end, t + target - position) - t0))
+                t = t0 + blocks[-1][1]
+        return blocks
+
     def _start_state(self, s: int) -> torch.Tensor:
         if self.initial_states is None:
             return self.state.new_zeros(1, *self.state.shape[1:])
@@ -155,21 +214,16 @@ class RecurrentStream:
         Ch = heads_of_groups(C.to(dtype), nheads)
         state = self.state[rows]
         ys = []
-        # Tokens in blocks: each block's updates dt*x*Bᵀ in one operation and its outputs C·h in one matmul,
-        # so that a token costs one operation in the loop, h = h*decay + update, into the block's states.
-        block = max(1, _RECURRENT_BLOCK_ELEMENTS // state.numel())
-        for b0 in range(0, t1 - t0, block):
-            b1 = min(t1 - t0, b0 + block)
-            updates = dtx[:, b0:b1, :, :, None] * Bh[:, b0:b1, :, None, :]  # (rows, tokens, nheads, headdim, dstate)
-            states = torch.empty_like(updates)
-            for k in range(b0, b1):
-                t = t0 + k
-                if t in self.starts:
-                    state = self._start_state(self.starts[t])
-                state = torch.addcmul(updates[:, k - b0], state, decay[:, k, :, None, None], out=states[:, k - b0])
-                if t in self.ends:
-                    self.varlen_states[self.ends[t]] = state[0]
-            ys.append(torch.matmul(states, Ch[:, b0:b1, :, :, None])[..., 0])
+        # Tokens in blocks: each block's updates dt*x*Bᵀ in one operation, then the recurrence through them in
+        # place (_recur), then its outputs C·h in one matmul.
+        for k0, k1 in self._blocks(t0, t1, max(1, _RECURRENT_BLOCK_ELEMENTS // state.numel())):
+            if t0 + k0 in self.starts:
+                state = self._start_state(self.starts[t0 + k0])
+            states = dtx[:, k0:k1, :, :, None] * Bh[:, k0:k1, :, None, :]  # (rows, tokens, nheads, headdim, dstate)
+            state = _recur(states, decay[:, k0:k1], state)
+            if t0 + k1 - 1 in self.ends:
+                self.varlen_states[self.ends[t0 + k1 - 1]] = state[0]
+            ys.append(torch.matmul(states, Ch[:, k0:k1, :, :, None])[..., 0])
         self.state[rows] = state
         y_ssm = torch.cat(ys, dim=1)
         return skip_and_gate(y_ssm, x, D, z, dtype), y_ssm
