@@ -19,6 +19,7 @@ others' are 0 (core.outside makes a non-finite call again so).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection
 
@@ -50,6 +51,12 @@ def _key(t: torch.Tensor) -> tuple:
     return t.untyped_storage().data_ptr(), t.dtype
 
 
+@functools.cache
+def _pattern(value: float, dtype: torch.dtype) -> int:
+    """The bit pattern of `value` in `dtype`, as the integer `bits` makes of it (computed on the host)."""
+    return bits(torch.full((), value, dtype=dtype)).item()
+
+
 class Fenced:
     """Fenced copies of a call's tensors (`tensors`: name -> copy, None kept) and the buffers that hold them.
 
@@ -73,7 +80,7 @@ class Fenced:
         fence = -(-min(n, FENCE_BYTES // t.element_size()) // ALIGN) * ALIGN
         buffer = torch.full((fence + n + fence,), value, dtype=t.dtype, device=t.device)
         buffer[fence:fence + n] = storage
-        return buffer, fence, names, bits(torch.full((), value, dtype=t.dtype)).item()  # the pattern, on the host
+        return buffer, fence, names, _pattern(value, t.dtype)
 
     def _copy(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
@@ -114,7 +121,8 @@ class Fenced:
             flags.append((bits(edges) != fill).any())
         if not flags:
             return None, None
-        found = torch.stack([flag.to(flags[0].device) for flag in flags]).tolist()
+        device = flags[0].device
+        found = torch.stack([flag if flag.device == device else flag.to(device) for flag in flags]).tolist()
         changed = next((name for name, flag in zip(names, found) if flag), None)
         breached = next((entry[2][0] for entry, flag in zip(buffers, found[len(names):]) if flag), None)
         return changed, breached

@@ -37,7 +37,7 @@ from ssmcheck.core import sweep
 from ssmcheck.core.guard import describe
 from ssmcheck.core.pool import inner_slots, nan_filled, paged_pool, poisoned
 from ssmcheck.core.status import Status
-from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
+from ssmcheck.core.tensors import bits, nonfinite_mask
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.ops.naive import NO_DT_LIMIT, process_dt
 from ssmcheck.scan import measure
@@ -124,19 +124,22 @@ def _batch(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs,
     pieces = whole_sequences(inputs)
     if len(pieces) == 1:
         return InvarianceCheck(BATCH, Status.SKIPPED, "one sequence: nothing is packed with it")
-    worst = {"sequence": None, "y_rel": 0.0, "state_rel": 0.0, "max_abs": 0.0}
-    differs = nonfinite = None
+    runs = []
     for piece in pieces:
         y, states = _called("kernel (a sequence alone)", serving.scan,
                             packed(inputs, [piece], initial_state_of(inputs, piece.sequence)))
-        alone = (y[0], states[0])
-        together = (out[0][piece.row, piece.start:piece.stop], out[1][piece.sequence])
-        truth = (ref[0][piece.row, piece.start:piece.stop], ref[1][piece.sequence])
-        if nonfinite is None and any(nonfinite_mask(a, t).any() for a, t in zip(alone, truth)):
+        runs.append(((y[0], states[0]), (out[0][piece.row, piece.start:piece.stop], out[1][piece.sequence]),
+                     (ref[0][piece.row, piece.start:piece.stop], ref[1][piece.sequence])))
+    figures_of = torch.stack([_piece_figures(*run) for run in runs]).tolist()  # every piece's, read back at once
+    worst = {"sequence": None, "y_rel": 0.0, "state_rel": 0.0, "max_abs": 0.0}
+    differs = nonfinite = None
+    for piece, (alone, together, _), values in zip(pieces, runs, figures_of):
+        y_figures, state_figures = values[:5], values[5:]
+        if nonfinite is None and (y_figures[0] or state_figures[0]):
             nonfinite = piece.sequence
-        rels = [_rel(a - b, t) for a, b, t in zip(alone, together, truth)]
-        gap = max(float((a.double() - b.double()).abs().nan_to_num(math.inf).max()) for a, b in zip(alone, together))
-        if differs is None and not all(same_bits(a, b) for a, b in zip(alone, together)):
+        rels = [measure.ratio(*f[1:3]) for f in (y_figures, state_figures)]
+        gap = max(y_figures[3], state_figures[3])
+        if differs is None and (y_figures[4] or state_figures[4]):
             differs = (piece.sequence, _first_token(alone[0], together[0]))
         if max(rels) > max(worst["y_rel"], worst["state_rel"]) or worst["sequence"] is None:
             worst = {"sequence": piece.sequence, "y_rel": rels[0], "state_rel": rels[1], "max_abs": gap}
@@ -161,10 +164,24 @@ def _batch(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs,
     return InvarianceCheck(BATCH, Status.PASS, "", figures)
 
 
+def _piece_figures(alone, together, truth) -> torch.Tensor:
+    """For y, then for the state: whether `alone` is non-finite where the truth is finite, the norms of
+    alone - together (NaN as inf) and of the truth, the largest |alone - together| (NaN as inf), whether their
+    bits differ; float64, on the device, so that the pieces' figures are read back in one transfer."""
+    return torch.stack([figure for a, b, t in zip(alone, together, truth)
+                        for figure in (nonfinite_mask(a, t).any().double(), *_norms(a - b, t),
+                                       (a.double() - b.double()).abs().nan_to_num(math.inf).max(),
+                                       (bits(a) != bits(b)).any().double())])
+
+
+def _norms(diff: torch.Tensor, truth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 2-norms of a difference (NaN counted as inf) and of its truth, in float64 on their device."""
+    return torch.linalg.vector_norm(diff.double().nan_to_num(math.inf)), torch.linalg.vector_norm(truth.double())
+
+
 def _rel(diff: torch.Tensor, truth: torch.Tensor) -> float:
-    num = torch.linalg.vector_norm(diff.double().nan_to_num(math.inf)).item()
-    den = torch.linalg.vector_norm(truth.double()).item()
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+    """‖diff‖ / ‖truth‖ (NaN in diff counted as inf), read back in one transfer."""
+    return measure.ratio(*torch.stack(_norms(diff, truth)).tolist())
 
 
 def _first_token(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -205,13 +222,13 @@ def _split(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs,
         states[continuing] = states2.to(states.dtype)
         runs[who] = (y, states)
     y, states = runs["kernel"]
-    errors = {who: (measure.error_stats(r[0], ref[0]).rel, measure.error_stats(r[1], ref[1]).rel)
-              for who, r in runs.items()}
+    rels = measure.relative_errors([(r[i], ref[i]) for r in runs.values() for i in (0, 1)])
+    errors = dict(zip(runs, (rels[:2], rels[2:])))
     figures = {"points": points, "y_rel": errors["kernel"][0], "state_rel": errors["kernel"][1],
                "baseline_y_rel": errors["baseline"][0], "baseline_state_rel": errors["baseline"][1],
                "unsplit_y_rel": _rel(y - out[0], ref[0])}
     where = f"cut at {_points_text(points)}"
-    if nonfinite_mask(y, ref[0]).any() or nonfinite_mask(states, ref[1]).any():
+    if torch.stack([nonfinite_mask(y, ref[0]).any(), nonfinite_mask(states, ref[1]).any()]).any():
         return InvarianceCheck(SPLIT, Status.NONFINITE, f"split invariance: non-finite output ({where})", figures)
     kernel, baseline = errors["kernel"], errors["baseline"]
     failed = _over(serving.tolerance, [("y", kernel[0], baseline[0]), ("state", kernel[1], baseline[1])])
@@ -249,8 +266,9 @@ def _prefill_decode(serving: Serving, inputs: ScanInputs, chunk_size, seed, out,
             step_seed = sweep.case_seed(seed, {"check": PREFILL_DECODE, "step": n})
             ys.append(_called(f"{who} state update (decode step {n + 1})", step, state, arguments, step_seed))
         runs[who] = (torch.stack(ys, 1), state)
-    errors = {who: (measure.error_stats(y[:, 0], truth_y[:, 0]).rel, measure.error_stats(y, truth_y).rel,
-                    measure.error_stats(state, ref[1][sequences]).rel) for who, (y, state) in runs.items()}
+    rels = measure.relative_errors([pair for y, state in runs.values()
+                                    for pair in ((y[:, 0], truth_y[:, 0]), (y, truth_y), (state, ref[1][sequences]))])
+    errors = dict(zip(runs, (rels[:3], rels[3:])))
     figures = {"sequences": len(wholes), "decode_steps": DECODE_STEPS, "handoff_y_rel": errors["kernel"][0],
                "y_rel": errors["kernel"][1], "state_rel": errors["kernel"][2],
                "baseline_handoff_y_rel": errors["baseline"][0], "baseline_y_rel": errors["baseline"][1],
@@ -316,8 +334,11 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
     stored = cache[slots]
     changed = paged.changed_slots(set(slots))
     past_state = paged.past_states()
-    unwritten = [i for i in range(count) if bool(poisoned(stored[i]).any())]
-    differs = [i for i in range(count) if not same_bits(stored[i], returned[i])]
+    # Per sequence, read back at once: its slot still poisoned somewhere, its bits not the returned state's,
+    # non-finite where the reference is finite.
+    per_slot = torch.stack([poisoned(stored).flatten(1).any(1), (bits(stored) != bits(returned)).flatten(1).any(1),
+                            nonfinite_mask(stored, ref[1][:count]).flatten(1).any(1)]).tolist()
+    unwritten, differs = ([i for i in range(count) if flags[i]] for flags in per_slot[:2])
     y_first = _first_token(y.flatten(0, 1), out[0].flatten(0, 1))  # over the rows' tokens end to end
     figures = {"cache_slots": size, "slots": slots, "unwritten": unwritten, "changed": changed,
                "past_state": past_state, "slot_stride": paged.pages.stride(0),
@@ -325,7 +346,7 @@ def _cache_write(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Ou
                "mode": "exact" if serving.batch_exact else "tolerance",
                "state_rel": _rel(stored.double() - returned.double(), ref[1]),
                "y_rel": _rel(y.double() - out[0].double(), ref[0])}
-    bad = [i for i in range(count) if i not in unwritten and nonfinite_mask(stored[i], ref[1][i]).any()]
+    bad = [i for i in range(count) if i not in unwritten and per_slot[2][i]]
     if bad:
         return InvarianceCheck(CACHE_WRITE, Status.NONFINITE, f"cache write: slot {slots[bad[0]]} (sequence {bad[0]}) "
                                "holds non-finite values where the reference is finite", figures)

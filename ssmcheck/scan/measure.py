@@ -30,6 +30,27 @@ def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
     return ErrorSum(out.shape).add(out, ref).stats()
 
 
+def relative_errors(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """`error_stats(out, ref).rel` of each (out, ref) pair, every norm read back in one transfer."""
+    norms = torch.stack([norm for out, ref in pairs for norm in _norms(_difference(out, ref), ref)]).tolist()
+    return [ratio(num, den) for num, den in zip(norms[::2], norms[1::2])]
+
+
+def _difference(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (out.double() - ref.double()).flatten()
+
+
+def _norms(diff: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref.double())
+
+
+def ratio(num: float, den: float) -> float:
+    """num / den, where a zero den makes 0 of a zero num and inf of any other."""
+    if den > 0:
+        return num / den
+    return 0.0 if num == 0 else math.inf
+
+
 class ErrorSum:
     """`error_stats` of a tensor of `shape` whose leading elements come segment by segment, in order."""
 
@@ -40,12 +61,11 @@ class ErrorSum:
 
     def add(self, out: torch.Tensor, ref: torch.Tensor, offset: int = 0) -> ErrorSum:
         """Add the elements from flat index `offset` on (the next segment, any shape)."""
-        diff = (out.double() - ref.double()).flatten()
+        diff = _difference(out, ref)
         abs_diff = diff.abs()
         # NaN compares as the largest, so a NaN element is reported as the worst one.
         _, where = torch.where(abs_diff.isnan(), math.inf, abs_diff).max(0)
-        num, den, max_abs, where = torch.stack([torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref.double()),
-                                                abs_diff[where], where.double()]).tolist()
+        num, den, max_abs, where = torch.stack([*_norms(diff, ref), abs_diff[where], where.double()]).tolist()
         self.norms.append(num)
         self.ref_norms.append(den)
         key = math.inf if math.isnan(max_abs) else max_abs
@@ -58,11 +78,7 @@ class ErrorSum:
         return _combined(self.norms)
 
     def stats(self) -> ErrorStats:
-        num, den = (_combined(norms) for norms in (self.norms, self.ref_norms))
-        if den > 0:
-            rel = num / den
-        else:
-            rel = 0.0 if num == 0 else math.inf
+        rel = ratio(*(_combined(norms) for norms in (self.norms, self.ref_norms)))
         return ErrorStats(rel=rel, max_abs=self.worst[1], worst=_unravel(self.worst[2], self.shape))
 
 
