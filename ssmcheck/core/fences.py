@@ -96,7 +96,7 @@ class Fenced:
 
     def breached(self) -> str | None:
         """The first input (of those sharing a storage, the first named) whose fences the call wrote, or None."""
-        return self._written()[1]
+        return self._written(inputs=False)[1]
 
     def violation(self) -> str | None:
         """What the call did to its inputs that it must not, in one line (a write into one, or past one), or
@@ -109,10 +109,11 @@ class Fenced:
                     "each input's memory")
         return None
 
-    def _written(self) -> tuple[str | None, str | None]:
-        """(changed, breached), every input and fence compared on the device and read back in one transfer: a
-        check after every call of a case, so one wait for the device per call, not one per tensor."""
-        names = [name for name, t in self.originals.items() if t is not None]
+    def _written(self, inputs: bool = True) -> tuple[str | None, str | None]:
+        """(changed, breached), every input (without `inputs`, none: changed is None) and fence compared on the
+        device and read back in one transfer: a check after every call of a case, so one wait for the device per
+        call, not one per tensor."""
+        names = [name for name, t in self.originals.items() if t is not None] if inputs else []
         flags = [(bits(self.originals[name]) != bits(self.tensors[name])).any() for name in names]
         buffers = list(self._buffers.values())
         for buffer, fence, _, fill in buffers:

@@ -179,14 +179,16 @@ class RecurrentStream:
         its sequence, holding at most `most` tokens where the grid allows. The groups of _recur then fall
         where they fall in the whole call however the row was cut into segments on that grid."""
         blocks, t = [], t0
+        begin = t0 - self._position(t0)  # where the sequence holding t starts
         for end in sorted({t1, *(start for start in self.starts if t0 < start < t1)}):
             while t < end:
-                position = self._position(t)
+                position = t - begin
                 target = (position + most) // _RECURRENCE_GROUP * _RECURRENCE_GROUP
                 if target <= position:
                     target = (position // _RECURRENCE_GROUP + 1) * _RECURRENCE_GROUP
                 blocks.append((t - t0, min(end, t + target - position) - t0))
                 t = t0 + blocks[-1][1]
+            begin = end  # every end but t1 is a sequence's start
         return blocks
 
     def _start_state(self, s: int) -> torch.Tensor:
