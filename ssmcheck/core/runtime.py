@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ssmcheck.core.spawning import compilations_claimed
+
 DEVICES = ("cpu", "cuda")
 
 
@@ -78,6 +80,7 @@ def configure(device: str | None = None) -> Environment:
         mend_interpreter()
     gpu = None
     if device == "cuda":
+        compilations_claimed()
         major, minor = torch.cuda.get_device_capability()
         gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
     _configured = Environment(

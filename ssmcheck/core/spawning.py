@@ -4,12 +4,23 @@ starts helpers before the command imports them)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ssmcheck.core.execution import STOPPING_SIGNALS
+
+# The Triton cache manager of ssmcheck's processes on a GPU: one process compiles each variant, the others wait
+# for it (core.compile_claims).
+CLAIMING_CACHE_MANAGER = "ssmcheck.core.compile_claims:ClaimingCacheManager"
+
+
+def compilations_claimed() -> None:
+    """Have this process and those it starts from now on share their Triton compilations (core.compile_claims),
+    through TRITON_CACHE_MANAGER, which spawned processes inherit; a manager the user named there is kept."""
+    os.environ.setdefault("TRITON_CACHE_MANAGER", CLAIMING_CACHE_MANAGER)
 
 
 @contextmanager

@@ -135,13 +135,17 @@ def baseline_stream(
 def _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate, state_weights="B") -> Arithmetic:
     generator = torch.Generator(device=x.device).manual_seed(seed)
 
-    def store_state(s):
-        return round_to(s.to(torch.float32), state_dtype, rounding, generator)
+    def store_state(s, uniform=None):
+        return round_to(s.to(torch.float32), state_dtype, rounding, generator, uniform)
 
+    def state_draws(shape):  # what round_to draws for one state
+        return torch.rand(shape, generator=generator, dtype=torch.float64, device=x.device)
+
+    draws = state_draws if rounding == "stochastic" and state_dtype != torch.float32 else None
     if matmul_operand_bits is None and accumulate == torch.float32:
         return Arithmetic(torch.float32, x.dtype, store_state=store_state, exact_segments=False,
-                          state_weights=state_weights)
+                          state_weights=state_weights, state_draws=draws)
     if accumulate not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"accumulate must be float32, float16 or bfloat16, got {accumulate}")
     return _ReducedArithmetic(accumulate, x.dtype, store_state=store_state, exact_segments=False,
-                              state_weights=state_weights, operand_bits=matmul_operand_bits)
+                              state_weights=state_weights, state_draws=draws, operand_bits=matmul_operand_bits)

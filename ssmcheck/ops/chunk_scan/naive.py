@@ -255,11 +255,26 @@ class Arithmetic:
 
     compute: torch.dtype  # elementwise work and matmul accumulation
     operand: torch.dtype  # matmul operands are rounded to this first (what tensor cores read)
-    store_state: Callable[[torch.Tensor], torch.Tensor]  # state in `compute` -> state as stored
+    # States in `compute` (stacked along a leading dimension) -> as stored; with `state_draws`, also the uniform
+    # draws their rounding takes, stacked alike.
+    store_state: Callable[..., torch.Tensor]
     exact_segments: bool  # decays from direct segment sums (reference) or cumsum differences (peers)
     # Which operand of a chunk's state matmul (xᵀ · B) the tokens' weights (decay to the chunk's end × dt) scale
     # before it is rounded: "B" as mamba_ssm's and vLLM's chunk-state kernels, "x" as ssmcheck's own.
     state_weights: str = "B"
+    # The random draws one state's storing takes (stochastic rounding: a uniform per element), given its shape; None
+    # where storing draws nothing.
+    state_draws: Callable[[torch.Size], torch.Tensor] | None = None
+
+    def store_states(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """`states` as stored, stacked: rounded together, some thirty operations for them all where one at a time
+        stochastic rounding took as many each (a long sequence stores a state per chunk). Each state's draws are
+        made one after another in list order, as storing them one by one made them: the same figures, bit for bit,
+        however the states are grouped."""
+        stacked = torch.stack(states)
+        if self.state_draws is None:
+            return self.store_state(stacked)
+        return self.store_state(stacked, torch.stack([self.state_draws(s.shape) for s in states]))
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a.to(self.operand).to(self.compute), b.to(self.operand).to(self.compute))
@@ -348,20 +363,28 @@ def _ssd(x, dt, A, B, C, pieces: list[_Piece], carry, initial_states, seq_states
         else:
             piece_states = arith.matmul(xq.transpose(-1, -2), Bh * to_end[..., None])  # (P, nheads, headdim, dstate)
         piece_decay = torch.exp(cum[..., -1])  # (P, nheads)
-        incoming = []
+        # The states to store, in the order they are stored: each piece's incoming one, and after a sequence's last
+        # piece its final one. The carry itself stays unrounded.
+        unstored, incoming_at, final_at = [], [], []
         for k, p in enumerate(blk):
             if p.first:
                 carry = zero if initial_states is None else initial_states[p.seq]
-            incoming.append(arith.store_state(carry))
+            incoming_at.append(len(unstored))
+            unstored.append(carry)
             carry = piece_decay[k, :, None, None] * carry + piece_states[k]
             if p.last:
-                seq_states[p.seq] = arith.store_state(carry)
+                final_at.append((p.seq, len(unstored)))
+                unstored.append(carry)
+        stored = arith.store_states(unstored)
+        incoming = stored if not final_at else stored[incoming_at]
+        for seq, at in final_at:
+            seq_states[seq] = stored[at]
         Ch = heads_of_groups(Cq, nheads, dim=1)
         if recorded is not None:
-            for name, value in (("cumsum", cum), ("chunk_states", piece_states), ("passed_states", torch.stack(incoming)),
+            for name, value in (("cumsum", cum), ("chunk_states", piece_states), ("passed_states", incoming),
                                 ("cb", CB_groups)):
                 recorded[name].append(value)
-        state_part = arith.matmul(Ch, torch.stack(incoming).to(arith.compute).transpose(-1, -2))
+        state_part = arith.matmul(Ch, incoming.to(arith.compute).transpose(-1, -2))
         y_piece = y_intra + state_part * torch.exp(cum)[..., None]
         y[idx[valid]] = y_piece.permute(0, 2, 1, 3)[valid]
     stages = None if recorded is None else {name: torch.cat(parts) for name, parts in recorded.items() if parts}
@@ -389,8 +412,8 @@ class SSDStream:
         self.arith, self.y_dtype, self.A = arith, y_dtype, A.to(arith.compute)
         self.initial_states = None if initial_states is None else initial_states.to(arith.compute)
         self.carry = torch.zeros(nheads, headdim, B.shape[-1], dtype=arith.compute, device=x.device)
-        self.seq_states = [arith.store_state(self.carry if self.initial_states is None else self.initial_states[s])
-                           for s in range(len(self.bounds))]
+        self.seq_states = list(arith.store_states(
+            [self.carry if self.initial_states is None else self.initial_states[s] for s in range(len(self.bounds))]))
         self.next = 0
         self.recorded = None  # the last segment's stages, with record_stages
 

@@ -1,0 +1,184 @@
+"""core.compile_claims: one process (here also: one thread) compiles each Triton variant, the others wait for its
+entry. The manager is driven as triton.compiler.compile drives it: get_group, then on a miss the compilation's
+files (put) and put_group. On the CPU; the GPU test compiles a real kernel in two processes at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ssmcheck.core import compile_claims
+from ssmcheck.core.compile_claims import CLAIM_FILE, ClaimingCacheManager
+from ssmcheck.core.spawning import CLAIMING_CACHE_MANAGER, compilations_claimed
+
+KEY = "VARIANTKEY"
+NAME = "_kernel.json"
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def compile_into(manager: ClaimingCacheManager, seconds: float = 0.0) -> dict:
+    """What triton.compiler.compile writes for a variant, `seconds` after its miss."""
+    time.sleep(seconds)
+    group = {"_kernel.cubin": manager.put(b"\x7fELF cubin", "_kernel.cubin"), NAME: manager.put("{}", NAME, binary=False)}
+    manager.put_group(NAME, group)
+    return group
+
+
+def timed_lookup(found: dict) -> None:
+    """Look the variant up, as another process would: what it found, and how long it waited, into `found`."""
+    began = time.monotonic()
+    found["group"] = ClaimingCacheManager(KEY).get_group(NAME)
+    found["waited"] = time.monotonic() - began
+
+
+def claim_path(cache_dir) -> str:
+    return os.path.join(ClaimingCacheManager(KEY).cache_dir, CLAIM_FILE)
+
+
+def test_the_first_to_miss_compiles_and_a_second_waits_for_its_entry(cache_dir):
+    first = ClaimingCacheManager(KEY)
+    assert first.get_group(NAME) is None  # a miss: this thread compiles
+    assert os.path.exists(claim_path(cache_dir))
+    found = {}
+    waiter = threading.Thread(target=timed_lookup, args=(found,))
+    waiter.start()
+    written = compile_into(first, seconds=0.3)
+    waiter.join(10)
+    assert found["group"] == written
+    assert found["waited"] >= 0.25
+    assert not os.path.exists(claim_path(cache_dir))
+
+
+@pytest.mark.parametrize("askers", [2, 5, 12])
+def test_exactly_one_of_many_askers_compiles(askers):
+    compiled, loaded = [], []
+
+    def ask():
+        manager = ClaimingCacheManager(KEY)
+        group = manager.get_group(NAME)
+        if group is None:
+            compiled.append(compile_into(manager, seconds=0.1))
+        else:
+            loaded.append(group)
+
+    threads = [threading.Thread(target=ask) for _ in range(askers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(compiled) == 1
+    assert loaded == compiled * (askers - 1)
+
+
+def test_a_claim_whose_compilation_raised_is_released_at_the_threads_next_lookup(cache_dir):
+    manager = ClaimingCacheManager(KEY)
+    assert manager.get_group(NAME) is None  # claimed; the compilation raises: no put_group
+    assert os.path.exists(claim_path(cache_dir))
+    ClaimingCacheManager("OTHERKEY").get_group(NAME)  # this thread's next variant
+    assert not os.path.exists(claim_path(cache_dir))
+
+
+def test_the_claim_of_a_process_that_ended_is_taken_over(cache_dir):
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with open(claim_path(cache_dir), "w") as f:
+        f.write(f"{compile_claims.socket.gethostname()} {int(ended.stdout)} {time.time()}")
+    began = time.monotonic()
+    assert ClaimingCacheManager(KEY).get_group(NAME) is None  # claimed for this process at once
+    assert time.monotonic() - began < 5
+    with open(claim_path(cache_dir)) as f:
+        assert f.read().split()[1] == str(os.getpid())
+
+
+def test_another_hosts_claim_holds_until_it_is_old(cache_dir):
+    with open(claim_path(cache_dir), "w") as f:
+        f.write(f"elsewhere 1 {time.time() - compile_claims.CLAIM_SECONDS - 1}")
+    assert ClaimingCacheManager(KEY).get_group(NAME) is None
+    with open(claim_path(cache_dir)) as f:
+        assert f.read().split()[1] == str(os.getpid())
+
+
+def test_a_waiter_compiles_for_itself_once_a_live_holder_takes_too_long(cache_dir, monkeypatch):
+    monkeypatch.setattr(compile_claims, "CLAIM_SECONDS", 0.3)
+    holder = ClaimingCacheManager(KEY)
+    found = {}
+
+    def hold():
+        assert holder.get_group(NAME) is None
+        time.sleep(1.0)  # compiling, and alive, past CLAIM_SECONDS
+
+    holding = threading.Thread(target=hold)
+    holding.start()
+    time.sleep(0.05)
+    waiting = threading.Thread(target=timed_lookup, args=(found,))
+    waiting.start()
+    waiting.join(10)
+    holding.join(10)
+    assert found["group"] is None
+    assert 0.25 <= found["waited"] < 0.9
+
+
+def test_an_entry_already_written_is_loaded_without_a_claim(cache_dir):
+    written = compile_into(ClaimingCacheManager(KEY))
+    assert ClaimingCacheManager(KEY).get_group(NAME) == written
+    assert not os.path.exists(claim_path(cache_dir))
+
+
+def test_ssmcheck_processes_take_the_claiming_manager_unless_the_user_named_one(monkeypatch):
+    import triton
+
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
+    compilations_claimed()
+    assert os.environ["TRITON_CACHE_MANAGER"] == CLAIMING_CACHE_MANAGER
+    assert triton.knobs.cache.manager_class is ClaimingCacheManager  # what triton.runtime.cache resolves
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "mycache:Remote")
+    compilations_claimed()
+    assert os.environ["TRITON_CACHE_MANAGER"] == "mycache:Remote"
+
+
+_TWO_PROCESSES = """
+import sys, time
+import torch, triton, triton.language as tl
+from triton import knobs
+
+hits = []
+knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+
+@triton.jit
+def _claimed_add(x_ptr, n, K: tl.constexpr):
+    i = tl.arange(0, 128)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + K, mask=i < n)
+
+x = torch.ones(100, device="cuda")
+while time.time() < float(sys.argv[1]):
+    time.sleep(0.001)
+_claimed_add[(1,)](x, 100, K=int(sys.argv[2]))
+assert x.eq(1 + int(sys.argv[2])).all()
+print(hits)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_two_processes_launching_a_fresh_variant_at_once_compile_it_once(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "TRITON_CACHE_MANAGER": CLAIMING_CACHE_MANAGER}
+    script = tmp_path / "launch.py"  # (triton.jit reads its function's source from a file)
+    script.write_text(_TWO_PROCESSES)
+    start = f"{time.time() + 8:.3f}"  # both launch at this instant, after their imports
+    runs = [subprocess.Popen([sys.executable, str(script), start, "3"], env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = sorted(r.communicate(timeout=120)[0].strip() for r in runs)
+    assert all(r.returncode == 0 for r in runs)
+    assert outputs == ["[False]", "[True]"]  # one compiled, the other loaded what it wrote
