@@ -127,6 +127,21 @@ def test_a_waiter_compiles_for_itself_once_a_live_holder_takes_too_long(cache_di
     assert 0.25 <= found["waited"] < 0.9
 
 
+def test_where_no_claim_can_be_made_the_variant_is_compiled_unclaimed(cache_dir, monkeypatch):
+    real_open = os.open
+
+    def refused(path, *args, **kwargs):
+        if os.path.basename(path) == CLAIM_FILE:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(compile_claims.os, "open", refused)
+    manager = ClaimingCacheManager(KEY)
+    assert manager.get_group(NAME) is None
+    assert compile_into(manager)[NAME].endswith(NAME)  # written, with no claim to release
+    assert not os.path.exists(claim_path(cache_dir))
+
+
 def test_an_entry_already_written_is_loaded_without_a_claim(cache_dir):
     written = compile_into(ClaimingCacheManager(KEY))
     assert ClaimingCacheManager(KEY).get_group(NAME) == written

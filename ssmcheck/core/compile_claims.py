@@ -81,10 +81,14 @@ class ClaimingCacheManager(FileCacheManager):
 
 
 def _try_claim(claim: str) -> bool:
+    """Claim `claim` for this thread: False where another holds it. True also where no claim can be made (a
+    directory this process may not write): then it compiles unclaimed, as without claims."""
     try:
         fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
+    except OSError:
+        return True
     with os.fdopen(fd, "w") as f:
         f.write(f"{socket.gethostname()} {os.getpid()} {time.time()}")
     _held.claim = claim
