@@ -204,7 +204,7 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
         else:  # (fewer than all: the helpers' share is not 0)
             kept = len(cases) * running // (running + HELPER_PACE * helpers)
         threads = max(prestart.CORES_PER_COMPILER, (cores - running) // helpers)
-        helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads)
+        helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads, running)
         return helping if helping.workers else None
     finally:
         prestart.dismiss()  # the helpers the command started and this sweep did not take (core.prestart)

@@ -60,3 +60,12 @@ class SlowAheadRunner(AheadRunner):
     """An AheadRunner whose compiling ahead outlasts any test."""
 
     pause = 600.0
+
+
+class ThreadsRunner(WhereRunner):
+    """A WhereRunner whose result is (case, torch's CPU threads in its worker)."""
+
+    def __call__(self, case: str, advance):
+        import torch  # noqa: PLC0415
+
+        return case, torch.get_num_threads()

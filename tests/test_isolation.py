@@ -164,3 +164,18 @@ def test_workers_are_killed_when_the_wait_for_their_end_is_interrupted():
     with pytest.raises(KeyboardInterrupt):
         isolation._stop_all([Worker("a"), Worker("b")])
     assert killed == ["a", "b"]
+
+
+def test_workers_of_a_gpu_sweep_get_their_share_of_the_cpu_threads(monkeypatch):
+    from ssmcheck.core import isolation, workers
+    from tests.pool_helpers import ThreadsRunner
+
+    gpu, cpu = ThreadsRunner(), ThreadsRunner()
+    gpu.device = "cuda"
+    assert isolation._cpu_threads(gpu, 8) == workers.cpu_threads_each(8)
+    assert isolation._cpu_threads(cpu, 8) is None  # the CPU: torch's default
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    # One thread: torch takes no more than the cores, and the default is every core.
+    monkeypatch.setattr(isolation, "_cpu_threads", lambda runner, running: 1)
+    results = list(run_isolated(ThreadsRunner(), ["a", "b"], timeout=None, advance=lambda: None, devices=[None] * 2))
+    assert sorted(results) == [("a", 1), ("b", 1)]

@@ -394,7 +394,7 @@ class _Started:
 
     started: list = []
 
-    def __init__(self, runner, cases, helpers, threads):
+    def __init__(self, runner, cases, helpers, threads, running):
         self.workers = ["a helper"]
         _Started.started.append((len(cases), helpers, threads))
 

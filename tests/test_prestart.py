@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 
 import pytest
 
-from ssmcheck.core import isolation, prestart
+from ssmcheck.core import isolation, prestart, workers
+from ssmcheck.core.spawning import cpu_threads
 from tests.pool_helpers import AheadRunner
 
 
@@ -38,6 +40,42 @@ from tests.pool_helpers import AheadRunner
 ])
 def test_helpers_are_started_only_for_a_scan_that_will_compile_ahead(args, environ, cores, driver, count):
     assert prestart.wanted(args, environ, cores, driver) == count
+
+
+@pytest.mark.parametrize(("args", "environ", "cores", "driver", "threads"), [
+    (["scan"], {}, 16, True, 4),  # this process and its 3 helpers
+    (["scan", "--preset", "thorough", "--workers", "8"], {}, 16, True, 2),  # the 8 workers
+    (["scan", "--workers", "2"], {}, 16, True, 4),  # 2 workers and their helpers
+    (["scan", "--workers", "32"], {}, 16, True, 1),
+    (["scan", "--no-compile-ahead"], {}, 16, True, 4),
+    (["scan"], {}, 2, True, 1),
+    (["scan"], {"LOCAL_WORLD_SIZE": "2"}, 16, True, 2),  # two torchrun ranks share the cores
+    (["scan"], {"OMP_NUM_THREADS": "6"}, 16, True, None),  # the user's
+    (["scan"], {}, 16, False, None),  # the CPU: torch's default, as measured there
+    (["scan", "--device", "cpu"], {}, 16, True, None),
+    (["scan"], {"TRITON_INTERPRET": "1"}, 16, True, None),
+    (["scan", "--help"], {}, 16, True, None),
+    (["drift"], {}, 16, True, None),
+])
+def test_a_gpu_scan_shares_the_cores_among_its_processes_cpu_threads(args, environ, cores, driver, threads):
+    assert prestart.cpu_threads(args, environ, cores, driver) == threads
+
+
+def test_the_lone_sweep_counts_itself_and_its_most_helpers():
+    assert workers.LONE_SWEEP_PROCESSES == 1 + prestart.COMPILE_HELPERS
+
+
+def test_children_get_the_threads_unless_the_user_set_them(monkeypatch):
+    code = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with cpu_threads(3):
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == "3"
+    assert "OMP_NUM_THREADS" not in os.environ  # this process's own are left as they were
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    with cpu_threads(3):
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == "7"
 
 
 def test_the_command_entry_starts_its_helpers_before_it_imports_torch_or_triton():

@@ -40,7 +40,8 @@ from ssmcheck.core import prestart, runtime
 from ssmcheck.core.execution import STOPPING_SIGNALS, ignore_stopping_signals
 from ssmcheck.core.guard import describe
 from ssmcheck.core.precompile import record_of
-from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked
+from ssmcheck.core.spawning import cpu_threads, main_script_hidden, stopping_signals_blocked
+from ssmcheck.core.workers import cpu_threads_each
 
 # Seconds a worker may take to import torch and triton and configure the device.
 STARTUP_TIMEOUT = 600.0
@@ -67,7 +68,9 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
     Closing the generator (or an exception while it waits, e.g. on Ctrl-C) kills the workers.
     """
     context = multiprocessing.get_context("spawn")
-    slots = [_Slot(context, runner, device) for device in devices[: max(1, len(cases))]]
+    count = min(len(devices), max(1, len(cases)))
+    threads = _cpu_threads(runner, count)
+    slots = [_Slot(context, runner, device, threads) for device in devices[:count]]
     waiting = deque(cases)
     try:
         while waiting or any(slot.busy for slot in slots):
@@ -121,9 +124,9 @@ class CompilingHelpers:
     user's callable kernel: the helper would have to run the script again, spawning.main_script_hidden), gets no
     helpers."""
 
-    def __init__(self, runner, cases: list, helpers: int, threads: int):
+    def __init__(self, runner, cases: list, helpers: int, threads: int, running: int = 1):
         """Start up to `helpers` processes, each on a slice of `cases` in the sweep's order, with `threads` compiling
-        threads. A runner with a `compile_group(case)` method has each group of cases that launch mostly the same
+        threads, while `running` processes run the cases (their count sets torch's CPU threads in each). A runner with a `compile_group(case)` method has each group of cases that launch mostly the same
         variants compiled by one helper (`_shares`); otherwise the slices are contiguous, where cases alike mostly
         fall to one. Helpers the command started before it imported torch (core.prestart) are taken first; those
         not taken are ended."""
@@ -135,8 +138,9 @@ class CompilingHelpers:
             with suppress(Exception):
                 if _pickled(runner)[1]:
                     return
+                cpu = _cpu_threads(runner, running)
                 for part in _shares(cases, helpers, getattr(runner, "compile_group", None)):
-                    self.workers.append(_helper(context, runner, (part, threads)))
+                    self.workers.append(_helper(context, runner, (part, threads), cpu))
         finally:
             prestart.dismiss()
 
@@ -167,15 +171,22 @@ class CompilingHelpers:
         return records
 
 
-def _helper(context, runner, ahead: tuple[list, int]) -> _Worker:
-    """A compiling helper given `ahead`: one the command started already where one is left, else a new one."""
+def _cpu_threads(runner, running: int) -> int | None:
+    """torch's CPU threads for a process started for a GPU sweep with `running` processes running its cases
+    (workers.cpu_threads_each); None on the CPU (torch's default, as in the sweep's own process)."""
+    return cpu_threads_each(running) if getattr(runner, "device", None) == "cuda" else None
+
+
+def _helper(context, runner, ahead: tuple[list, int], threads: int | None) -> _Worker:
+    """A compiling helper given `ahead`: one the command started already where one is left (with the command's
+    CPU threads), else a new one with `threads` (spawning.cpu_threads)."""
     started = prestart.take(runner.device)
     if started is not None:
         try:
             return _Worker(context, runner, None, ahead, started)
         except _WorkerLost:  # it ended while it waited (its runtime could not be configured)
             pass
-    worker = _Worker(context, runner, None, ahead)
+    worker = _Worker(context, runner, None, ahead, threads=threads)
     worker.start()
     return worker
 
@@ -203,8 +214,8 @@ class _Slot:
     """A place in the pool: the worker it runs cases in (started when a case comes, replaced when lost),
     the case it runs, and when that case's clock (or the worker's start-up) runs out."""
 
-    def __init__(self, context, runner, device: str | None):
-        self.context, self.runner, self.device = context, runner, device
+    def __init__(self, context, runner, device: str | None, threads: int | None = None):
+        self.context, self.runner, self.device, self.threads = context, runner, device, threads
         self.worker: _Worker | None = None
         self.busy = False
         self.case = None
@@ -215,7 +226,7 @@ class _Slot:
     def take(self, case, timeout: float | None) -> None:
         self.case, self.busy, self.start = case, True, time.monotonic()
         if self.worker is None:
-            self.worker = _Worker(self.context, self.runner, self.device)
+            self.worker = _Worker(self.context, self.runner, self.device, threads=self.threads)
             self.worker.start()
         if not self.worker.ready:
             self.deadline = self.start + STARTUP_TIMEOUT
@@ -281,9 +292,11 @@ class _Worker:
     """The parent's handle on one worker process."""
 
     def __init__(self, context, runner, device: str | None = None, ahead: tuple[list, int] | None = None,
-                 started: tuple | None = None):
+                 started: tuple | None = None, threads: int | None = None):
         """`started`: a helper process already running for the runner's device, with this end of its pipe
-        (core.prestart.take), to be given the work instead of a new process."""
+        (core.prestart.take), to be given the work instead of a new process. `threads`: torch's CPU threads in
+        a new one (spawning.cpu_threads; None: torch's default)."""
+        self.threads = threads
         # The runner travels pickled, to be unpickled after the worker has configured the
         # runtime: unpickling imports the command's modules, and they may import triton.
         runner_bytes, self.needs_main_script = _pickled(runner)
@@ -306,7 +319,8 @@ class _Worker:
         if self._child_conn is None:  # started already
             return
         try:
-            with stopping_signals_blocked(), nullcontext() if self.needs_main_script else main_script_hidden():
+            with (stopping_signals_blocked(), cpu_threads(self.threads),
+                  nullcontext() if self.needs_main_script else main_script_hidden()):
                 self.process.start()
         finally:
             self._child_conn.close()  # the worker's end: held here, it would hide the worker's exit

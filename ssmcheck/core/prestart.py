@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from ssmcheck.core.ranks import local_processes
 from ssmcheck.core.spawning import compilations_claimed, main_script_hidden, stopping_signals_blocked
-from ssmcheck.core.workers import cpu_cores
+from ssmcheck.core.workers import cpu_cores, cpu_threads_each
 
 # Cores a compiling helper gets (four threads: four processes of four threads compiled the default scan's variants
 # fastest on the 16-core H200 machine; benchmarks/RESULTS.md, thirtieth session).
@@ -43,14 +43,27 @@ _WAITING: list[tuple[str, multiprocessing.Process, object]] = []
 def wanted(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: bool) -> int:
     """How many helpers to start for the command line `args` (without the program's name): as many as
     api.start_compiling_ahead would give a sweep run in this process, or 0 where it gives none."""
+    if not _gpu_scan(args, environ, driver) or "--no-compile-ahead" in args:
+        return 0
+    return helper_count(max(1, cores // local_processes(environ)), _running(args[1:]))
+
+
+def cpu_threads(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: bool) -> int | None:
+    """torch's CPU threads for the command line `args` and every process it starts (workers.cpu_threads_each),
+    where it is a scan on the GPU and the user has not set OMP_NUM_THREADS; else None (torch's default)."""
+    if "OMP_NUM_THREADS" in environ or not _gpu_scan(args, environ, driver):
+        return None
+    return cpu_threads_each(_running(args[1:]), max(1, cores // local_processes(environ)))
+
+
+def _gpu_scan(args: Sequence[str], environ: Mapping[str, str], driver: bool) -> bool:
+    """Whether the command line `args` runs a scan on the GPU (guessed: not asking for help)."""
     if not args or args[0] != "scan" or not driver or environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return 0
+        return False
     options = list(args[1:])
-    if any(a in ("-h", "--help", "--no-compile-ahead", "--device=cpu") for a in options):
-        return 0
-    if any(a == "--device" and following == "cpu" for a, following in zip(options, options[1:])):
-        return 0
-    return helper_count(max(1, cores // local_processes(environ)), _running(options))
+    if any(a in ("-h", "--help", "--device=cpu") for a in options):
+        return False
+    return not any(a == "--device" and following == "cpu" for a, following in zip(options, options[1:]))
 
 
 def helper_count(cores: int, running: int) -> int:
@@ -68,8 +81,13 @@ def _running(options: Sequence[str]) -> int:
 
 
 def for_command(args: Sequence[str]) -> None:
-    """Start the helpers `wanted` says the command line `args` will want, on the GPU."""
-    count = wanted(args, os.environ, cpu_cores(), os.path.exists(NVIDIA_DRIVER))
+    """Give the command and its processes their CPU threads (`cpu_threads`: before anything imports torch, which
+    reads them then), and start the helpers `wanted` says the command line `args` will want, on the GPU."""
+    cores, driver = cpu_cores(), os.path.exists(NVIDIA_DRIVER)
+    threads = cpu_threads(args, os.environ, cores, driver)
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    count = wanted(args, os.environ, cores, driver)
     if count:
         start(count, "cuda")
 

@@ -24,6 +24,20 @@ def compilations_claimed() -> None:
 
 
 @contextmanager
+def cpu_threads(count: int | None) -> Iterator[None]:
+    """Start processes with `count` torch CPU threads: OMP_NUM_THREADS, which a child reads as it imports torch.
+    None, or an OMP_NUM_THREADS the user set, leaves the children theirs."""
+    if count is None or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+@contextmanager
 def main_script_hidden() -> Iterator[None]:
     """Start a process without this process's main script. `spawn` runs the main script again in the child (as
     `__mp_main__`, so that what it defines unpickles there): a library user's script without an `if __name__ ==

@@ -44,6 +44,20 @@ def rank_gpu(local_rank: int) -> str:
     return gpus[local_rank % len(gpus)]
 
 
+# The processes a GPU sweep keeps busy at once where it runs its cases alone: itself and up to 3 compiling helpers
+# (core.prestart.COMPILE_HELPERS).
+LONE_SWEEP_PROCESSES = 4
+
+
+def cpu_threads_each(running: int, cores: int | None = None) -> int:
+    """torch's CPU threads (OMP_NUM_THREADS) for each process of a GPU sweep whose cases `running` processes run:
+    an equal share of `cores` (None: this process's) among the processes busy at once, the runners or, where one
+    runs alone, it and its compiling helpers. Left at torch's default, every core each, the eight workers of
+    `scan --preset thorough --workers 8` and their helpers on the H200's 16 cores took 262.7 s on a fresh cache,
+    where with 2 threads each they took 46-48 s (benchmarks/RESULTS.md, thirty-sixth session)."""
+    return max(1, (cpu_cores() if cores is None else cores) // max(running, LONE_SWEEP_PROCESSES))
+
+
 def cpu_cores() -> int:
     """The cores this process may run on (a container's or taskset's share, not the whole machine's)."""
     try:
