@@ -13,8 +13,9 @@ import time
 import pytest
 
 from ssmcheck.core import compile_claims
-from ssmcheck.core.compile_claims import CLAIM_FILE, ClaimingCacheManager
-from ssmcheck.core.spawning import CLAIMING_CACHE_MANAGER, compilations_claimed
+from ssmcheck.core.compile_claims import CLAIM_FILE, ClaimingCacheManager, install
+
+CLAIMING_CACHE_MANAGER = f"{compile_claims.__name__}:ClaimingCacheManager"  # as TRITON_CACHE_MANAGER names it
 
 KEY = "VARIANTKEY"
 NAME = "_kernel.json"
@@ -148,16 +149,29 @@ def test_an_entry_already_written_is_loaded_without_a_claim(cache_dir):
     assert not os.path.exists(claim_path(cache_dir))
 
 
-def test_ssmcheck_processes_take_the_claiming_manager_unless_the_user_named_one(monkeypatch):
+def test_install_claims_this_processs_compilations_unless_the_user_named_a_manager(monkeypatch):
     import triton
 
     monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
-    compilations_claimed()
-    assert os.environ["TRITON_CACHE_MANAGER"] == CLAIMING_CACHE_MANAGER
-    assert triton.knobs.cache.manager_class is ClaimingCacheManager  # what triton.runtime.cache resolves
-    monkeypatch.setenv("TRITON_CACHE_MANAGER", "mycache:Remote")
-    compilations_claimed()
-    assert os.environ["TRITON_CACHE_MANAGER"] == "mycache:Remote"
+    try:
+        install()
+        assert triton.knobs.cache.manager_class is ClaimingCacheManager  # what triton.runtime.cache resolves
+        assert "TRITON_CACHE_MANAGER" not in os.environ  # not for processes a user's code starts
+    finally:
+        del triton.knobs.cache.manager_class
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "triton.runtime.cache:FileCacheManager")
+    try:
+        install()
+        assert triton.knobs.cache.manager_class is triton.runtime.cache.FileCacheManager  # the user's
+    finally:
+        del triton.knobs.cache.manager_class
+
+
+def test_the_triton_cache_manager_variable_names_the_claiming_manager(monkeypatch):
+    import triton
+
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", CLAIMING_CACHE_MANAGER)  # as the GPU test below starts processes
+    assert triton.knobs.cache.manager_class is ClaimingCacheManager
 
 
 _TWO_PROCESSES = """
@@ -197,3 +211,20 @@ def test_gpu_two_processes_launching_a_fresh_variant_at_once_compile_it_once(tmp
     outputs = sorted(r.communicate(timeout=120)[0].strip() for r in runs)
     assert all(r.returncode == 0 for r in runs)
     assert outputs == ["[False]", "[True]"]  # one compiled, the other loaded what it wrote
+
+
+@pytest.mark.gpu
+def test_gpu_a_configured_process_compiles_through_claims(monkeypatch):
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from ssmcheck.core import runtime
+
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
+    try:
+        runtime.configure("cuda")  # as the command, each worker and each helper does
+        assert triton.runtime.cache.get_cache_manager("0" * 64).__class__ is ClaimingCacheManager
+    finally:
+        del triton.knobs.cache.manager_class

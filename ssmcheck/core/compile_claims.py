@@ -13,8 +13,9 @@ thread (a compilation that raised writes nothing), or exits. One whose holder is
 this host, or the claim is older than CLAIM_SECONDS) is taken over; a waiter that waits past CLAIM_SECONDS
 compiles for itself. Nothing is ever wrong for a claim lost: at worst a variant is compiled twice, as before.
 
-Triton takes the manager from TRITON_CACHE_MANAGER (core.spawning.compilations_claimed sets it for ssmcheck's
-processes unless the user named a manager of their own). The entries are Triton's own, in Triton's directory.
+`install` makes it the manager of the process that calls it (core.runtime.configure, on a GPU: the command, and
+each worker and helper it starts), unless the user named one in TRITON_CACHE_MANAGER. The entries are Triton's
+own, in Triton's directory.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import socket
 import threading
 import time
 
+import triton
 from triton.runtime.cache import FileCacheManager
 
 # Longest a claim holds others off: past the slowest compilation seen under load (a dstate-256 fp32 output
@@ -37,6 +39,17 @@ CLAIM_FILE = "claim"
 _held = threading.local()  # the claim this thread holds, if any
 _process_claims: set[str] = set()  # every claim this process holds, released at exit
 _lock = threading.Lock()
+
+
+def install() -> None:
+    """Have this process's Triton compile through ClaimingCacheManager, unless the user named a manager of their
+    own (TRITON_CACHE_MANAGER). This process only, through `triton.knobs`, not the environment: a process it starts
+    that runs ssmcheck installs it again, and one a user's code starts, which may not import ssmcheck, keeps
+    Triton's default. A Triton without `knobs` (before 3.4) keeps its default here too."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None or os.environ.get("TRITON_CACHE_MANAGER") or knobs.cache.manager_class is not None:
+        return
+    knobs.cache.manager_class = ClaimingCacheManager
 
 
 class ClaimingCacheManager(FileCacheManager):

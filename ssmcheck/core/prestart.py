@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ssmcheck.core.ranks import local_processes
-from ssmcheck.core.spawning import compilations_claimed, main_script_hidden, stopping_signals_blocked
+from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked
 from ssmcheck.core.workers import cpu_cores, cpu_threads_each
 
 # Cores a compiling helper gets (four threads: four processes of four threads compiled the default scan's variants
@@ -95,7 +95,6 @@ def for_command(args: Sequence[str]) -> None:
 def start(count: int, device: str) -> None:
     """Start `count` helpers that ready the runtime for `device` and wait for their work."""
     context = multiprocessing.get_context("spawn")
-    compilations_claimed()
     if not _WAITING:
         # Exit handlers run last registered first: this one ends the waiting helpers before multiprocessing's
         # joins them, which would wait for ever (a command that ends before its sweep, say on a usage error).

@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ssmcheck.core.spawning import compilations_claimed
-
 DEVICES = ("cpu", "cuda")
 
 
@@ -80,7 +78,9 @@ def configure(device: str | None = None) -> Environment:
         mend_interpreter()
     gpu = None
     if device == "cuda":
-        compilations_claimed()
+        from ssmcheck.core import compile_claims  # noqa: PLC0415 (imports triton: after the mode is set)
+
+        compile_claims.install()
         major, minor = torch.cuda.get_device_capability()
         gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
     _configured = Environment(

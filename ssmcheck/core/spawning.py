@@ -12,16 +12,6 @@ from contextlib import contextmanager
 
 from ssmcheck.core.execution import STOPPING_SIGNALS
 
-# The Triton cache manager of ssmcheck's processes on a GPU: one process compiles each variant, the others wait
-# for it (core.compile_claims).
-CLAIMING_CACHE_MANAGER = "ssmcheck.core.compile_claims:ClaimingCacheManager"
-
-
-def compilations_claimed() -> None:
-    """Have this process and those it starts from now on share their Triton compilations (core.compile_claims),
-    through TRITON_CACHE_MANAGER, which spawned processes inherit; a manager the user named there is kept."""
-    os.environ.setdefault("TRITON_CACHE_MANAGER", CLAIMING_CACHE_MANAGER)
-
 
 @contextmanager
 def cpu_threads(count: int | None) -> Iterator[None]:
