@@ -126,10 +126,11 @@ class CompilingHelpers:
 
     def __init__(self, runner, cases: list, helpers: int, threads: int, running: int = 1):
         """Start up to `helpers` processes, each on a slice of `cases` in the sweep's order, with `threads` compiling
-        threads, while `running` processes run the cases (their count sets torch's CPU threads in each). A runner with a `compile_group(case)` method has each group of cases that launch mostly the same
-        variants compiled by one helper (`_shares`); otherwise the slices are contiguous, where cases alike mostly
-        fall to one. Helpers the command started before it imported torch (core.prestart) are taken first; those
-        not taken are ended."""
+        threads, while `running` processes run the cases (their count sets torch's CPU threads in each). A runner
+        with a `compile_group(case)` method has each group of cases that launch mostly the same variants compiled
+        by one helper (`_shares`); otherwise the slices are contiguous, where cases alike mostly fall to one.
+        Helpers the command started before it imported torch (core.prestart) are taken first; those not taken are
+        ended."""
         context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
         # A runner that cannot be pickled or that the main script defines, or no process to be had: those cases

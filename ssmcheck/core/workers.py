@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ssmcheck.core.ranks import from_environment
+from ssmcheck.core.ranks import from_environment, local_processes
 
 AUTO = "auto"
 
@@ -51,11 +51,14 @@ LONE_SWEEP_PROCESSES = 4
 
 def cpu_threads_each(running: int, cores: int | None = None) -> int:
     """torch's CPU threads (OMP_NUM_THREADS) for each process of a GPU sweep whose cases `running` processes run:
-    an equal share of `cores` (None: this process's) among the processes busy at once, the runners or, where one
-    runs alone, it and its compiling helpers. Left at torch's default, every core each, the eight workers of
-    `scan --preset thorough --workers 8` and their helpers on the H200's 16 cores took 262.7 s on a fresh cache,
-    where with 2 threads each they took 46-48 s (benchmarks/RESULTS.md, thirty-sixth session)."""
-    return max(1, (cpu_cores() if cores is None else cores) // max(running, LONE_SWEEP_PROCESSES))
+    an equal share of `cores` (None: this process's, or its torchrun rank's) among the processes busy at once,
+    the runners or, where one runs alone, it and its compiling helpers. Left at torch's default, every core
+    each, the eight workers of `scan --preset thorough --workers 8` and their helpers on the H200's 16 cores took
+    262.7 s on a fresh cache, where with 2 threads each they took 46-48 s (benchmarks/RESULTS.md, thirty-sixth
+    session)."""
+    if cores is None:
+        cores = max(1, cpu_cores() // local_processes(os.environ))
+    return max(1, cores // max(running, LONE_SWEEP_PROCESSES))
 
 
 def cpu_cores() -> int:
