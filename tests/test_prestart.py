@@ -61,6 +61,15 @@ def test_a_gpu_scan_shares_the_cores_among_its_processes_cpu_threads(args, envir
     assert prestart.cpu_threads(args, environ, cores, driver) == threads
 
 
+def test_workers_started_by_the_library_share_a_torchrun_ranks_cores(monkeypatch):
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert workers.cpu_threads_each(8) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this machine: 8 cores each
+    assert workers.cpu_threads_each(8) == 1
+    assert workers.cpu_threads_each(1) == 2
+
+
 def test_the_lone_sweep_counts_itself_and_its_most_helpers():
     assert workers.LONE_SWEEP_PROCESSES == 1 + prestart.COMPILE_HELPERS
 
