@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ssmcheck.ops.naive import NO_DT_LIMIT
-from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.ops.rounding.naive import round_to, stochastic_draws
 
 from .naive import Arithmetic, ScanOutput, SSDStream, scan_ssd
 
@@ -139,7 +139,7 @@ def _arithmetic(x, state_dtype, rounding, seed, matmul_operand_bits, accumulate,
         return round_to(s.to(torch.float32), state_dtype, rounding, generator, uniform)
 
     def state_draws(shape):  # what round_to draws for one state
-        return torch.rand(shape, generator=generator, dtype=torch.float64, device=x.device)
+        return stochastic_draws(shape, generator, x.device)
 
     draws = state_draws if rounding == "stochastic" and state_dtype != torch.float32 else None
     if matmul_operand_bits is None and accumulate == torch.float32:

@@ -88,6 +88,12 @@ def _between_neighbours(xd: torch.Tensor, ok: torch.Tensor, dtype: torch.dtype):
     return lower, scaled - lower, ulp  # frac exact
 
 
+def stochastic_draws(shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """The uniform draws (float64 in [0, 1), one per element) that stochastic rounding of a tensor of `shape` on
+    `device` takes from `generator`: what round_to draws where it is given no `uniform`."""
+    return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+
+
 def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
                          generator: torch.Generator | None = None, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """round_to's rounding computed exactly in float64 with exponent arithmetic (any float32/float64 `x`)."""
@@ -100,7 +106,7 @@ def rounded_by_exponents(x: torch.Tensor, dtype: torch.dtype, mode: str,
         up = (frac > 0.5) | ((frac == 0.5) & odd)
     else:
         if uniform is None:
-            uniform = torch.rand(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+            uniform = stochastic_draws(x.shape, generator, x.device)
         up = uniform < frac
     rounded = (lower + up.to(torch.float64)) * ulp
     overflow = 2.0 ** (fmt.emax + 1)
