@@ -128,19 +128,35 @@ def test_a_waiter_compiles_for_itself_once_a_live_holder_takes_too_long(cache_di
     assert 0.25 <= found["waited"] < 0.9
 
 
-def test_where_no_claim_can_be_made_the_variant_is_compiled_unclaimed(cache_dir, monkeypatch):
-    real_open = os.open
+def refuse_on_claims(monkeypatch, call: str) -> None:
+    """Make os.<call> on a claim file raise PermissionError, as in a directory this process may not write."""
+    real = getattr(os, call)
 
     def refused(path, *args, **kwargs):
         if os.path.basename(path) == CLAIM_FILE:
             raise PermissionError(13, "Permission denied", path)
-        return real_open(path, *args, **kwargs)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(compile_claims.os, "open", refused)
+    monkeypatch.setattr(compile_claims.os, call, refused)
+
+
+def test_where_no_claim_can_be_made_the_variant_is_compiled_unclaimed(cache_dir, monkeypatch):
+    refuse_on_claims(monkeypatch, "open")
     manager = ClaimingCacheManager(KEY)
     assert manager.get_group(NAME) is None
     assert compile_into(manager)[NAME].endswith(NAME)  # written, with no claim to release
     assert not os.path.exists(claim_path(cache_dir))
+
+
+def test_a_stale_claim_that_cannot_be_removed_is_compiled_unclaimed(cache_dir, monkeypatch):
+    with open(claim_path(cache_dir), "w") as f:
+        f.write(f"elsewhere 1 {time.time() - compile_claims.CLAIM_SECONDS - 1}")
+    refuse_on_claims(monkeypatch, "unlink")
+    began = time.monotonic()
+    assert ClaimingCacheManager(KEY).get_group(NAME) is None
+    assert time.monotonic() - began < 1
+    with open(claim_path(cache_dir)) as f:
+        assert f.read().startswith("elsewhere")  # left as it was
 
 
 def test_an_entry_already_written_is_loaded_without_a_claim(cache_dir):

@@ -72,13 +72,14 @@ class ClaimingCacheManager(FileCacheManager):
                 # Written while the claim was free: the holder finished between the looks.
                 group = super().get_group(filename)
                 if group is not None:
-                    _release(claim)
+                    _release_held()  # (none where no claim could be made)
                 return group
             group = super().get_group(filename)
             if group is not None:
                 return group
             if _stale(claim):
-                _remove(claim)
+                if not _remove(claim):
+                    return None  # a stale claim this process may not remove: compile unclaimed
                 continue
             if time.monotonic() > deadline:
                 return None  # compile it here (the holder is alive but slow, or stuck)
@@ -133,11 +134,15 @@ def _release_all() -> None:
         _release(claim)
 
 
-def _remove(claim: str) -> None:
+def _remove(claim: str) -> bool:
+    """Remove `claim`: whether it is gone (False: this process may not remove it)."""
     try:
         os.unlink(claim)
     except FileNotFoundError:
         pass
+    except OSError:
+        return False
+    return True
 
 
 def _stale(claim: str) -> bool:
