@@ -139,16 +139,21 @@ class _Ahead:
 
 def _results(plan: Plan, devices: list | None, timeout: float | None, advance: Callable[[], None], ahead: _Ahead):
     running = 1 if devices is None else len(devices)  # the processes running the cases: this one, or its workers
+    cases = plan.cases
+    if running > 1:  # (the helpers compile ahead in the order the workers take the cases)
+        from ssmcheck.core.isolation import interleaved  # noqa: PLC0415 (multiprocessing only when asked)
+
+        cases = interleaved(cases, getattr(plan.runner, "compile_group", None))
     helpers = None
     if ahead.enabled:
-        helpers = start_compiling_ahead(plan, plan.cases, running)
+        helpers = start_compiling_ahead(plan, cases, running)
     else:  # no helper will be given work: any the command started (core.prestart) end now, not at exit
         prestart.dismiss()
     try:
         if devices is not None:
             from ssmcheck.core.isolation import run_isolated  # noqa: PLC0415 (multiprocessing only when asked)
 
-            yield from run_isolated(plan.runner, plan.cases, timeout, advance, devices)
+            yield from run_isolated(plan.runner, cases, timeout, advance, devices)
         else:
             for case in plan.cases:
                 yield plan.runner(case, advance)

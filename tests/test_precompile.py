@@ -341,6 +341,44 @@ def test_shares_hold_every_case_once_in_order_and_keep_groups_that_fit_whole(gro
     assert isolation._shares(cases, parts) == [cases[i:i + fair] for i in range(0, len(cases), fair or 1)]
 
 
+@given(st.lists(st.integers(0, 5), max_size=40))
+def test_interleaved_takes_one_case_of_each_group_in_turn_each_groups_in_order(groups):
+    cases = list(enumerate(groups))  # (position, group)
+    order = isolation.interleaved(cases, group=lambda case: case[1])
+    assert sorted(order) == cases
+    for g in set(groups):
+        assert [c for c in order if c[1] == g] == [c for c in cases if c[1] == g]
+    rounds = [[c for c in cases if c[1] == g].index(c) for c in order for g in [c[1]]]  # each case's turn
+    assert rounds == sorted(rounds)
+    first = order[:len(set(groups))]
+    assert len({c[1] for c in first}) == len(first)  # the first cases: as many groups as there are cases
+    assert isolation.interleaved(cases) == cases
+
+
+def test_workers_and_their_helpers_take_the_compile_groups_in_turn(monkeypatch):
+    # Two seqlens of each dtype, which the sweep orders one dtype after the other.
+    plan = api.plan_scan("torch", "smoke", regime="normal", dtype="fp32,fp16", seqlen="40,41")
+    taken = []
+    monkeypatch.setattr(api, "start_compiling_ahead", lambda plan, cases, running=1: taken.append(
+        [c.id for c in cases]))
+    run_isolated = isolation.run_isolated
+
+    def recorded(runner, cases, *args):
+        taken.append([c.id for c in cases])
+        return run_isolated(runner, cases, *args)
+
+    monkeypatch.setattr(isolation, "run_isolated", recorded)
+    report = api.run(plan, workers=2)
+    assert report.summary["pass"] == 4
+    assert [c.id for c in plan.cases] == ["normal-fp32-c16-L40-b2-h2x8n8g1", "normal-fp32-c16-L41-b2-h2x8n8g1",
+                                          "normal-fp16-c16-L40-b2-h2x8n8g1", "normal-fp16-c16-L41-b2-h2x8n8g1"]
+    interleaved = [plan.cases[i].id for i in (0, 2, 1, 3)]
+    assert taken == [interleaved, interleaved]
+    taken.clear()
+    api.run(plan)  # one process runs them in the sweep's order
+    assert taken == [[c.id for c in plan.cases]]
+
+
 def test_ending_the_helpers_kills_those_still_compiling_and_keeps_the_others_records():
     helpers = isolation.CompilingHelpers(AheadRunner(), ["a", "b"], helpers=1, threads=1)
     slow = isolation.CompilingHelpers(SlowAheadRunner(), ["c"], helpers=1, threads=1)

@@ -91,6 +91,25 @@ def run_isolated(runner, cases: list, timeout: float | None, advance: Callable[[
             slot.kill()
 
 
+def interleaved(cases: list, group=None) -> list:
+    """`cases` in the order for several workers: one case of each group in turn (`group`: case -> a hashable, the
+    cases that launch mostly the same Triton variants; scan.run.ScanRunner.compile_group), each group's cases in
+    the sweep's order; `cases` as they are without `group`.
+
+    Workers each take the next case when free, so in the sweep's order they all start on one group's cases and
+    meet each new variant together: on a fresh H200 the eight workers of `scan --preset thorough --workers 8` each
+    waited 31-35 s, most of it in waits of 0.5-1.5 s that all eight made at once while one process compiled the
+    variant (benchmarks/RESULTS.md, thirty-seventh session). Taking the groups in turn, neighbouring workers launch
+    different variants and compile them side by side."""
+    if group is None:
+        return list(cases)
+    groups: dict = {}
+    for case in cases:
+        groups.setdefault(group(case), []).append(case)
+    rounds = max(len(g) for g in groups.values()) if groups else 0
+    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
+
+
 def _shares(cases: list, parts: int, group=None) -> list[list]:
     """`cases` cut into at most `parts` slices of about equal length, none empty, each in the sweep's order.
 
