@@ -217,7 +217,7 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
 
 def _cores() -> int:
     """The cores this process may use: its share where a launcher started several ranks here."""
-    return max(1, cpu_cores() // launch.local_processes())
+    return launch.rank_cores(cpu_cores())
 
 
 def _run_ranked(plan: Plan, ranks: launch.Ranks, devices, timeout, advance, on_result, ahead: _Ahead):

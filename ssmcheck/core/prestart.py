@@ -24,7 +24,7 @@ import multiprocessing.util  # its exit handler (which joins children) registere
 import os
 from collections.abc import Mapping, Sequence
 
-from ssmcheck.core.ranks import local_processes
+from ssmcheck.core.ranks import rank_cores
 from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked
 from ssmcheck.core.workers import cpu_cores, cpu_threads_each
 
@@ -45,7 +45,7 @@ def wanted(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: 
     api.start_compiling_ahead would give a sweep run in this process, or 0 where it gives none."""
     if not _gpu_scan(args, environ, driver) or "--no-compile-ahead" in args:
         return 0
-    return helper_count(max(1, cores // local_processes(environ)), _running(args[1:]))
+    return helper_count(rank_cores(cores, environ), _running(args[1:]))
 
 
 def cpu_threads(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: bool) -> int | None:
@@ -53,7 +53,7 @@ def cpu_threads(args: Sequence[str], environ: Mapping[str, str], cores: int, dri
     where it is a scan on the GPU and the user has not set OMP_NUM_THREADS; else None (torch's default)."""
     if "OMP_NUM_THREADS" in environ or not _gpu_scan(args, environ, driver):
         return None
-    return cpu_threads_each(_running(args[1:]), max(1, cores // local_processes(environ)))
+    return cpu_threads_each(_running(args[1:]), rank_cores(cores, environ))
 
 
 def _gpu_scan(args: Sequence[str], environ: Mapping[str, str], driver: bool) -> bool:

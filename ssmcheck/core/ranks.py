@@ -62,6 +62,11 @@ def local_processes(environ: Mapping[str, str] = os.environ) -> int:
     return max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
+def rank_cores(cores: int, environ: Mapping[str, str] = os.environ) -> int:
+    """This rank's share of the machine's `cores` (all of them without a launcher; `local_processes`)."""
+    return max(1, cores // local_processes(environ))
+
+
 def gather_timeout(environ: Mapping[str, str] = os.environ) -> float:
     return float(environ.get("SSMCHECK_GATHER_TIMEOUT", GATHER_TIMEOUT))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ssmcheck.core.ranks import from_environment, local_processes
+from ssmcheck.core.ranks import from_environment, rank_cores
 
 AUTO = "auto"
 
@@ -57,7 +57,7 @@ def cpu_threads_each(running: int, cores: int | None = None) -> int:
     262.7 s on a fresh cache, where with 2 threads each they took 46-48 s (benchmarks/RESULTS.md, thirty-sixth
     session)."""
     if cores is None:
-        cores = max(1, cpu_cores() // local_processes(os.environ))
+        cores = rank_cores(cpu_cores())
     return max(1, cores // max(running, LONE_SWEEP_PROCESSES))
 
 
