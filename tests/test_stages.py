@@ -138,15 +138,20 @@ def test_real_peer_stages_within_tolerance(peer):
     assert ran
     for case in ran:
         found = case.data["stages"]
+        # Every message names what tells one run from another: the autotuner's picks (a peer's config is chosen by
+        # timing, so it may differ between runs) and the case's verdict (this test failed once in a full GPU run
+        # and passed alone, 2026-12-04).
+        why = (case.id, case.status, case.message, case.data.get("autotune_picks"))
         if peer == "mamba_ssm" and case.params["regime"] == "initial-state":
-            assert case.status == "error" and "AssertionError" in case.data["message"] and found is None, case.id
+            assert case.status == "error" and "AssertionError" in case.data["message"] and found is None, why
             continue
         if peer == "mamba_ssm" and case.params["regime"] == "ragged":
-            assert "straddle" in found["note"], found
+            assert "straddle" in found["note"], (*why, found)
             continue
-        assert found["note"] == "", (case.id, found["note"])
+        assert found["note"] == "", (*why, found["note"])
         if case.status == "pass" and found["first_wrong"] is not None:
-            assert found["first_wrong"]["stage"] == "cumsum", (case.id, found["first_wrong"])
+            assert found["first_wrong"]["stage"] == "cumsum", (*why, found["first_wrong"])
             cumsum = found["figures"]["cumsum"]
-            assert cumsum["rel"] <= cumsum["limit"] and cumsum["worst_group_rel"] < 1e-3, (case.id, cumsum)
-            assert all(f["status"] == "ok" for name, f in found["figures"].items() if name != "cumsum"), case.id
+            assert cumsum["rel"] <= cumsum["limit"] and cumsum["worst_group_rel"] < 1e-3, (*why, cumsum)
+            assert all(f["status"] == "ok" for name, f in found["figures"].items() if name != "cumsum"), (
+                *why, found["figures"])
