@@ -40,6 +40,7 @@ def timed_lookup(found: dict) -> None:
     began = time.monotonic()
     found["group"] = ClaimingCacheManager(KEY).get_group(NAME)
     found["waited"] = time.monotonic() - began
+    found["ended"] = time.time()  # on the clock a claim records when it was made
 
 
 def claim_path(cache_dir) -> str:
@@ -120,12 +121,17 @@ def test_a_waiter_compiles_for_itself_once_a_live_holder_takes_too_long(cache_di
     holding = threading.Thread(target=hold)
     holding.start()
     time.sleep(0.05)
+    with open(claim_path(cache_dir)) as f:
+        made = float(f.read().split()[2])
     waiting = threading.Thread(target=timed_lookup, args=(found,))
     waiting.start()
     waiting.join(10)
     holding.join(10)
     assert found["group"] is None
-    assert 0.25 <= found["waited"] < 0.9
+    # Taken over once the claim is CLAIM_SECONDS old, which is sooner than CLAIM_SECONDS after the waiter began (it
+    # began 0.05 s after the claim, less the holder thread's start: the wait alone measured 0.249 s once), and long
+    # before the holder would have finished.
+    assert 0.3 <= found["ended"] - made < 0.9
 
 
 def refuse_on_claims(monkeypatch, call: str) -> None:
