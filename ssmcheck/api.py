@@ -155,7 +155,7 @@ def _results(plan: Plan, devices: list | None, timeout: float | None, advance: C
 
             yield from run_isolated(plan.runner, cases, timeout, advance, devices)
         else:
-            for case in plan.cases:
+            for case in cases:
                 yield plan.runner(case, advance)
     finally:
         if helpers is not None:

@@ -103,11 +103,17 @@ def interleaved(cases: list, group=None) -> list:
     different variants and compile them side by side."""
     if group is None:
         return list(cases)
+    groups = _grouped(cases, group)
+    rounds = max(map(len, groups), default=0)
+    return [cases[g[i]] for i in range(rounds) for g in groups if i < len(g)]
+
+
+def _grouped(cases: list, group) -> list[list[int]]:
+    """The indices of `cases` by `group(case)`, each group's in the sweep's order, the groups as they first appear."""
     groups: dict = {}
-    for case in cases:
-        groups.setdefault(group(case), []).append(case)
-    rounds = max(len(g) for g in groups.values()) if groups else 0
-    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
+    for index, case in enumerate(cases):
+        groups.setdefault(group(case), []).append(index)
+    return list(groups.values())
 
 
 def _shares(cases: list, parts: int, group=None) -> list[list]:
@@ -123,10 +129,7 @@ def _shares(cases: list, parts: int, group=None) -> list[list]:
     share = max(1, -(-len(cases) // parts))
     if group is None:
         return [cases[start:start + share] for start in range(0, len(cases), share)]
-    groups: dict = {}
-    for index, case in enumerate(cases):
-        groups.setdefault(group(case), []).append(index)
-    pieces = [g[start:start + share] for g in groups.values() for start in range(0, len(g), share)]
+    pieces = [g[start:start + share] for g in _grouped(cases, group) for start in range(0, len(g), share)]
     slices: list[list[int]] = [[] for _ in range(parts)]
     for piece in sorted(pieces, key=len, reverse=True):
         min(slices, key=len).extend(piece)
