@@ -165,8 +165,7 @@ def _results(plan: Plan, devices: list | None, timeout: float | None, advance: C
 def compile_ahead(plan: Plan, cases: list | None = None) -> dict | None:
     """Compile the Triton kernels that `cases` (default: all the plan's) will launch, in helper processes, and
     wait for them (the README's "Compiling ahead"; `run` does it by itself, alongside the cases): the JSON report's
-    `compiled_ahead` record, None where nothing was compiled ahead (the CPU; drift, whose runner does not; a
-    kernel that cannot be pickled)."""
+    `compiled_ahead` record, None where nothing was compiled ahead (the CPU; a kernel that cannot be pickled)."""
     helpers = start_compiling_ahead(plan, plan.cases if cases is None else cases, running=0)
     return None if helpers is None else combined(helpers.wait())
 
@@ -180,7 +179,7 @@ HELPER_PACE = 3
 def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
     """Start processes that compile the cases' Triton variants ahead into Triton's disk cache
     (core.isolation.CompilingHelpers); None where none compile: not a GPU's plan (the CPU's interpreter compiles
-    nothing), a runner that cannot (drift's), no cases, or a machine too small to spare prestart.CORES_PER_COMPILER cores.
+    nothing), a runner without `precompile`, no cases, or a machine too small to spare prestart.CORES_PER_COMPILER cores.
 
     `running` processes run the cases meanwhile, in their order (this one, a harness running them one by one as
     the pytest plugin does, or workers), each with a core of its own. They keep the first cases, compiling them as
@@ -264,10 +263,12 @@ def scan(kernel: str | Callable = "builtin", preset: str | None = None, *, devic
 
 def drift(kernel: str | Callable = "builtin", preset: str | None = None, *, device: str | None = None,
           case: str | None = None, isolate: bool = False, case_timeout: float | None = None,
-          workers: str | int | None = None, **options) -> Report:
-    """Run a decode-drift sweep and return its Report (see the module docstring)."""
+          workers: str | int | None = None, compile_ahead: bool = True, **options) -> Report:
+    """Run a decode-drift sweep and return its Report (see the module docstring). `compile_ahead=False` is the
+    CLI's --no-compile-ahead."""
     plan = plan_drift(kernel, preset, device=device, case=case, **options)
-    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers))
+    return _interruptible(run(plan, isolate=isolate, case_timeout=case_timeout, workers=workers,
+                              compile_ahead=compile_ahead))
 
 
 def _interruptible(report: Report) -> Report:

@@ -470,13 +470,18 @@ def test_helpers_the_command_started_race_a_lone_process_from_the_first_case(mon
     assert [started[0] for started in _Started.started] == [40 - kept]  # workers keep their share still
 
 
-def test_no_helpers_for_the_cpu_or_a_runner_that_does_not_compile(monkeypatch):
+def test_no_helpers_for_the_cpu_or_no_cases_but_for_a_gpus_scan_or_drift(monkeypatch):
     monkeypatch.setattr(isolation, "CompilingHelpers", _Started)
+    monkeypatch.setattr(_Started, "started", [])
     cpu = api.plan_scan("torch", "smoke", regime="normal", dtype="fp32")
-    drift = _as_on_a_gpu(api.plan_drift("torch", "smoke"))
+    drift = api.plan_drift("torch", "smoke")
     assert api.start_compiling_ahead(cpu, cpu.cases, 0) is None
     assert api.start_compiling_ahead(drift, drift.cases, 0) is None
     assert api.start_compiling_ahead(_as_on_a_gpu(cpu), [], 0) is None
+    assert _Started.started == []
+    assert api.start_compiling_ahead(_as_on_a_gpu(drift), drift.cases, 0) is not None
+    assert api.start_compiling_ahead(_as_on_a_gpu(cpu), cpu.cases, 0) is not None
+    assert [started[0] for started in _Started.started] == [len(drift.cases), len(cpu.cases)]
 
 
 class _Helping:
@@ -575,6 +580,29 @@ def test_a_kernel_compiled_ahead_ran_nothing_and_its_variants_are_compiled(monke
     for out in outs.values():
         double[(4,)](x, out, 100, BLOCK=32)
         torch.testing.assert_close(out, (x * 2).to(out.dtype))
+
+
+@pytest.mark.gpu
+def test_the_smoke_drifts_cases_compile_nothing_its_helpers_did_not(monkeypatch, tmp_path):
+    """As the scan's test below, for drift: its helpers rehearse each case (drift.ahead), so that both the state
+    update's Triton variants and the compiled float64 steps (torch.compile's FX graph cache) are on disk before the
+    sweep, run then in a process of its own, adds none."""
+    triton_cache, inductor_cache = tmp_path / "triton", tmp_path / "inductor"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_cache))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
+
+    def cached():
+        return ({p.name for p in triton_cache.rglob("*.cubin")},
+                {p.name for p in inductor_cache.rglob("*") if p.is_file() and "fxgraph" in p.parts})
+
+    record = api.compile_ahead(api.plan_drift("builtin", "smoke", device="cuda"))
+    kernels, graphs = cached()
+    assert record["compiled"] > 0 and kernels and graphs and not record["cache_warm"]
+    run = subprocess.run([sys.executable, "-m", "ssmcheck", "drift", "--preset", "smoke", "--quiet",
+                          "--no-compile-ahead"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert cached() == (kernels, graphs)
 
 
 @pytest.mark.gpu

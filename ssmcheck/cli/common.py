@@ -66,8 +66,8 @@ NoCompileAhead = Annotated[bool, typer.Option(
     "--no-compile-ahead", metavar="",
     help="On a GPU, start no helper processes compiling the kernel's Triton variants ahead while the first cases "
          "run (the default, where 4+ cores are left beside those running the cases: each helper calls the kernel "
-         "once per shape of its share of the sweep with every Triton launch compile-only); each case then compiles "
-         "at its first launch.",
+         "once per shape of its share of the sweep with every Triton launch compile-only; for drift it rehearses "
+         "each case for 2 steps, which also compiles the float64 step); each case then compiles at its first launch.",
 )]
 CaseId = Annotated[str, typer.Option("--case", metavar="ID", help="Run only the case with this id.")]
 FromReport = Annotated[Path, typer.Option(

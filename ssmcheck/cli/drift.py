@@ -82,6 +82,7 @@ def drift(
     case_timeout: cli_common.CaseTimeout = None,
     shard: cli_common.Shard = None,
     workers: cli_common.Workers = None,
+    no_compile_ahead: cli_common.NoCompileAhead = False,
     json_path: cli_common.JsonPath = None,
     jsonl_path: cli_common.JsonlPath = None,
     junit_path: cli_common.JunitPath = None,
@@ -122,7 +123,8 @@ def drift(
         table.render(console, results, compare_rounding=implements_rounding)
 
     report, code = session.run_sweep(plan, out, files, render=render, case_line=table.case_line, quiet=quiet,
-                                     isolate=isolate, case_timeout=timeout, workers=workers, unit="steps", prefix="drift: ")
+                                     isolate=isolate, case_timeout=timeout, workers=workers, unit="steps", prefix="drift: ",
+                                     compile_ahead=not no_compile_ahead)
     if plot_path is not None and not cli_common.follower_rank() and plot.plot_drift(report.results, plot_path) \
             and not quiet:
         out.print(f"plot written to {plot_path}", markup=False)

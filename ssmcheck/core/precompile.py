@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 # A variant that Triton's disk cache holds loads in milliseconds; compiling one takes tenths of a second, or
 # seconds with the GIL shared (benchmarks/RESULTS.md, thirtieth session).
 CACHED_SECONDS = 0.1
+# Threads compiling ahead at most: the default scan's 620 launches (141 variants) compiled in 63 s in one thread, 21 s
+# in 4, 16 s in 8 and 20 s in 16 on the 16-core H200 machine (benchmarks/RESULTS.md, thirtieth session).
+COMPILE_THREADS = 8
 # Calls whose compilations all took under CACHED_SECONDS before a sweep takes the cache for warm and stops
 # compiling ahead: the calls then only cost their inputs' generation.
 WARM_CALLS = 4

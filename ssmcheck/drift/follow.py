@@ -33,14 +33,16 @@ AGREEMENT_RTOL = 1e-12
 def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, sums, tripped, uniform,
            dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out), the latter
-    before its rounding to the kernel's out dtype (Follower rounds it, outside the compiled step: output_rounded).
+    before its rounding to the kernel's out dtype (output_rounded, outside the compiled step: drift.run rounds it
+    where it measures it, at the checkpoints, not at every step).
 
     ref, baseline: float64 states, advanced in place (the baseline rounded into `dtype` per `rounding`,
     against `uniform`'s draws when stochastic); before, after: the kernel's state before and after its
     call; out: the kernel's output; x, dt, B, C, z: the step's inputs (any float dtype; z, the output's
     gate, may be None); A, D, dt_bias: float64 parameters; sums: the running store-error sums
-    (stats.store_sums' layout), added to in place; tripped: a bool flag, set where the kernel's state or
-    output is non-finite and the reference's is finite.
+    (stats.store_sums' layout: per state row), added to in place; tripped: a bool flag per state row (the
+    output's shape), set where the kernel's state or output is non-finite and the reference's is finite. Per row,
+    with no sum over the whole state, the compiled step fuses into fewer kernels (stats.store_sums).
     """
     new, outs = state_update_step(torch.stack([ref, baseline, before.double()]), x.double(), dt.double(), A,
                                   B.double(), C.double(), D=D, z=None if z is None else z.double(), dt_bias=dt_bias,
@@ -51,7 +53,7 @@ def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, 
     # signed along the exact value (free of the drift accumulated before it), and its subnormals kept or flushed.
     exact, stored = new[2], after.double()
     sums.add_(store_sums(exact, stored, dtype))
-    tripped |= nonfinite_mask(stored, new[0]).any() | nonfinite_mask(out, outs[0]).any()
+    tripped |= nonfinite_mask(stored, new[0]).any(-1) | nonfinite_mask(out, outs[0])
     return outs[0], outs[1]
 
 
@@ -98,14 +100,14 @@ class Follower:
         if self._pending:
             self._pending = False
             self._compiled, self.eager_because = self._checked_compile(arguments)
-        ref_out, baseline_out = (follow if self._compiled is None else self._compiled)(**arguments)
-        return ref_out, output_rounded(baseline_out, arguments["out"].dtype)
+        return (follow if self._compiled is None else self._compiled)(**arguments)
 
     @staticmethod
     def _checked_compile(arguments: dict) -> tuple[Callable | None, str | None]:
         """(the compiled step, None) where it, run on copies of `arguments`, does what the eager one does:
         the same baseline and flag bit for bit, float64 values equal to within a few last bits (fused
-        arithmetic contracts into FMAs and has its own exp); else (None, what differs)."""
+        arithmetic contracts into FMAs and has its own exp; sums add up in another order: sums_agree);
+        else (None, what differs)."""
         def copies():  # of what `follow` writes; the rest as it is (a copy's strides would compile anew)
             return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
 
@@ -119,9 +121,24 @@ class Follower:
         for name in ("baseline", "tripped"):
             if not torch.equal(mine[name], eager[name]):
                 return None, f"compiled, its {name} differs from the eager step's"
-        pairs = [("reference", mine["ref"], eager["ref"]), ("store-error sums", mine["sums"], eager["sums"]),
-                 *(zip(("reference output", "baseline output"), compiled_outs, eager_outs))]
+        # The state element by element; the sums as they are read, over every row (stats.SignedErrorMoments).
+        pairs = [("reference", mine["ref"], eager["ref"]),
+                 ("store-error sums", *(sums.reshape(len(sums), -1).sum(1) for sums in (mine["sums"], eager["sums"])))]
         for name, value, expected in pairs:
             if not torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
                 return None, f"compiled, its {name} differs from the eager step's"
+        for name, value, expected in zip(("reference output", "baseline output"), compiled_outs, eager_outs):
+            if not sums_agree(value, expected):
+                return None, f"compiled, its {name} differs from the eager step's"
         return compiled, None
+
+
+def sums_agree(value: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether `value`, sums the compiled step computed, are the eager step's `expected` to within AGREEMENT_RTOL of
+    the largest finite magnitude among them (NaN where NaN, infinities equal). Not element by element: an output
+    is a sum over dstate, which the compiled step adds up in another order (in the kernel that computes the state),
+    and a sum that cancels keeps an error of ~1e-16 of its terms, not of itself: on an H200, `stagnation` and `long`
+    outputs differed by more than 1e-12 of themselves in 6 of the default drift's 45 cases (thirty-ninth session)."""
+    finite = expected[expected.isfinite()]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
+    return torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=AGREEMENT_RTOL * scale, equal_nan=True)

@@ -35,8 +35,10 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.guard import describe
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.drift import independence, slots, speculative
+from ssmcheck.core.precompile import COMPILE_THREADS, Launches
+from ssmcheck.drift import ahead, independence, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
+from ssmcheck.drift.follow import output_rounded
 from ssmcheck.drift.lockstep import Lockstep, StepWindow
 from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
@@ -178,9 +180,9 @@ def _trial(lock: Lockstep, checkpoints: list[int], kernel_sums: CheckpointSums, 
             else:
                 lock.advance(check_inputs=lock.step == 0 or lock.step + 1 == checkpoint)
             on_step()
-            if lock.graph is None and bool(lock.tripped):  # every step so far eager: this one went bad
+            if lock.graph is None and lock.went_nonfinite():  # every step so far eager: this one went bad
                 return _located(lock, kernel_sums, baseline_sums)
-        if not bool(lock.tripped):
+        if not lock.went_nonfinite():
             _measure(lock, kernel_sums, baseline_sums)
         elif (found := _localise(lock, saved, checkpoint, kernel_sums, baseline_sums)) is not None:
             return found
@@ -197,7 +199,7 @@ def _localise(lock: Lockstep, saved, checkpoint: int, kernel_sums: CheckpointSum
     lock.restore(saved)
     while lock.step < checkpoint:
         lock.advance(check_inputs=lock.step + 1 == checkpoint)  # fenced where _trial fenced it
-        if bool(lock.tripped):
+        if lock.went_nonfinite():
             return _located(lock, kernel_sums, baseline_sums)
     _measure(lock, kernel_sums, baseline_sums)
     return None
@@ -214,7 +216,7 @@ def _located(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: Checkpo
 def _measure(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: CheckpointSums) -> None:
     out, ref_out, baseline_out = lock.outputs
     kernel_sums.add(lock.step, figures(lock.state.double(), out, lock.ref, ref_out))
-    baseline_sums.add(lock.step, figures(lock.baseline, baseline_out, lock.ref, ref_out))
+    baseline_sums.add(lock.step, figures(lock.baseline, output_rounded(baseline_out, out.dtype), lock.ref, ref_out))
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,14 @@ class DriftRunner:
     def failed(self, case: DriftCase, message: str, seconds: float) -> DriftResult:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""
         return DriftResult(case, error_verdict(message), seconds, None)
+
+    def precompile(self, cases: list[DriftCase], threads: int) -> Launches | None:
+        """On a GPU, compile the Triton kernels and the float64 steps the cases will run before they run, Triton's
+        in `threads` threads at once (COMPILE_THREADS at most) (drift.ahead; in a helper process only); None where
+        nothing is compiled ahead (the CPU's interpreter compiles nothing)."""
+        if self.device != "cuda" or self.interpreter:
+            return None
+        return ahead.compile_ahead(self, cases, min(threads, COMPILE_THREADS))
 
 
 # Per process: a worker resolves its runner's adapter (importing the kernel) at its first case.

@@ -38,28 +38,33 @@ def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
     return sorted(steps)
 
 
-def error_sums(errors: torch.Tensor) -> torch.Tensor:
-    """(count, total, total of squares) of the finite values of `errors`, as one float64 tensor."""
+def error_sums(errors: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """(count, total, total of squares) of the finite values of `errors`, as one float64 tensor: over every axis,
+    or over axis `dim` alone (then each of the three has the other axes, stacked along a new first axis)."""
     errors = errors.double()
     counted = finite(errors)
     kept = torch.where(counted, errors, 0.0)
-    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
+    axes = {} if dim is None else {"dim": dim}
+    return torch.stack([counted.sum(**axes).double(), kept.sum(**axes), kept.square().sum(**axes)])
 
 
 def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A step's stores summed up in SignedErrorMoments' layout: error_sums of the signed rounding errors (ulps,
-    along the exact value), then (how many exact values lie in `dtype`'s subnormal range, how many of those
-    were stored as zero). No rounding, to nearest or stochastic, takes a value at or above the smallest
+    """A step's stores summed up along each state row (the last axis) in SignedErrorMoments' layout: error_sums
+    of the signed rounding errors (ulps, along the exact value), then (how many exact values lie in `dtype`'s
+    subnormal range, how many of those were stored as zero); shape (5, *exact.shape[:-1]). Per row, not in all:
+    a compiled drift step fuses sums along a row into the kernel that computes the row, where one sum over the
+    whole state took a kernel of its own, a fifth of the step's device time on an H200.
+    No rounding, to nearest or stochastic, takes a value at or above the smallest
     subnormal to zero: a store that does flushes subnormals. Counted only for a dtype with subnormals of its own
     (core.formats.own_subnormals: fp16), zeros for the others."""
-    errors = error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype))
+    errors = error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype), dim=-1)
     if not own_subnormals(dtype):
-        return torch.cat([errors, errors.new_zeros(2)])
+        return torch.cat([errors, errors.new_zeros((2, *errors.shape[1:]))])
     smallest, normal = subnormal_range(dtype)
     magnitude = exact.abs()
     subnormal = (magnitude >= smallest) & (magnitude < normal)
     flushed = subnormal & (stored == 0)
-    return torch.cat([errors, torch.stack([subnormal.sum().double(), flushed.sum().double()])])
+    return torch.cat([errors, torch.stack([subnormal.sum(-1).double(), flushed.sum(-1).double()])])
 
 
 class SignedErrorMoments:
@@ -71,18 +76,19 @@ class SignedErrorMoments:
     """
 
     def __init__(self):
-        # float64 (count, total, total of squares, subnormal stores, of them stored as zero)
+        # float64 (count, total, total of squares, subnormal stores, of them stored as zero), each per state row
+        # where the sums come from store_sums (summed over the rows when read)
         self._sums: torch.Tensor | None = None
 
     def add(self, errors: torch.Tensor) -> None:
         """Signed errors alone (no subnormal counts)."""
-        self.running(errors.device)[:3].add_(error_sums(errors))
+        self.running(errors.device, errors.shape[:-1])[:3].add_(error_sums(errors, dim=-1))
 
-    def running(self, device: torch.device) -> torch.Tensor:
-        """The running sums themselves (store_sums' layout), zeros until something is added: add to them
-        in place (a CUDA graph that captured the addition keeps adding to the same tensor)."""
+    def running(self, device: torch.device, rows: tuple[int, ...] = ()) -> torch.Tensor:
+        """The running sums themselves (store_sums' layout, shape (5, *rows)), zeros until something is added:
+        add to them in place (a CUDA graph that captured the addition keeps adding to the same tensor)."""
         if self._sums is None:
-            self._sums = torch.zeros(5, dtype=torch.float64, device=device)
+            self._sums = torch.zeros((5, *rows), dtype=torch.float64, device=device)
         return self._sums
 
     def saved(self) -> torch.Tensor | None:
@@ -98,10 +104,12 @@ class SignedErrorMoments:
         else:
             self._sums.copy_(saved)
 
+    def _totals(self) -> list[float]:
+        """The five sums over every row (zeros before anything was added)."""
+        return [0.0] * 5 if self._sums is None else self._sums.reshape(5, -1).sum(1).tolist()
+
     def _read(self) -> tuple[int, float, float]:
-        if self._sums is None:
-            return 0, 0.0, 0.0
-        count, total, total_sq = self._sums[:3].tolist()
+        count, total, total_sq = self._totals()[:3]
         return int(count), total, total_sq
 
     @property
@@ -111,12 +119,12 @@ class SignedErrorMoments:
     @property
     def subnormal(self) -> int:
         """Stores whose exact value lies in the storage dtype's subnormal range."""
-        return 0 if self._sums is None else int(self._sums[3].item())
+        return int(self._totals()[3])
 
     @property
     def flushed(self) -> int:
         """Of the `subnormal` stores, those stored as zero."""
-        return 0 if self._sums is None else int(self._sums[4].item())
+        return int(self._totals()[4])
 
     @property
     def mean(self) -> float | None:

@@ -19,7 +19,7 @@ from ssmcheck.core.callables import KernelSpecError
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
-from ssmcheck.core.precompile import Launches, compile_only
+from ssmcheck.core.precompile import COMPILE_THREADS, Launches, compile_only
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
@@ -296,10 +296,6 @@ def _baseline_streams(inputs: ScanInputs, case: ScanCase, storage: torch.dtype, 
     draws = 1 if case.rounding != "stochastic" or storage == torch.float32 else STOCHASTIC_DRAWS
     return [baseline_stream(inputs, case, storage, allow_tf32, seed=case.seed + draw) for draw in range(draws)]
 
-
-# Threads compiling ahead at most: the default scan's 620 launches (141 variants) compiled in 63 s in one thread, 21 s
-# in 4, 16 s in 8 and 20 s in 16 on the 16-core H200 machine (benchmarks/RESULTS.md, thirtieth session).
-COMPILE_THREADS = 8
 
 # Per process: the (kernel, shape) pairs already called once, so compiled and autotuned, with what their autotuners
 # picked then (core.autotune.recorded_picks; empty where none tuned).

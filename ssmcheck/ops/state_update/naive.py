@@ -29,5 +29,7 @@ def state_update_step(
     Ch = heads_of_groups(C.to(dtype), nheads)
     xd = x.to(dtype)
     new_state = state.to(dtype) * decay + (dt * xd)[..., None] * Bh[..., None, :]
-    out = skip_and_gate(torch.matmul(new_state, Ch[..., None])[..., 0], xd, D, z, dtype)
+    # A product and a sum, not a matmul: compiled (drift.follow), they fuse into the kernel that computes the
+    # state, where a matmul is a cuBLAS call of its own.
+    out = skip_and_gate((new_state * Ch[..., None, :]).sum(-1), xd, D, z, dtype)
     return new_state, out
