@@ -10,7 +10,9 @@ or at exit.
 
 Only where they will be wanted, guessed from the command line before anything is imported (`wanted`): the `scan`
 command on a machine with an NVIDIA driver and the cores for a helper, and not --help, --device cpu,
---no-compile-ahead or Triton's interpreter. A wrong guess costs processes that are dismissed.
+--no-compile-ahead or Triton's interpreter. A wrong guess costs processes that are dismissed. (`drift` compiles
+ahead too, with helpers started once its sweep is planned: whether starting them here pays for drift is not
+measured yet.)
 
 This module imports neither torch nor triton: its caller has not yet chosen between compiled kernels and
 Triton's interpreter (core.runtime).
