@@ -34,7 +34,7 @@ from tests.pool_helpers import AheadRunner
     (["scan", "--no-compile-ahead"], {}, 16, True, 0),
     (["scan", "--help"], {}, 16, True, 0),
     (["scan", "-h"], {}, 16, True, 0),
-    (["drift"], {}, 16, True, 0),  # drift starts its helpers once the sweep is planned (api.start_compiling_ahead), not here
+    (["drift"], {}, 16, True, 0),  # drift: its helpers start once the sweep is planned
     (["merge", "a.json", "b.json"], {}, 16, True, 0),
     ([], {}, 16, True, 0),
 ])
