@@ -220,8 +220,8 @@ class Lockstep:
         ref_out, baseline_out = self.follow(
             ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x, dt=step.dt,
             z=step.z, A=self.A64, B=step.B, C=step.C, D=self.D64, dt_bias=self.dt_bias64,
-            sums=self.store_errors.running(self.state.device, self.state.shape[:-1]), tripped=self.tripped, uniform=uniform,
-            dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
+            sums=self.store_errors.running(self.state.device, self.state.shape[:-1]), tripped=self.tripped,
+            uniform=uniform, dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
         self.window.counter.add_(1)
         return out, ref_out, baseline_out
 
