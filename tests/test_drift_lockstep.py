@@ -42,6 +42,28 @@ def test_a_run_in_windows_of_a_few_steps_is_the_run_in_one_window(monkeypatch, r
     assert windowed.run.store_errors == whole.run.store_errors and whole.run.store_errors.count > 0
 
 
+@pytest.mark.parametrize("regime", ["normal", "bf16-inputs"])
+def test_a_windows_step_is_its_inputs_whole_aligned_and_apart_at_fenced_steps(regime):
+    case, _ = _case(regime=regime, state_dtype="fp16", rounding="nearest", steps=12, headdim="6", dstate="10")
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    assert not problem.fused  # (a fused problem's inputs are views into one buffer by design)
+    window = lockstep.StepWindow(problem)
+    window.load(5)
+    drawn = problem.host_inputs(4, 1)  # step 5, as drawn
+    for separate in (False, True):
+        step = window.inputs(separate=separate)
+        given = dict(step.given())
+        assert given.keys() == dict(drawn.given()).keys()
+        for name, t in given.items():
+            assert torch.equal(t, getattr(drawn, name)[0]), name
+            assert name == "dt" or t.is_contiguous(), name  # (dt per head: a stride-0 view over headdim)
+            # 128 bytes into its memory, as an input of its own starts (the allocator's alignment: 512 on CUDA)
+            assert t.storage_offset() * t.element_size() % 128 == 0, name
+        storages = {t.untyped_storage().data_ptr() for t in given.values()}
+        # One gather a step, each input its own where fences must tell them apart.
+        assert len(storages) == (len(given) if separate else len({t.dtype for t in given.values()}))
+
+
 def _lock(case, kernel, trial_seed: int, device: str = "cpu") -> lockstep.Lockstep:
     """Trial 0 of `case` on `device`."""
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
