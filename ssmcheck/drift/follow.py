@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from ssmcheck.core.tensors import nonfinite_mask
-from ssmcheck.drift.stats import store_sums
+from ssmcheck.drift.stats import row_totals, store_sums
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
@@ -124,7 +124,7 @@ class Follower:
                 return None, f"compiled, its {name} differs from the eager step's"
         # The state element by element; the sums as they are read, over every row (stats.SignedErrorMoments).
         pairs = [("reference", mine["ref"], eager["ref"]),
-                 ("store-error sums", *(sums.reshape(len(sums), -1).sum(1) for sums in (mine["sums"], eager["sums"])))]
+                 ("store-error sums", row_totals(mine["sums"]), row_totals(eager["sums"]))]
         for name, value, expected in pairs:
             if not torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
                 return None, f"compiled, its {name} differs from the eager step's"

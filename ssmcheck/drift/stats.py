@@ -67,6 +67,11 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) ->
     return torch.cat([errors, torch.stack([subnormal.sum(-1).double(), flushed.sum(-1).double()])])
 
 
+def row_totals(sums: torch.Tensor) -> torch.Tensor:
+    """Running sums kept per state row (store_sums' layout, (K, *rows)) as K totals over every row."""
+    return sums.reshape(len(sums), -1).sum(1)
+
+
 class SignedErrorMoments:
     """Running count, sum and sum of squares of signed errors, for the bias z-test, and the counts of stores
     whose exact value is subnormal and of those stored as zero (store_sums).
@@ -106,7 +111,7 @@ class SignedErrorMoments:
 
     def _totals(self) -> list[float]:
         """The five sums over every row (zeros before anything was added)."""
-        return [0.0] * 5 if self._sums is None else self._sums.reshape(5, -1).sum(1).tolist()
+        return [0.0] * 5 if self._sums is None else row_totals(self._sums).tolist()
 
     def _read(self) -> tuple[int, float, float]:
         count, total, total_sq = self._totals()[:3]
