@@ -1,4 +1,4 @@
-"""The `ssmcheck` command's entry: first start the compiling helpers a GPU scan will want (core.prestart), so
+"""The `ssmcheck` command's entry: first start the compiling helpers a GPU sweep (scan, drift) will want (core.prestart), so
 that they import torch and triton beside the command, which does so as it imports the CLI."""
 
 import sys

@@ -68,3 +68,86 @@ def test_a_rehearsal_runs_the_case_short_and_the_cpu_compiles_nothing_ahead(plan
     result = runner(ahead.rehearsal(case), lambda: None)
     assert result.status.value == "pass" and result.run.trials == 1
     assert result.run.checkpoints[-1].step == ahead.REHEARSED_STEPS
+
+
+def _cases(plan, *ids):
+    by_id = {c.id: c for c in plan.cases}
+    return [by_id[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def default_plan():
+    return api.plan_drift("builtin", "default", device="cpu")
+
+
+def test_cases_that_differ_only_in_their_values_share_a_group_and_any_layout_or_flag_parts_them(default_plan):
+    same = _cases(default_plan, "normal-fp16-nearest-b1-h1x16n128g1", "stagnation-fp16-nearest-b1-h1x16n128g1",
+                  "long-fp16-nearest-b1-h1x16n128g1", "dt-extreme-fp16-nearest-b1-h1x16n128g1",
+                  "subnormal-fp16-nearest-b1-h1x16n128g1")
+    assert len({ahead.compile_group(c) for c in same}) == 1
+    first = same[0]
+    others = [
+        replace(first, rounding="stochastic"),
+        replace(first, state_dtype="bf16"),
+        replace(first, batch=2),
+        replace(first, headdim=24),
+        replace(first, config='{"function": "f", "index": 1}'),
+        replace(first, kernel="other:kernel"),
+        *_cases(default_plan, "no-softplus-fp16-nearest-b1-h1x16n128g1",  # dt_softplus off
+                "bf16-inputs-fp16-nearest-b1-h1x16n128g1",  # the step inputs' dtype
+                "strided-fp16-nearest-b2-h1x16n128g1",  # views into one buffer per step
+                "untied-fp16-nearest-b2-h1x16n128g1"),  # per-channel parameters and a gate
+    ]
+    groups = [ahead.compile_group(c) for c in [first, *others]]
+    assert len(set(groups)) == len(groups)
+    assert ahead.compile_group(replace(others[-2], batch=3)) != groups[-2]  # the batch, though drawn at 2 rows
+
+
+def test_a_large_cases_group_is_drawn_at_two_batch_rows(default_plan):
+    import time  # noqa: PLC0415
+
+    case = replace(default_plan.cases[0], model="mamba2-2.7b", batch=256, nheads=80, headdim=64, dstate=128)
+    start = time.perf_counter()
+    group = ahead.compile_group(case)
+    assert time.perf_counter() - start < 5.0  # the whole state: 168M elements
+    assert group[3] == 256 and group[6][1] == (ahead.GROUP_BATCH, 80, 64, 128)
+    assert group != ahead.compile_group(replace(case, batch=255))
+
+
+def test_a_case_traces_a_new_float64_step_exactly_where_its_group_is_new(monkeypatch, default_plan):
+    """The group is what the float64 step compiles on: run on the CPU with the step traced by dynamo (its eager
+    backend: no code generated), a case adds a graph where its group is new, and only there."""
+    import torch  # noqa: PLC0415
+
+    from ssmcheck.drift import follow as follow_module  # noqa: PLC0415
+    from ssmcheck.drift import lockstep  # noqa: PLC0415
+
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    traced = follow_module.unlimited(torch.compile(follow_module.follow, fullgraph=True, dynamic=False,
+                                                   backend=counting))
+    monkeypatch.setattr(follow_module, "_compiled", lambda: traced)
+    monkeypatch.setattr(lockstep, "Follower", lambda device: follow_module.Follower("cuda"))  # compiled anywhere
+    cases = _cases(default_plan, "normal-fp16-nearest-b1-h1x16n128g1", "stagnation-fp16-nearest-b1-h1x16n128g1",
+                   "normal-fp16-stochastic-b1-h1x16n128g1", "overflow-fp16-stochastic-b1-h1x16n128g1",
+                   "normal-bf16-nearest-b1-h1x16n128g1", "bf16-inputs-fp16-nearest-b1-h1x16n128g1",
+                   "no-softplus-fp16-nearest-b1-h1x16n128g1", "dt-extreme-fp16-nearest-b1-h1x16n128g1",
+                   "strided-fp16-nearest-b2-h1x16n128g1", "subnormal-fp16-nearest-b1-h1x16n128g1")
+    seen, traced_where, new_where = set(), [], []
+    try:
+        for case in cases:
+            before = len(graphs)
+            result = default_plan.runner(replace(case, steps=3, trials=1), lambda: None)
+            assert result.status.value == "pass", result.verdict.message
+            group = ahead.compile_group(case)
+            traced_where.append(len(graphs) > before)
+            new_where.append(group not in seen)
+            seen.add(group)
+    finally:
+        torch._dynamo.reset()
+    assert traced_where == new_where == [True, False, True, False, True, True, True, False, True, False]

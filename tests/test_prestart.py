@@ -34,7 +34,9 @@ from tests.pool_helpers import AheadRunner
     (["scan", "--no-compile-ahead"], {}, 16, True, 0),
     (["scan", "--help"], {}, 16, True, 0),
     (["scan", "-h"], {}, 16, True, 0),
-    (["drift"], {}, 16, True, 0),  # drift: its helpers start once the sweep is planned
+    (["drift"], {}, 16, True, 3),
+    (["drift", "--device", "cpu"], {}, 16, True, 0),
+    (["drift", "--no-compile-ahead"], {}, 16, True, 0),
     (["merge", "a.json", "b.json"], {}, 16, True, 0),
     ([], {}, 16, True, 0),
 ])
@@ -55,7 +57,8 @@ def test_helpers_are_started_only_for_a_scan_that_will_compile_ahead(args, envir
     (["scan", "--device", "cpu"], {}, 16, True, None),
     (["scan"], {"TRITON_INTERPRET": "1"}, 16, True, None),
     (["scan", "--help"], {}, 16, True, None),
-    (["drift"], {}, 16, True, None),
+    (["drift"], {}, 16, True, 4),
+    (["drift"], {}, 16, False, None),
 ])
 def test_a_gpu_scan_shares_the_cores_among_its_processes_cpu_threads(args, environ, cores, driver, threads):
     assert prestart.cpu_threads(args, environ, cores, driver) == threads

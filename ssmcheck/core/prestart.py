@@ -1,7 +1,7 @@
 """Compiling helpers started before the `ssmcheck` command imports torch.
 
-A GPU scan compiles its Triton variants ahead in helper processes (core.isolation.CompilingHelpers). A helper
-spends its first seconds importing torch and triton and starting CUDA, as the command does before it has planned
+A GPU sweep (scan, drift) compiles its Triton variants ahead in helper processes (core.isolation.CompilingHelpers).
+A helper spends its first seconds importing torch and triton and starting CUDA, as the command does before it has planned
 its sweep, so helpers spawned once the sweep is planned compile only after both: on a fresh H200 they were spawned
 4.7 s into `ssmcheck scan` and compiled from about 5 s later (benchmarks/RESULTS.md, thirty-second session).
 Started here instead, first thing in the command (ssmcheck.console), they import beside it and then wait for their
@@ -9,10 +9,8 @@ work: CompilingHelpers takes them (`take`), and those it does not take end once 
 or at exit.
 
 Only where they will be wanted, guessed from the command line before anything is imported (`wanted`): the `scan`
-command on a machine with an NVIDIA driver and the cores for a helper, and not --help, --device cpu,
---no-compile-ahead or Triton's interpreter. A wrong guess costs processes that are dismissed. (`drift` compiles
-ahead too, with helpers started once its sweep is planned: whether starting them here pays for drift is not
-measured yet.)
+and `drift` commands on a machine with an NVIDIA driver and the cores for a helper, and not --help, --device cpu,
+--no-compile-ahead or Triton's interpreter. A wrong guess costs processes that are dismissed.
 
 This module imports neither torch nor triton: its caller has not yet chosen between compiled kernels and
 Triton's interpreter (core.runtime).
@@ -35,6 +33,8 @@ from ssmcheck.core.workers import cpu_cores, cpu_threads_each
 CORES_PER_COMPILER = 4
 # Helper processes at most.
 COMPILE_HELPERS = 3
+# The commands whose sweeps compile ahead on a GPU.
+SWEEPS = ("scan", "drift")
 # Where the NVIDIA driver is loaded (Linux): the sign of a GPU before torch is imported to ask.
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"
 
@@ -45,22 +45,23 @@ _WAITING: list[tuple[str, multiprocessing.Process, object]] = []
 def wanted(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: bool) -> int:
     """How many helpers to start for the command line `args` (without the program's name): as many as
     api.start_compiling_ahead would give a sweep run in this process, or 0 where it gives none."""
-    if not _gpu_scan(args, environ, driver) or "--no-compile-ahead" in args:
+    if not _gpu_sweep(args, environ, driver) or "--no-compile-ahead" in args:
         return 0
     return helper_count(rank_cores(cores, environ), _running(args[1:]))
 
 
 def cpu_threads(args: Sequence[str], environ: Mapping[str, str], cores: int, driver: bool) -> int | None:
     """torch's CPU threads for the command line `args` and every process it starts (workers.cpu_threads_each),
-    where it is a scan on the GPU and the user has not set OMP_NUM_THREADS; else None (torch's default)."""
-    if "OMP_NUM_THREADS" in environ or not _gpu_scan(args, environ, driver):
+    where it is a sweep on the GPU and the user has not set OMP_NUM_THREADS; else None (torch's default)."""
+    if "OMP_NUM_THREADS" in environ or not _gpu_sweep(args, environ, driver):
         return None
     return cpu_threads_each(_running(args[1:]), rank_cores(cores, environ))
 
 
-def _gpu_scan(args: Sequence[str], environ: Mapping[str, str], driver: bool) -> bool:
-    """Whether the command line `args` runs a scan on the GPU (guessed: not asking for help)."""
-    if not args or args[0] != "scan" or not driver or environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+def _gpu_sweep(args: Sequence[str], environ: Mapping[str, str], driver: bool) -> bool:
+    """Whether the command line `args` runs a sweep that compiles ahead (SWEEPS) on the GPU (guessed: not asking
+    for help)."""
+    if not args or args[0] not in SWEEPS or not driver or environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     options = list(args[1:])
     if any(a in ("-h", "--help", "--device=cpu") for a in options):

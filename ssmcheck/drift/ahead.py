@@ -18,9 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import torch
+
 from ssmcheck.core.precompile import Launches, compile_only
+from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.spec import DriftCase
 
+# Batch rows of the problem `compile_group` draws: its layouts are those of the case's, but for the batch (which
+# joins the group as the case's number); a problem drawn whole for a `--model mamba2-2.7b --batch 256` case holds
+# 168M elements of initial state.
+GROUP_BATCH = 2
 # Steps of a rehearsal: the first step is checked (its inputs fenced), the second is a graph's step.
 REHEARSED_STEPS = 2
 
@@ -44,3 +51,24 @@ def compile_ahead(run: Callable, cases: list[DriftCase], threads: int) -> Launch
                 run(rehearsal(case), lambda: None)  # a kernel or check that raises is the case's to report
             launches.call_done()
     return launches
+
+
+def compile_group(case: DriftCase) -> tuple:
+    """What picks the variants a case compiles: the float64 step's graph (drift.follow: torch.compile specialises on
+    its arguments' dtypes, shapes and strides and on its flags) and the state update's Triton variants (dtypes,
+    strides divisible by 16 or not, constexprs). That is the kernel, its pinned config, the rounding mode, the batch
+    and the regime's flags, and the (dtype, shape, stride) of the state, A, D, dt_bias and each step input, read off
+    the case's problem drawn for one step on the CPU (at most GROUP_BATCH batch rows). Cases of one group compile
+    one graph: a compiling helper takes a group whole, so that no two compile it, and the sweep's front, which the
+    helpers race, is spread among them (core.isolation.CompilingHelpers). The default drift on a GPU has 27 groups,
+    as it compiles 27 graphs (benchmarks/RESULTS.md, fortieth session)."""
+    shape = replace(case.shape(), batch=min(case.batch, GROUP_BATCH))
+    problem = make_problem(case.regime, shape, case.dtype, 1, case.seed, "cpu")
+    step = problem.host_inputs(0, 1)
+    tensors = [problem.initial_state, problem.A, problem.D, problem.dt_bias]
+    return (case.kernel, case.config, case.rounding, case.batch, problem.dt_softplus, problem.fused,
+            *map(_layout, tensors), *((name, _layout(value[0])) for name, value in step.given()))
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    return tensor.dtype, tuple(tensor.shape), tensor.stride()

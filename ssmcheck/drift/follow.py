@@ -74,10 +74,14 @@ def _compiled() -> Callable:
     shape, state dtype and rounding mode; a new torch.compile would compile them all again)."""
     # emulate_precision_casts: without it a fused kernel skips the rounding of a float32 value converted
     # to fp16/bf16 and straight back (the baseline's round to nearest, lost).
-    compiled = torch.compile(follow, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+    return unlimited(torch.compile(follow, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True}))
+
+
+def unlimited(compiled: Callable) -> Callable:
+    """`compiled` (a torch.compile of `follow`) called with room for RECOMPILE_LIMIT compilations: a sweep has more
+    variants than torch's default limit of eight, past which it would quietly run the rest eagerly (the setting's
+    name before torch 2.7: cache_size_limit)."""
     config = torch._dynamo.config
-    # A sweep has more variants than torch's default limit of eight, past which it would quietly run the
-    # rest eagerly (the setting's name before torch 2.7: cache_size_limit).
     limit = {"recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit": RECOMPILE_LIMIT}
 
     def run(**arguments):

@@ -269,6 +269,12 @@ class DriftRunner:
         """The result of a case that ended without one of its own (its worker crashed or timed out)."""
         return DriftResult(case, error_verdict(message), seconds, None)
 
+    @staticmethod
+    def compile_group(case: DriftCase) -> tuple:
+        """What picks the variants a case compiles (drift.ahead.compile_group): a compiling helper takes such a
+        group whole (core.isolation.CompilingHelpers), and workers take the groups in turn."""
+        return ahead.compile_group(case)
+
     def precompile(self, cases: list[DriftCase], threads: int) -> Launches | None:
         """On a GPU, compile the Triton kernels and the float64 steps the cases will run before they run, Triton's
         in `threads` threads at once (COMPILE_THREADS at most) (drift.ahead; in a helper process only); None where
