@@ -103,6 +103,17 @@ def test_cases_that_differ_only_in_their_values_share_a_group_and_any_layout_or_
     assert ahead.compile_group(replace(others[-2], batch=3)) != groups[-2]  # the batch, though drawn at 2 rows
 
 
+def test_skipped_cases_share_one_group_and_draw_no_problem(monkeypatch, default_plan):
+    def refuses(*args):
+        raise AssertionError("drawn")
+
+    monkeypatch.setattr(ahead, "make_problem", refuses)
+    skipped = [replace(c, skip_reason="not offered") for c in default_plan.cases[:3]]
+    assert len({ahead.compile_group(c) for c in skipped}) == 1
+    with pytest.raises(AssertionError, match="drawn"):
+        ahead.compile_group(default_plan.cases[0])
+
+
 def test_a_large_cases_group_is_drawn_at_two_batch_rows(default_plan):
     import time  # noqa: PLC0415
 

@@ -61,7 +61,10 @@ def compile_group(case: DriftCase) -> tuple:
     the case's problem drawn for one step on the CPU (at most GROUP_BATCH batch rows). Cases of one group compile
     one graph: a compiling helper takes a group whole, so that no two compile it, and the sweep's front, which the
     helpers race, is spread among them (core.isolation.CompilingHelpers). The default drift on a GPU has 27 groups,
-    as it compiles 27 graphs (benchmarks/RESULTS.md, fortieth session)."""
+    as it compiles 27 graphs (benchmarks/RESULTS.md, fortieth session). Skipped cases compile nothing: one group,
+    their problems not drawn (a skip may be for a problem that cannot be drawn)."""
+    if case.skip_reason is not None:
+        return ("skipped",)
     shape = replace(case.shape(), batch=min(case.batch, GROUP_BATCH))
     problem = make_problem(case.regime, shape, case.dtype, 1, case.seed, "cpu")
     step = problem.host_inputs(0, 1)
