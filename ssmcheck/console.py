@@ -1,5 +1,5 @@
-"""The `ssmcheck` command's entry: first start the compiling helpers a GPU sweep (scan, drift) will want (core.prestart), so
-that they import torch and triton beside the command, which does so as it imports the CLI."""
+"""The `ssmcheck` command's entry: first start the compiling helpers a GPU sweep (scan, drift) will want
+(core.prestart), so that they import torch and triton beside the command, which does so as it imports the CLI."""
 
 import sys
 

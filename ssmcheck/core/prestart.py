@@ -1,9 +1,10 @@
 """Compiling helpers started before the `ssmcheck` command imports torch.
 
 A GPU sweep (scan, drift) compiles its Triton variants ahead in helper processes (core.isolation.CompilingHelpers).
-A helper spends its first seconds importing torch and triton and starting CUDA, as the command does before it has planned
-its sweep, so helpers spawned once the sweep is planned compile only after both: on a fresh H200 they were spawned
-4.7 s into `ssmcheck scan` and compiled from about 5 s later (benchmarks/RESULTS.md, thirty-second session).
+A helper spends its first seconds importing torch and triton and starting CUDA, as the command does before it has
+planned its sweep, so helpers spawned once the sweep is planned compile only after both: on a fresh H200 they were
+spawned 4.7 s into `ssmcheck scan` and compiled from about 5 s later (benchmarks/RESULTS.md, thirty-second session);
+the default drift took 111.1-115.4 s so and 78.3-88.9 s with its helpers started here (forty-first session).
 Started here instead, first thing in the command (ssmcheck.console), they import beside it and then wait for their
 work: CompilingHelpers takes them (`take`), and those it does not take end once the sweep has decided (`dismiss`),
 or at exit.
