@@ -208,10 +208,21 @@ def start_compiling_ahead(plan: Plan, cases: list, running: int = 1):
         else:  # (fewer than all: the helpers' share is not 0)
             kept = len(cases) * running // (running + HELPER_PACE * helpers)
         threads = max(prestart.CORES_PER_COMPILER, (cores - running) // helpers)
-        helping = CompilingHelpers(plan.runner, cases[kept:], helpers, threads, running)
+        helping = CompilingHelpers(plan.runner, _left_to_helpers(plan.runner, cases, kept), helpers, threads, running)
         return helping if helping.workers else None
     finally:
         prestart.dismiss()  # the helpers the command started and this sweep did not take (core.prestart)
+
+
+def _left_to_helpers(runner, cases: list, kept: int) -> list:
+    """The cases the helpers compile ahead: those after the first `kept`, which the processes running the cases
+    compile as they come. Where a runner's compile groups are exact (`groups_exact`: a case compiles nothing its
+    group's first case did not, as drift's float64 step and state update), also without the cases of the kept
+    cases' groups, which those processes compile then: a helper would compile them again, for nothing."""
+    if not kept or not getattr(runner, "groups_exact", False):
+        return cases[kept:]
+    held = {runner.compile_group(case) for case in cases[:kept]}
+    return [case for case in cases[kept:] if runner.compile_group(case) not in held]
 
 
 def _cores() -> int:

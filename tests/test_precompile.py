@@ -470,6 +470,37 @@ def test_helpers_the_command_started_race_a_lone_process_from_the_first_case(mon
     assert [started[0] for started in _Started.started] == [40 - kept]  # workers keep their share still
 
 
+def test_helpers_leave_out_the_drift_groups_of_the_cases_this_process_keeps(monkeypatch):
+    """Drift's compile groups are exact: this process compiles the groups of the cases it keeps, and the helpers
+    compile every other group (a scan's groups are not, and its helpers take every case after those kept)."""
+    from ssmcheck.drift.ahead import compile_group  # noqa: PLC0415
+
+    given = []
+
+    class Recording(_Started):
+        def __init__(self, runner, cases, helpers, threads, running):
+            super().__init__(runner, cases, helpers, threads, running)
+            given.append(cases)
+
+    monkeypatch.setattr(api, "cpu_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(isolation, "CompilingHelpers", Recording)
+    monkeypatch.setattr(_Started, "started", [])
+    monkeypatch.setattr(prestart, "waiting", lambda device: 0)
+    drift = _as_on_a_gpu(api.plan_drift("builtin", "default", device="cpu"))
+    api.start_compiling_ahead(drift, drift.cases, 1)
+    kept = len(drift.cases) // (1 + api.HELPER_PACE * 3)
+    held = {compile_group(c) for c in drift.cases[:kept]}
+    rest = drift.cases[kept:]
+    assert kept == 4 and len(held) == 4
+    assert given[0] == [c for c in rest if compile_group(c) not in held]
+    assert 0 < len(given[0]) < len(rest)  # the default drift's stagnation, overflow, ... of the kept groups: left out
+    assert {compile_group(c) for c in given[0]} == {compile_group(c) for c in rest} - held  # every other group
+    scan = _as_on_a_gpu(api.plan_scan("torch", "smoke", regime="normal", dtype="fp32"))
+    api.start_compiling_ahead(scan, [scan.cases[0]] * 40, 1)
+    assert given[1] == [scan.cases[0]] * 36
+
+
 def test_no_helpers_for_the_cpu_or_no_cases_but_for_a_gpus_scan_or_drift(monkeypatch):
     monkeypatch.setattr(isolation, "CompilingHelpers", _Started)
     monkeypatch.setattr(_Started, "started", [])
