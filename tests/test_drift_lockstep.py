@@ -13,7 +13,7 @@ from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
 from ssmcheck.drift.measure import CheckpointSums
-from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.regimes import STEP_BLOCK, make_problem
 from ssmcheck.drift.spec import build_cases, resolve
 from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
 
@@ -40,6 +40,34 @@ def test_a_run_in_windows_of_a_few_steps_is_the_run_in_one_window(monkeypatch, r
     assert lockstep.StepWindow(make_problem(case.regime, case.shape(), case.dtype, 40, case.seed, "cpu")).size == 7
     assert windowed.run.checkpoints == whole.run.checkpoints and windowed.run.baseline == whole.run.baseline
     assert windowed.run.store_errors == whole.run.store_errors and whole.run.store_errors.count > 0
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("regime", ["normal", "strided", "untied"])
+def test_a_window_drawn_in_several_threads_holds_the_streams_steps(monkeypatch, regime, staged):
+    """StepWindow.load draws its blocks as many at once as torch has threads: every step of a window that starts
+    and ends inside a block is the stream's, whatever the threads, laid out in the window's buffer or (as for a
+    GPU's) in host memory first."""
+    if staged:
+        monkeypatch.setattr(lockstep, "_staging", lambda buffer: torch.full_like(buffer, float("nan")))
+    case, _ = _case(regime=regime, state_dtype="fp16", rounding="nearest", steps=3 * STEP_BLOCK, headdim="6",
+                    dstate="10")
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    monkeypatch.setattr(lockstep, "WINDOW_BYTES", 1 << 40)
+    windows = []
+    for threads in (1, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        window = lockstep.StepWindow(problem)
+        for buffer in [window.fused] if problem.fused else window.packed.values():
+            buffer.fill_(float("nan"))  # poisoned: a row the load leaves unwritten shows
+        window.load(STEP_BLOCK // 2)  # a window of steps 128 .. 768, over three blocks
+        windows.append(window)
+    drawn = problem.host_inputs(STEP_BLOCK // 2 - 1, case.steps - STEP_BLOCK // 2 + 1)
+    for window in windows:
+        for n in (0, 1, STEP_BLOCK // 2, STEP_BLOCK, drawn.x.shape[0] - 1):
+            window.counter.fill_(n)
+            for name, t in window.inputs().given():
+                assert torch.equal(t, getattr(drawn, name)[n]), (name, n)
 
 
 @pytest.mark.parametrize("regime", ["normal", "bf16-inputs"])

@@ -144,3 +144,8 @@ def test_any_run_of_steps_is_drawn_as_the_stream_has_it(regime, seed, start, cou
         assert torch.equal(getattr(run, name), expected)
     if nsteps > STEP_BLOCK:  # the blocks' generators differ
         assert not torch.equal(stream[0].x, stream[STEP_BLOCK].x)
+    for threads in (1, 3):  # block by block, drawn one after another or at once in threads: the same run
+        parts = list(problem.host_blocks(start, count, threads))
+        assert [at for at, _ in parts] == [0, *range(STEP_BLOCK - start % STEP_BLOCK, count, STEP_BLOCK)]
+        for name, expected in run.given():
+            assert torch.equal(torch.cat([getattr(part, name) for _, part in parts]), expected)

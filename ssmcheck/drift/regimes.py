@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -136,10 +137,28 @@ class DecodeProblem:
 
     def host_inputs(self, start: int, count: int) -> StepInputs:
         """Steps start + 1 .. start + count of the stream (numbered from 1), stacked on a leading axis."""
+        parts = [part for _, part in self.host_blocks(start, count)]
+        return parts[0].map(lambda name, _: torch.cat([getattr(part, name) for part in parts]))
+
+    def host_blocks(self, start: int, count: int, threads: int = 1) -> Iterator[tuple[int, StepInputs]]:
+        """The same steps as `host_inputs`, a block at a time, in order: (where the block's first step lies among
+        them, counted from 0; its steps stacked). Each block has a generator of its own, so with `threads` > 1 they
+        are drawn that many at once (torch lets go of the GIL while it draws): the same values."""
         first, last = start // STEP_BLOCK, (start + count - 1) // STEP_BLOCK
-        blocks = [self._block(k) for k in range(first, last + 1)]
-        offset = start - first * STEP_BLOCK
-        return blocks[0].map(lambda name, _: torch.cat([getattr(b, name) for b in blocks])[offset:offset + count])
+        blocks = range(first, last + 1)
+
+        def part(k: int, block: StepInputs) -> tuple[int, StepInputs]:
+            base = k * STEP_BLOCK
+            lo, hi = max(start, base) - base, min(start + count, base + STEP_BLOCK) - base
+            return base + lo - start, block.map(lambda _, t: t[lo:hi])
+
+        if threads <= 1 or len(blocks) == 1:
+            for k in blocks:
+                yield part(k, self._block(k))
+            return
+        with ThreadPoolExecutor(min(threads, len(blocks)), thread_name_prefix="ssmcheck-draw") as pool:
+            for k, block in zip(blocks, pool.map(self._block, blocks)):
+                yield part(k, block)
 
     def _block(self, k: int) -> StepInputs:
         generator = torch.Generator().manual_seed(sweep.case_seed(self.stream_seed, {"block": k}))
