@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
+import torch
 
 from ssmcheck import api
 from ssmcheck.core.precompile import Launches
-from ssmcheck.drift import ahead
+from ssmcheck.drift import ahead, lockstep
+from ssmcheck.drift import follow as follow_module
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +118,6 @@ def test_skipped_cases_share_one_group_and_draw_no_problem(monkeypatch, default_
 
 
 def test_a_large_cases_group_is_drawn_at_two_batch_rows(default_plan):
-    import time  # noqa: PLC0415
-
     case = replace(default_plan.cases[0], model="mamba2-2.7b", batch=256, nheads=80, headdim=64, dstate=128)
     start = time.perf_counter()
     group = ahead.compile_group(case)
@@ -128,11 +129,6 @@ def test_a_large_cases_group_is_drawn_at_two_batch_rows(default_plan):
 def test_a_case_traces_a_new_float64_step_exactly_where_its_group_is_new(monkeypatch, default_plan):
     """The group is what the float64 step compiles on: run on the CPU with the step traced by dynamo (its eager
     backend: no code generated), a case adds a graph where its group is new, and only there."""
-    import torch  # noqa: PLC0415
-
-    from ssmcheck.drift import follow as follow_module  # noqa: PLC0415
-    from ssmcheck.drift import lockstep  # noqa: PLC0415
-
     graphs = []
 
     def counting(graph, example_inputs):
