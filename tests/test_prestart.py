@@ -77,17 +77,46 @@ def test_the_lone_sweep_counts_itself_and_its_most_helpers():
     assert workers.LONE_SWEEP_PROCESSES == 1 + prestart.COMPILE_HELPERS
 
 
-def test_children_get_the_threads_unless_the_user_set_them(monkeypatch):
-    code = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS", "TORCH_WARM_POOL")
+
+
+def _childs_thread_variables() -> list[str]:
+    code = f"import os; print(*(os.environ.get(name) for name in {THREAD_VARIABLES!r}))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return child.stdout.split()
+
+
+def test_children_get_the_threads_and_as_many_inductor_compilers_unless_the_user_set_them(monkeypatch):
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     with cpu_threads(3):
-        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert child.stdout.strip() == "3"
-    assert "OMP_NUM_THREADS" not in os.environ  # this process's own are left as they were
+        assert _childs_thread_variables() == ["3", "3", "0"]
+    assert not set(THREAD_VARIABLES) & set(os.environ)  # this process's own are left as they were
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "5")
+    with cpu_threads(3):
+        assert _childs_thread_variables() == ["3", "5", "0"]
+    assert os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "5" and "OMP_NUM_THREADS" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     with cpu_threads(3):
-        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert child.stdout.strip() == "7"
+        assert _childs_thread_variables() == ["7", "5", "None"]
+
+
+@pytest.mark.parametrize(("args", "set_before", "expected"), [
+    (["drift", "--no-compile-ahead"], {}, {"OMP_NUM_THREADS": "4", "TORCHINDUCTOR_COMPILE_THREADS": "4",
+                                          "TORCH_WARM_POOL": "0"}),
+    (["drift", "--no-compile-ahead"], {"TORCH_WARM_POOL": "1"}, {"OMP_NUM_THREADS": "4",
+                                                                 "TORCHINDUCTOR_COMPILE_THREADS": "4",
+                                                                 "TORCH_WARM_POOL": "1"}),
+    (["drift", "--device", "cpu"], {}, {}),  # the CPU: torch's and inductor's defaults
+])
+def test_the_command_sets_its_own_threads_and_inductors_before_importing_torch(monkeypatch, args, set_before,
+                                                                               expected):
+    monkeypatch.setattr(os, "environ", dict(set_before))
+    monkeypatch.setattr(prestart, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(prestart, "NVIDIA_DRIVER", __file__)  # a driver, as far as the guess goes
+    prestart.for_command(args)
+    assert os.environ == {**set_before, **expected}
+    assert prestart._WAITING == []  # --no-compile-ahead, --device cpu: no helpers
 
 
 def test_the_command_entry_starts_its_helpers_before_it_imports_torch_or_triton():

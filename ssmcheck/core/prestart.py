@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ssmcheck.core.ranks import rank_cores
-from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked
+from ssmcheck.core.spawning import main_script_hidden, stopping_signals_blocked, thread_environment
 from ssmcheck.core.workers import cpu_cores, cpu_threads_each
 
 # Cores a compiling helper gets (four threads: four processes of four threads compiled the default scan's variants
@@ -85,12 +85,14 @@ def _running(options: Sequence[str]) -> int:
 
 
 def for_command(args: Sequence[str]) -> None:
-    """Give the command and its processes their CPU threads (`cpu_threads`: before anything imports torch, which
-    reads them then), and start the helpers `wanted` says the command line `args` will want, on the GPU."""
+    """Give the command and its processes their CPU threads (`cpu_threads`, as spawning.thread_environment's
+    variables, but those the user set: before anything imports torch, which reads them then), and start the
+    helpers `wanted` says the command line `args` will want, on the GPU."""
     cores, driver = cpu_cores(), os.path.exists(NVIDIA_DRIVER)
     threads = cpu_threads(args, os.environ, cores, driver)
     if threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        for name, value in thread_environment(threads).items():
+            os.environ.setdefault(name, value)
     count = wanted(args, os.environ, cores, driver)
     if count:
         start(count, "cuda")

@@ -13,18 +13,31 @@ from contextlib import contextmanager
 from ssmcheck.core.execution import STOPPING_SIGNALS
 
 
+def thread_environment(count: int) -> dict[str, str]:
+    """The environment variables that hold a process of a GPU sweep to `count` CPU threads, read as it imports torch
+    and inductor: torch's own (OMP_NUM_THREADS), and the subprocesses inductor compiles a graph's Triton kernels in
+    (TORCHINDUCTOR_COMPILE_THREADS), started only once a graph is compiled (TORCH_WARM_POOL=0; by default inductor
+    starts them as it is first called, to compile or not). Left at inductor's defaults, the sweep's process and its
+    three helpers each started 16 such subprocesses on the H200's 16 cores, loaded or compiled: the default drift on
+    fresh caches took 92.9 s so, 76.7 s without the pools started early and 83.0 s with 4 each (warm: 61.0, 57.3 and
+    54.6 s; benchmarks/RESULTS.md, forty-second session)."""
+    return {"OMP_NUM_THREADS": str(count), "TORCHINDUCTOR_COMPILE_THREADS": str(count), "TORCH_WARM_POOL": "0"}
+
+
 @contextmanager
 def cpu_threads(count: int | None) -> Iterator[None]:
-    """Start processes with `count` torch CPU threads: OMP_NUM_THREADS, which a child reads as it imports torch.
-    None, or an OMP_NUM_THREADS the user set, leaves the children theirs."""
+    """Start processes with `count` CPU threads (`thread_environment`), read by a child as it imports torch. None,
+    or an OMP_NUM_THREADS the user set, leaves the children theirs; so does any of the others the user set."""
     if count is None or "OMP_NUM_THREADS" in os.environ:
         yield
         return
-    os.environ["OMP_NUM_THREADS"] = str(count)
+    added = {name: value for name, value in thread_environment(count).items() if name not in os.environ}
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 @contextmanager
