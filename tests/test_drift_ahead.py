@@ -110,11 +110,22 @@ def test_skipped_cases_share_one_group_and_draw_no_problem(monkeypatch, default_
     def refuses(*args):
         raise AssertionError("drawn")
 
+    ahead.compile_group.cache_clear()
     monkeypatch.setattr(ahead, "make_problem", refuses)
     skipped = [replace(c, skip_reason="not offered") for c in default_plan.cases[:3]]
     assert len({ahead.compile_group(c) for c in skipped}) == 1
     with pytest.raises(AssertionError, match="drawn"):
         ahead.compile_group(default_plan.cases[0])
+
+
+def test_a_cases_group_is_drawn_once_per_process(monkeypatch, default_plan):
+    """A GPU sweep's start asks for every case's group two or three times over: the problem is drawn once."""
+    ahead.compile_group.cache_clear()
+    case = default_plan.cases[0]
+    group = ahead.compile_group(case)
+    monkeypatch.setattr(ahead, "make_problem", lambda *args: pytest.fail("drawn again"))
+    assert ahead.compile_group(case) == group
+    assert ahead.compile_group(replace(case)) == group  # an equal case, as a worker unpickles it
 
 
 def test_a_large_cases_group_is_drawn_at_two_batch_rows(default_plan):

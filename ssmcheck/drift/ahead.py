@@ -15,6 +15,7 @@ calls launch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -53,6 +54,9 @@ def compile_ahead(run: Callable, cases: list[DriftCase], threads: int) -> Launch
     return launches
 
 
+# A sweep on a GPU asks for each case's group two or three times as it starts (api._left_to_helpers,
+# core.isolation._shares, api.interleaved), each a problem drawn: ~0.1 s a pass over the default drift.
+@functools.lru_cache(maxsize=4096)
 def compile_group(case: DriftCase) -> tuple:
     """What picks the variants a case compiles: the float64 step's graph (drift.follow: torch.compile specialises on
     its arguments' dtypes, shapes and strides and on its flags) and the state update's Triton variants (dtypes,
