@@ -3,7 +3,9 @@
 One trial of the `normal` regime at the default GPU drift shape (batch 2, 8 heads x 64, dstate 128, one
 group), the kernel under test `--kernel` (builtin by default): step 1 eager, step 2 captured in a CUDA
 graph (drift.lockstep), then `--replays` replays timed with time.perf_counter around the Python loop,
-host included; the float64 side of the step (drift.follow) run as plain PyTorch or compiled.
+host included; the float64 side of the step (drift.follow) run as plain PyTorch, compiled, or as
+drift.follow_kernel's one Triton kernel (`--steps`). A `decode_loop` that names the float64 step eager says the
+step did not pass its check against the eager one (drift.follow.Follower).
 Not a test: run it by hand on the GPU machine from the checkout, e.g.
 
     PYTHONPATH=. python benchmarks/drift_step.py
@@ -30,6 +32,9 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=1000, help="graph replays timed per configuration")
     parser.add_argument("--results", default="benchmarks/RESULTS.md", help="markdown file to append to")
     parser.add_argument("--commit", help="commit being measured (where the checkout has no .git)")
+    parser.add_argument("--steps", default="eager,compiled,triton",
+                        help="how the float64 side runs, comma-separated: eager (plain PyTorch), compiled "
+                             "(torch.compile), triton (drift.follow_kernel's one kernel)")
     opts = parser.parse_args()
 
     env = runtime.configure("cuda")
@@ -43,13 +48,21 @@ def main() -> None:
     from ssmcheck.drift.spec import DriftCase  # noqa: PLC0415
     from ssmcheck.drift.stats import SignedErrorMoments  # noqa: PLC0415
 
-    followers = {"eager": lambda device: Follower("cpu"), "compiled": Follower}  # Follower("cpu"): plain PyTorch
+    from ssmcheck.drift import follow  # noqa: PLC0415
+    from ssmcheck.drift.follow_kernel import follow_triton  # noqa: PLC0415
+
+    # How each way runs the float64 side: Follower("cpu") runs plain PyTorch; on CUDA a Follower checks its step
+    # (follow._compiled: torch.compile's, or the one-kernel candidate) against the eager one at the first step.
+    ways = {"eager": (lambda device: Follower("cpu"), follow._compiled),
+            "compiled": (Follower, follow._compiled),
+            "triton": (Follower, lambda: follow_triton)}
+    ways = {name: ways[name] for name in opts.steps.split(",")}
     rows = []
     for state_dtype in ("fp16", "bf16"):
         for rounding in ("nearest", "stochastic"):
             row = [state_dtype, rounding]
-            for name, follower in followers.items():
-                lockstep.Follower = follower
+            for name, (follower, step) in ways.items():
+                lockstep.Follower, follow._compiled = follower, step
                 case = DriftCase(kernel=opts.kernel, state_dtype=state_dtype, rounding=rounding, regime="normal",
                                  steps=opts.replays + 2, model=None, seed=1, trials=1, **SHAPE)
                 problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cuda")
@@ -68,8 +81,7 @@ def main() -> None:
             rows.append(row)
             print(" | ".join(row), flush=True)
 
-    header = ["state", "rounding", "eager float64 side (ms/step)", "decode_loop", "compiled (ms/step)",
-              "decode_loop"]
+    header = ["state", "rounding"] + [part for name in ways for part in (f"{name} (ms/step)", "decode_loop")]
     text = markdown_table(header, rows)
     print(text)
     shape = ", ".join(f"{k} {v}" for k, v in SHAPE.items())

@@ -1,0 +1,156 @@
+"""drift.follow_kernel: the float64 side of a decode step in one Triton kernel, against the eager drift.follow."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree
+from ssmcheck.drift.follow_kernel import follow_triton
+from ssmcheck.drift.stats import row_totals
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, rounding, softplus, gate, strided,
+               tied, input_dtype, poison):
+    """A step's arguments as drift.lockstep passes them, drawn from `seed`: a state that has run a while (some rows
+    in fp16's subnormal range, some large), the kernel's store of the next state and its output."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = DTYPES[state_dtype]
+    shape = (batch, nheads, headdim, dstate)
+    ref = torch.randn(shape, generator=g, dtype=torch.float64) * torch.logspace(-7, 2, headdim,
+                                                                                  dtype=torch.float64)[:, None]
+    before = ref.to(dtype)
+    baseline = before.double()
+    if strided:  # x, dt, z as views into one buffer per row, as a serving engine's projections are
+        wide = torch.randn((batch, nheads, 3 * headdim), generator=g).to(input_dtype)
+        x, dt, z = wide[..., :headdim], wide[..., headdim:2 * headdim], wide[..., 2 * headdim:]
+    else:
+        x, dt, z = (torch.randn((batch, nheads, headdim), generator=g).to(input_dtype) for _ in range(3))
+    if tied:  # Mamba2: dt, A, D, dt_bias one value per head
+        dt = dt[..., :1].expand(x.shape)
+        A = -torch.rand((nheads, 1, 1), generator=g, dtype=torch.float64).expand(nheads, headdim, dstate) * 4
+        D = torch.randn((nheads, 1), generator=g, dtype=torch.float64).expand(nheads, headdim)
+        dt_bias = torch.randn((nheads, 1), generator=g, dtype=torch.float64).expand(nheads, headdim)
+    else:
+        A = -torch.rand((nheads, headdim, dstate), generator=g, dtype=torch.float64) * 4
+        D = torch.randn((nheads, headdim), generator=g, dtype=torch.float64)
+        dt_bias = torch.randn((nheads, headdim), generator=g, dtype=torch.float64)
+    if not softplus:
+        dt = dt.abs()
+    B, C = (torch.randn((batch, ngroups, dstate), generator=g).to(input_dtype) for _ in range(2))
+    # The kernel's results: its state a little off the exact update, its output the reference's, a few poisoned.
+    ref_out, _ = follow(ref=before.double().clone(), baseline=before.double().clone(), before=before,
+                       after=before.clone(), out=x.float(), x=x, dt=dt, z=z if gate else None, A=A, B=B, C=C, D=D,
+                       dt_bias=dt_bias, sums=torch.zeros((5, batch, nheads, headdim), dtype=torch.float64),
+                       tripped=torch.zeros((batch, nheads, headdim), dtype=torch.bool), uniform=None,
+                        dt_softplus=softplus, dtype=dtype, rounding="nearest")
+    after = (before.double() * 1.001).to(dtype)
+    out = ref_out.to(x.dtype)
+    if poison:
+        after.view(-1)[torch.randint(after.numel(), (3,), generator=g)] = float("nan")
+        after.view(-1)[torch.randint(after.numel(), (2,), generator=g)] = float("inf")
+        out.view(-1)[torch.randint(out.numel(), (2,), generator=g)] = float("nan")
+        after[0, 0, 0, :] = 0.0  # a row flushed: fp16's subnormal stores counted
+    sums = torch.rand((5, batch, nheads, headdim), generator=g, dtype=torch.float64)
+    tripped = torch.rand((batch, nheads, headdim), generator=g) < 0.1
+    uniform = torch.rand(shape, generator=g, dtype=torch.float64) if rounding == "stochastic" else None
+    return dict(ref=ref, baseline=baseline, before=before, after=after, out=out, x=x, dt=dt, z=z if gate else None,
+                A=A, B=B, C=C, D=D, dt_bias=dt_bias, sums=sums, tripped=tripped, uniform=uniform,
+                dt_softplus=softplus, dtype=dtype, rounding=rounding)
+
+
+def _both(arguments):
+    """(the kernel's written arguments and results, the eager step's), each on copies of what it writes."""
+    mine = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+    eager = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+    return (mine, follow_triton(**mine)), (eager, follow(**eager))
+
+
+def _assert_same_step(arguments):
+    (mine, mine_outs), (eager, eager_outs) = _both(arguments)
+    # The baseline bit for bit (its rounding is what drift compares stochastic rounding with), the flag exactly.
+    assert torch.equal(mine["baseline"].view(torch.int64), eager["baseline"].view(torch.int64))
+    assert torch.equal(mine["tripped"], eager["tripped"])
+    torch.testing.assert_close(mine["ref"], eager["ref"], rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True)
+    torch.testing.assert_close(row_totals(mine["sums"]), row_totals(eager["sums"]), rtol=AGREEMENT_RTOL, atol=0.0)
+    torch.testing.assert_close(mine["sums"][[0, 3, 4]], eager["sums"][[0, 3, 4]], rtol=0.0, atol=0.0)  # counts
+    for value, expected in zip(mine_outs, eager_outs):
+        assert sums_agree(value, expected)
+
+
+@pytest.mark.parametrize("state_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_the_kernels_step_is_the_eager_steps(state_dtype, rounding):
+    _assert_same_step(_arguments(1, batch=2, nheads=4, ngroups=2, headdim=24, dstate=40, state_dtype=state_dtype,
+                                 rounding=rounding, softplus=True, gate=False, strided=False, tied=True,
+                                 input_dtype=torch.float32, poison=True))
+
+
+def test_an_fp32_state_with_a_gate_and_untied_parameters():
+    _assert_same_step(_arguments(2, batch=2, nheads=3, ngroups=1, headdim=72, dstate=16, state_dtype="fp32",
+                                 rounding="nearest", softplus=True, gate=True, strided=True, tied=False,
+                                 input_dtype=torch.float32, poison=True))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31 - 1), state_dtype=st.sampled_from(["fp16", "bf16"]),
+       rounding=st.sampled_from(["nearest", "stochastic"]), heads=st.sampled_from([(1, 1), (4, 2), (6, 3)]),
+       headdim=st.integers(1, 40), dstate=st.sampled_from([1, 5, 16, 40, 128]), softplus=st.booleans(),
+       gate=st.booleans(), strided=st.booleans(), tied=st.booleans(),
+       input_dtype=st.sampled_from([torch.float32, torch.bfloat16]), poison=st.booleans())
+def test_any_layout_and_flags_step_as_the_eager_step(seed, state_dtype, rounding, heads, headdim, dstate, softplus,
+                                                      gate, strided, tied, input_dtype, poison):
+    nheads, ngroups = heads
+    _assert_same_step(_arguments(seed, batch=2, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
+                                 state_dtype=state_dtype, rounding=rounding, softplus=softplus, gate=gate,
+                                 strided=strided, tied=tied, input_dtype=input_dtype, poison=poison))
+
+
+def test_a_changed_rounding_is_seen():
+    """The comparison above can fail: the baseline rounded to nearest where the step asked for stochastic."""
+    arguments = _arguments(3, batch=1, nheads=2, ngroups=1, headdim=8, dstate=16, state_dtype="fp16",
+                           rounding="stochastic", softplus=True, gate=False, strided=False, tied=True,
+                           input_dtype=torch.float32, poison=False)
+    mine = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+    eager = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+    follow_triton(**{**mine, "rounding": "nearest"})
+    follow(**eager)
+    assert not torch.equal(mine["baseline"], eager["baseline"])
+
+
+@pytest.mark.gpu
+def test_the_kernel_passes_the_followers_check_in_every_regimes_real_steps(monkeypatch):
+    """As drift.lockstep runs it on CUDA: a Follower checks the kernel's first step against the eager one and keeps
+    it only where they agree (to within 1e-12 of the store sums' totals, which cancel: only an exp and a log1p
+    computed as the eager step's do that, so this holds on a GPU, where both are libdevice's, and not in the
+    interpreter, whose exp is numpy's). In every regime's layouts (views, per-channel parameters and a gate, bf16
+    inputs, fp16 subnormal states, no softplus, an fp32 state) it is kept, and every later step is its own."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from ssmcheck import api  # noqa: PLC0415
+    from ssmcheck.drift import ahead  # noqa: PLC0415
+    from ssmcheck.drift import follow as follow_module  # noqa: PLC0415
+
+    calls = []
+
+    def counted(**arguments):
+        calls.append(arguments["rounding"])
+        return follow_triton(**arguments)
+
+    monkeypatch.setattr(follow_module, "_compiled", lambda: counted)
+    plan = api.plan_drift("builtin", "default", device="cuda")
+    seen = set()
+    for case in plan.cases:  # one of each compile group: every layout, flag, dtype and rounding the preset has
+        if ahead.compile_group(case) in seen:
+            continue
+        seen.add(ahead.compile_group(case))
+        calls.clear()
+        result = plan.runner(replace(case, steps=16, trials=1), lambda: None)
+        assert result.status.value == "pass", (case.id, result.verdict.message)
+        assert "float64 step eager" not in result.run.decode_loop, (case.id, result.run.decode_loop)
+        assert len(calls) >= 3, case.id  # its check, the graph's capture, the eager step the replay is checked by
+    assert len(seen) >= 20
