@@ -72,9 +72,9 @@ def _floor_log2(magnitude):
 
 @triton.jit
 def _round_nearest(v, NARROW: tl.constexpr):
-    """float64 -> the storage dtype to nearest even, back in float64 (rounding.naive.round_to, "nearest"): into
-    fp16/bf16 through float32 rounded to odd, so that nothing is rounded twice; the narrow dtype's value is
-    computed here as float32 rounded once more at its precision by the caller's conversion."""
+    """float64 -> float32, the first half of rounding into the storage dtype to nearest even (rounding.naive.round_to,
+    "nearest"): for fp16/bf16 rounded to odd, so that the caller's conversion into them rounds correctly (nothing
+    is rounded twice); for an fp32 state to nearest, the whole rounding."""
     y = v.to(tl.float32)
     if NARROW:
         back = y.to(tl.float64)
