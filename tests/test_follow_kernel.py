@@ -63,10 +63,14 @@ def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, ro
                 dt_softplus=softplus, dtype=dtype, rounding=rounding)
 
 
+def _copies(arguments):
+    """`arguments` with copies of what a step writes."""
+    return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+
+
 def _both(arguments):
     """(the kernel's written arguments and results, the eager step's), each on copies of what it writes."""
-    mine = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
-    eager = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+    mine, eager = _copies(arguments), _copies(arguments)
     return (mine, follow_triton(**mine)), (eager, follow(**eager))
 
 
@@ -115,8 +119,7 @@ def test_a_changed_rounding_is_seen():
     arguments = _arguments(3, batch=1, nheads=2, ngroups=1, headdim=8, dstate=16, state_dtype="fp16",
                            rounding="stochastic", softplus=True, gate=False, strided=False, tied=True,
                            input_dtype=torch.float32, poison=False)
-    mine = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
-    eager = {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+    mine, eager = _copies(arguments), _copies(arguments)
     follow_triton(**{**mine, "rounding": "nearest"})
     follow(**eager)
     assert not torch.equal(mine["baseline"], eager["baseline"])

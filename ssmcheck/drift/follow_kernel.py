@@ -38,13 +38,15 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
     block_p = min(triton.next_power_of_2(headdim), max(1, TILE // block_n))
     stochastic = rounding == "stochastic"
     smallest, normal = subnormal_range(dtype)
+    gate = z if z is not None else x  # (unread without a gate; likewise the draws to nearest)
+    draws = uniform if stochastic else ref
     grid = (batch * nheads, triton.cdiv(headdim, block_p))
     _follow_kernel[grid](
-        ref, baseline, before, after, out, x, dt, z if z is not None else x, A, B, C, D, dt_bias, sums, tripped,
-        uniform if stochastic else ref, ref_out, baseline_out,
+        ref, baseline, before, after, out, x, dt, gate, A, B, C, D, dt_bias, sums, tripped, draws, ref_out,
+        baseline_out,
         *ref.stride(), *baseline.stride(), *before.stride(), *after.stride(), *out.stride(), *x.stride(),
-        *dt.stride(), *(z if z is not None else x).stride(), *A.stride(), *B.stride(), *C.stride(), *D.stride(),
-        *dt_bias.stride(), *sums.stride(), *tripped.stride(), *(uniform if stochastic else ref).stride(),
+        *dt.stride(), *gate.stride(), *A.stride(), *B.stride(), *C.stride(), *D.stride(),
+        *dt_bias.stride(), *sums.stride(), *tripped.stride(), *draws.stride(),
         nheads, headdim, dstate, nheads // ngroups,
         DT_SOFTPLUS=dt_softplus, HAS_Z=z is not None, STOCHASTIC=stochastic, NARROW=dtype != torch.float32,
         EMIN=fmt.emin, MANTISSA_BITS=fmt.mantissa_bits, OVERFLOW=2.0 ** (fmt.emax + 1),
