@@ -14,6 +14,7 @@ from ssmcheck.drift.stats import (
     FLUSH_MIN_STORES,
     SignedErrorMoments,
     crossing_step,
+    error_sums,
     flushes_subnormals,
     growth_exponent,
     is_biased,
@@ -70,10 +71,16 @@ def test_growth_exponent_needs_three_usable_points():
     assert growth_exponent([1, 2, 4], [1e-3, 2e-3, 4e-3]) == pytest.approx(1.0)
 
 
+def _added(moments: SignedErrorMoments, errors: torch.Tensor) -> SignedErrorMoments:
+    """`moments` with signed `errors` (no subnormal counts) added to its running sums, as drift.follow adds a step's."""
+    moments.running(errors.device)[:3].add_(error_sums(errors))
+    return moments
+
+
 def _moments(samples: torch.Tensor) -> SignedErrorMoments:
     moments = SignedErrorMoments()
-    for chunk in samples.split(1000):  # accumulated store by store, as the runner does
-        moments.add(chunk)
+    for chunk in samples.split(1000):  # a chunk at a time, as the steps add theirs
+        _added(moments, chunk)
     return moments
 
 
@@ -151,9 +158,9 @@ def test_bias_above_the_floor_needs_significance():
 
 def test_moments_ignore_nonfinite_samples_and_need_two():
     moments = SignedErrorMoments()
-    moments.add(torch.tensor([math.nan, math.inf, 0.25]))
+    _added(moments, torch.tensor([math.nan, math.inf, 0.25]))
     assert moments.count == 1 and moments.z is None
-    moments.add(torch.tensor([0.25]))
+    _added(moments, torch.tensor([0.25]))
     assert moments.z == math.inf  # constant nonzero errors: certain
 
 

@@ -11,7 +11,7 @@ from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.drift.results import Checkpoint, DriftRun, NonfiniteStep
 from ssmcheck.drift.spec import build_cases as drift_cases
 from ssmcheck.drift.spec import resolve as drift_settings
-from ssmcheck.drift.stats import SignedErrorMoments
+from ssmcheck.drift.stats import SignedErrorMoments, error_sums
 from ssmcheck.drift.verdict import judge as judge_drift
 from ssmcheck.scan.results import Comparison, ErrorStats, NonfiniteToken
 from ssmcheck.scan.verdict import judge as judge_scan
@@ -84,7 +84,8 @@ def test_drift_nonfinite_names_step_trial_and_element():
 
 def test_drift_bias_is_judged_for_stochastic_rounding_only():
     biased = SignedErrorMoments()
-    biased.add(torch.full((10_000,), -0.25) + 0.01 * torch.randn(10_000, generator=torch.Generator().manual_seed(0)))
+    errors = torch.full((10_000,), -0.25) + 0.01 * torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    biased.running(errors.device)[:3].add_(error_sums(errors))  # as a step adds its stores' errors
     base = [1e-3] * 4
     sr = judge_drift(_drift_case("stochastic"), _run(base, base, store_errors=biased), Tolerance())
     assert sr.status is Status.FAIL and sr.message.startswith("biased: mean rounding error -0.25 ulp per store")
@@ -96,7 +97,8 @@ def test_drift_stores_off_by_more_than_an_ulp_are_a_computation_error_not_a_roun
     """A stochastic rounding errs by less than an ulp per store: stores 1.4 ulp off on average (a wrong parameter)
     are named as another value computed, not as a biased rounding."""
     off = SignedErrorMoments()
-    off.add(torch.full((10_000,), -1.37) + 0.3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1)))
+    errors = torch.full((10_000,), -1.37) + 0.3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    off.running(errors.device)[:3].add_(error_sums(errors))
     base = [1e-3] * 4
     verdict = judge_drift(_drift_case("stochastic"), _run(base, base, store_errors=off), Tolerance())
     assert verdict.status is Status.FAIL

@@ -76,7 +76,7 @@ class SignedErrorMoments:
     """Running count, sum and sum of squares of signed errors, for the bias z-test, and the counts of stores
     whose exact value is subnormal and of those stored as zero (store_sums).
 
-    `add` runs at every decode step, so the sums stay on the errors' device and are
+    Every decode step adds to them in place (`running`, drift.follow), so the sums stay on the device and are
     read back only when a statistic is asked for: no wait on the device per step.
     """
 
@@ -84,10 +84,6 @@ class SignedErrorMoments:
         # float64 (count, total, total of squares, subnormal stores, of them stored as zero), each per state row
         # where the sums come from store_sums (summed over the rows when read)
         self._sums: torch.Tensor | None = None
-
-    def add(self, errors: torch.Tensor) -> None:
-        """Signed errors alone (no subnormal counts)."""
-        self.running(errors.device, errors.shape[:-1])[:3].add_(error_sums(errors, dim=-1))
 
     def running(self, device: torch.device, rows: tuple[int, ...] = ()) -> torch.Tensor:
         """The running sums themselves (store_sums' layout, shape (5, *rows)), zeros until something is added:
