@@ -17,6 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interpreter_bounds import bounds_checked
 from ssmcheck.core.tolerance import tolerance_limit, within_tolerance
 from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
@@ -325,6 +326,47 @@ def test_random_shapes_match_reference(seed, dtype, chunk_size, seqlen, nheads_g
     check_case(case, "cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _gpu_tiles(patch) -> None:
+    """Make the stages tile as on a GPU (loops over row, column and channel blocks), here in the interpreter."""
+    from ssmcheck.ops.chunk_scan import chunk_cb, chunk_output, chunk_state  # noqa: PLC0415
+
+    for stage in (chunk_cb, chunk_output, chunk_state):
+        gpu = stage.default_config
+        # The stages pass `interpret` last: dropped, the GPU's configuration comes back.
+        patch.setattr(stage, "default_config", lambda *a, _gpu=gpu: _gpu(*a[:-1]))
+
+
+@pytest.mark.cpu
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    chunk_size=st.sampled_from([16, 32, 64]),
+    seqlen=st.integers(1, 90),
+    nheads_groups=st.sampled_from([(1, 1), (3, 3), (4, 2)]),
+    headdim=st.sampled_from([8, 12, 48]),  # 12 and 48: a partial last block of channels
+    dstate=st.sampled_from([8, 20, 40]),  # 20 and 40: a partial last block of state columns
+    varlen_cuts=st.lists(st.integers(0, 90), max_size=4),
+    state_dtype=st.sampled_from([torch.float32, torch.float16]),
+    gpu_tiles=st.booleans(),
+)
+def test_every_load_and_store_stays_inside_the_arguments(seed, chunk_size, seqlen, nheads_groups, headdim, dstate,
+                                                         varlen_cuts, state_dtype, gpu_tiles):
+    """Every access of every stage's programs lies inside one of the launch's tensors (tests/interpreter_bounds.py: on
+    a GPU one past every allocation may fault and end the process's CUDA context), with the interpreter's
+    whole-chunk tiles and with the GPU's blocks, partial ones at the ends of chunks, channels and state columns."""
+    cuts = sorted({c for c in varlen_cuts if 0 < c < seqlen})
+    cu = [0, *cuts, seqlen] if varlen_cuts else None
+    nheads, ngroups = nheads_groups
+    case = Case(batch=1 if cu else 2, seqlen=seqlen, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
+                chunk_size=chunk_size, cu_seqlens=cu, state_dtype=state_dtype,
+                rounding="stochastic" if state_dtype == torch.float16 else "nearest", seed=seed)
+    with pytest.MonkeyPatch.context() as patch, bounds_checked() as seen:
+        if gpu_tiles:
+            _gpu_tiles(patch)
+        run_kernel(case, draw(case, "cpu"))
+    assert seen.launches > 0 and seen.outside == []
+
+
 # --- GPU (compiled): Mamba2 sizes -----------------------------------------------------------------------
 
 MAMBA2 = dict(nheads=32, headdim=64, ngroups=1, dstate=128)  # Mamba2-780m widths (the 2.7B has 80 heads)
@@ -425,12 +467,9 @@ def test_the_gpus_tiling_passes_the_smoke_preset_in_the_interpreter(monkeypatch)
     """The interpreter runs whole-chunk tiles; the GPU's smaller tiles (loops over row and column blocks,
     partial blocks at chunk ends, headdim split into blocks) must stay correct on the CPU too."""
     import ssmcheck
-    from ssmcheck.ops.chunk_scan import chunk_cb, chunk_output, chunk_state
+    from ssmcheck.ops.chunk_scan import chunk_output
 
-    for stage in (chunk_cb, chunk_output, chunk_state):
-        gpu = stage.default_config
-        # The stages pass `interpret` last: dropped, the GPU's configuration comes back.
-        monkeypatch.setattr(stage, "default_config", lambda *a, _gpu=gpu: _gpu(*a[:-1]))
+    _gpu_tiles(monkeypatch)
     assert chunk_output.default_config(48, 16, 64, True)["BLOCK_K"] == 32
     report = ssmcheck.scan(preset="smoke", headdim="48")  # 48 channels: blocks of 64 with a masked part
     assert report.summary["pass"] == len(report.cases) > 0

@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sr_model
+from interpreter_bounds import bounds_checked
 
 from ssmcheck.core import runtime
 from ssmcheck.ops import interpreting
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS
-from ssmcheck.ops.state_update.fused_recurrent import selective_state_update
+from ssmcheck.ops.state_update.fused_recurrent import PAD_SLOT_ID, selective_state_update
 from ssmcheck.ops.state_update.naive import state_update_step
 
 DEVICE = runtime.environment().device
@@ -215,6 +216,29 @@ def test_gpu_launch_configuration_in_the_interpreter(state_dtype, launch, monkey
     for rounding in ("nearest",) if state_dtype == torch.float32 else ("nearest", "stochastic"):
         _check_step(Inputs(11, 2, 2, 1, 12, 128, state_dtype=state_dtype, tie_a=True, tie_dt=True), rounding=rounding,
                     seed=3)
+
+
+@pytest.mark.cpu
+@settings(max_examples=20, deadline=None)
+@given(case=_cases(), launch=st.sampled_from(LAUNCHES), pool=st.booleans())
+def test_every_load_and_store_stays_inside_the_arguments(case, launch, pool):
+    """Every access of every program, in each launch plan, lies inside one of the launch's tensors
+    (tests/interpreter_bounds.py: on a GPU one past every allocation may fault and end the process's CUDA context);
+    with `pool`, the rows' states taken from a pool of twice as many slots, in random order, the first row a pad."""
+    rounding = case.pop("rounding")
+    inp = Inputs(**case)
+    with pytest.MonkeyPatch.context() as patch, bounds_checked() as seen:
+        _launch_as(launch, patch)
+        if pool:
+            g = torch.Generator().manual_seed(case["seed"])
+            states = torch.cat([inp.state, inp.state.flip(0)])
+            slots = torch.randperm(len(states), generator=g)[:case["batch"]].to(DEVICE)
+            slots[0] = PAD_SLOT_ID
+            selective_state_update(states, *inp.args(inp.state)[1:], state_batch_indices=slots, rounding=rounding,
+                                   seed=case["seed"])
+        else:
+            _check_step(inp, rounding=rounding, seed=case["seed"])
+    assert seen.launches > 0 and seen.outside == []
 
 
 # --- refusals ---------------------------------------------------------------------------------------
