@@ -7,17 +7,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ssmcheck.core import runtime
 from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree
 from ssmcheck.drift.follow_kernel import follow_triton
 from ssmcheck.drift.stats import row_totals
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DEVICE = runtime.environment().device  # compiled on a GPU, the interpreter on the CPU
 
 
 def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, rounding, softplus, gate, strided,
                tied, input_dtype, poison):
-    """A step's arguments as drift.lockstep passes them, drawn from `seed`: a state that has run a while (some rows
-    in fp16's subnormal range, some large), the kernel's store of the next state and its output."""
+    """A step's arguments as drift.lockstep passes them, drawn from `seed` (on the CPU, then moved to DEVICE): a state
+    that has run a while (some rows in fp16's subnormal range, some large), the kernel's store of the next state and
+    its output."""
     g = torch.Generator().manual_seed(seed)
     dtype = DTYPES[state_dtype]
     shape = (batch, nheads, headdim, dstate)
@@ -58,9 +61,24 @@ def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, ro
     sums = torch.rand((5, batch, nheads, headdim), generator=g, dtype=torch.float64)
     tripped = torch.rand((batch, nheads, headdim), generator=g) < 0.1
     uniform = torch.rand(shape, generator=g, dtype=torch.float64) if rounding == "stochastic" else None
-    return dict(ref=ref, baseline=baseline, before=before, after=after, out=out, x=x, dt=dt, z=z if gate else None,
-                A=A, B=B, C=C, D=D, dt_bias=dt_bias, sums=sums, tripped=tripped, uniform=uniform,
-                dt_softplus=softplus, dtype=dtype, rounding=rounding)
+    tensors = dict(ref=ref, baseline=baseline, before=before, after=after, out=out, x=x, dt=dt,
+                   z=z if gate else None, A=A, B=B, C=C, D=D, dt_bias=dt_bias, sums=sums, tripped=tripped,
+                   uniform=uniform)
+    # Views keep their layout: x, dt and z stay views of one buffer, A, D and dt_bias expanded.
+    moved = _moved({name: t for name, t in tensors.items() if t is not None})
+    return dict(**{name: moved.get(name) for name in tensors}, dt_softplus=softplus, dtype=dtype, rounding=rounding)
+
+
+def _moved(tensors: dict) -> dict:
+    """`tensors` on DEVICE, each with its strides and offset in a copy of its storage (one copy per storage)."""
+    storages = {}
+    moved = {}
+    for name, t in tensors.items():
+        key = t.untyped_storage().data_ptr()
+        if key not in storages:
+            storages[key] = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).to(DEVICE)
+        moved[name] = storages[key].as_strided(t.shape, t.stride(), t.storage_offset())
+    return moved
 
 
 def _copies(arguments):
