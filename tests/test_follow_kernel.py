@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from interpreter_bounds import bounds_checked
 from ssmcheck.core import runtime
+from ssmcheck.core.fences import Fenced
 from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree
 from ssmcheck.drift.follow_kernel import follow_triton
 from ssmcheck.drift.stats import row_totals
@@ -86,14 +88,17 @@ def _copies(arguments):
     return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
 
 
-def _both(arguments):
-    """(the kernel's written arguments and results, the eager step's), each on copies of what it writes."""
+def _both(arguments, fenced=None):
+    """(the kernel's written arguments and results, the eager step's), each on copies of what it writes; the
+    kernel's, with `fenced` (core.fences.Fenced of the arguments' tensors), on its copies between NaN fences."""
     mine, eager = _copies(arguments), _copies(arguments)
+    if fenced is not None:
+        mine = {**arguments, **fenced.tensors}
     return (mine, follow_triton(**mine)), (eager, follow(**eager))
 
 
-def _assert_same_step(arguments):
-    (mine, mine_outs), (eager, eager_outs) = _both(arguments)
+def _assert_same_step(arguments, fenced=None):
+    (mine, mine_outs), (eager, eager_outs) = _both(arguments, fenced)
     # The baseline bit for bit (its rounding is what drift compares stochastic rounding with), the flag exactly.
     assert torch.equal(mine["baseline"].view(torch.int64), eager["baseline"].view(torch.int64))
     assert torch.equal(mine["tripped"], eager["tripped"])
@@ -130,6 +135,35 @@ def test_any_layout_and_flags_step_as_the_eager_step(seed, state_dtype, rounding
     _assert_same_step(_arguments(seed, batch=2, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
                                  state_dtype=state_dtype, rounding=rounding, softplus=softplus, gate=gate,
                                  strided=strided, tied=tied, input_dtype=input_dtype, poison=poison))
+
+
+@pytest.mark.cpu
+@settings(max_examples=16, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31 - 1), rounding=st.sampled_from(["nearest", "stochastic"]),
+       headdim=st.integers(1, 40), dstate=st.sampled_from([1, 5, 16, 40, 128]), gate=st.booleans(),
+       strided=st.booleans(), tied=st.booleans())
+# Padded rows and columns in every tile (headdim 5 of 8, dstate 40 of 64), per-channel parameters, views.
+@example(seed=1, rounding="stochastic", headdim=5, dstate=40, gate=True, strided=True, tied=False)
+def test_every_read_and_write_stays_inside_its_argument(seed, rounding, headdim, dstate, gate, strided, tied):
+    """On a GPU an access past every allocation may fault and end the sweep's CUDA context, which the Follower's check
+    against the eager step cannot catch: ruled out here, in the interpreter, for every layout. Every access lies
+    inside one of the launch's tensors (tests/interpreter_bounds.py), and every floating-point argument lies in a
+    buffer of its own with NaN on both sides (core.fences): a read past one would bring NaN into what the step
+    computes where the eager step's is finite, a write past one would be seen in the fences. (Values are compared
+    elsewhere: here, on finite inputs, an untied decay's exp, numpy's in the interpreter and torch's in the eager
+    step, may differ in a last bit that a cancelling state element shows beyond 1e-12 of itself.)"""
+    arguments = _arguments(seed, batch=2, nheads=4, ngroups=2, headdim=headdim, dstate=dstate, state_dtype="fp16",
+                           rounding=rounding, softplus=True, gate=gate, strided=strided, tied=tied,
+                           input_dtype=torch.float32, poison=False)
+    with bounds_checked() as seen:  # on the arguments as they are (a fenced one's storage holds its fences)
+        _both(arguments)
+    assert seen.launches == 1 and seen.outside == []
+    fenced = Fenced({name: value for name, value in arguments.items() if isinstance(value, torch.Tensor)})
+    (mine, mine_outs), (eager, eager_outs) = _both(arguments, fenced)
+    assert fenced.breached() is None
+    for value, expected in [*((mine[name], eager[name]) for name in MUTATED), *zip(mine_outs, eager_outs)]:
+        assert torch.equal(value.isnan(), expected.isnan())
+    assert torch.equal(mine["tripped"], eager["tripped"])
 
 
 def test_a_changed_rounding_is_seen():
