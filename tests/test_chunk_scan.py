@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interpreter_bounds import bounds_checked
+from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core.tolerance import tolerance_limit, within_tolerance
 from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
@@ -351,7 +351,7 @@ def _gpu_tiles(patch) -> None:
 )
 def test_every_load_and_store_stays_inside_the_arguments(seed, chunk_size, seqlen, nheads_groups, headdim, dstate,
                                                          varlen_cuts, state_dtype, gpu_tiles):
-    """Every access of every stage's programs lies inside one of the launch's tensors (tests/interpreter_bounds.py: on
+    """Every access of every stage's programs lies inside one of the launch's tensors (core.accesses: on
     a GPU one past every allocation may fault and end the process's CUDA context), with the interpreter's
     whole-chunk tiles and with the GPU's blocks, partial ones at the ends of chunks, channels and state columns."""
     cuts = sorted({c for c in varlen_cuts if 0 < c < seqlen})
@@ -360,11 +360,11 @@ def test_every_load_and_store_stays_inside_the_arguments(seed, chunk_size, seqle
     case = Case(batch=1 if cu else 2, seqlen=seqlen, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
                 chunk_size=chunk_size, cu_seqlens=cu, state_dtype=state_dtype,
                 rounding="stochastic" if state_dtype == torch.float16 else "nearest", seed=seed)
-    with pytest.MonkeyPatch.context() as patch, bounds_checked() as seen:
+    with pytest.MonkeyPatch.context() as patch, checked_accesses() as seen:
         if gpu_tiles:
             _gpu_tiles(patch)
         run_kernel(case, draw(case, "cpu"))
-    assert seen.launches > 0 and seen.outside == []
+    assert seen.launches > 0 and seen.outside() is None
 
 
 # --- GPU (compiled): Mamba2 sizes -----------------------------------------------------------------------

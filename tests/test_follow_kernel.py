@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from interpreter_bounds import bounds_checked
+from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
 from ssmcheck.core.fences import Fenced
 from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree
@@ -147,7 +147,7 @@ def test_any_layout_and_flags_step_as_the_eager_step(seed, state_dtype, rounding
 def test_every_read_and_write_stays_inside_its_argument(seed, rounding, headdim, dstate, gate, strided, tied):
     """On a GPU an access past every allocation may fault and end the sweep's CUDA context, which the Follower's check
     against the eager step cannot catch: ruled out here, in the interpreter, for every layout. Every access lies
-    inside one of the launch's tensors (tests/interpreter_bounds.py), and every floating-point argument lies in a
+    inside one of the launch's tensors (core.accesses), and every floating-point argument lies in a
     buffer of its own with NaN on both sides (core.fences): a read past one would bring NaN into what the step
     computes where the eager step's is finite, a write past one would be seen in the fences. (Values are compared
     elsewhere: here, on finite inputs, an untied decay's exp, numpy's in the interpreter and torch's in the eager
@@ -155,9 +155,9 @@ def test_every_read_and_write_stays_inside_its_argument(seed, rounding, headdim,
     arguments = _arguments(seed, batch=2, nheads=4, ngroups=2, headdim=headdim, dstate=dstate, state_dtype="fp16",
                            rounding=rounding, softplus=True, gate=gate, strided=strided, tied=tied,
                            input_dtype=torch.float32, poison=False)
-    with bounds_checked() as seen:  # on the arguments as they are (a fenced one's storage holds its fences)
+    with checked_accesses() as seen:  # on the arguments as they are (a fenced one's storage holds its fences)
         _both(arguments)
-    assert seen.launches == 1 and seen.outside == []
+    assert seen.launches == 1 and seen.outside() is None
     fenced = Fenced({name: value for name, value in arguments.items() if isinstance(value, torch.Tensor)})
     (mine, mine_outs), (eager, eager_outs) = _both(arguments, fenced)
     assert fenced.breached() is None

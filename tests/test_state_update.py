@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sr_model
-from interpreter_bounds import bounds_checked
 
+from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
 from ssmcheck.ops import interpreting
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS
@@ -223,11 +223,11 @@ def test_gpu_launch_configuration_in_the_interpreter(state_dtype, launch, monkey
 @given(case=_cases(), launch=st.sampled_from(LAUNCHES), pool=st.booleans())
 def test_every_load_and_store_stays_inside_the_arguments(case, launch, pool):
     """Every access of every program, in each launch plan, lies inside one of the launch's tensors
-    (tests/interpreter_bounds.py: on a GPU one past every allocation may fault and end the process's CUDA context);
+    (core.accesses: on a GPU one past every allocation may fault and end the process's CUDA context);
     with `pool`, the rows' states taken from a pool of twice as many slots, in random order, the first row a pad."""
     rounding = case.pop("rounding")
     inp = Inputs(**case)
-    with pytest.MonkeyPatch.context() as patch, bounds_checked() as seen:
+    with pytest.MonkeyPatch.context() as patch, checked_accesses() as seen:
         _launch_as(launch, patch)
         if pool:
             g = torch.Generator().manual_seed(case["seed"])
@@ -238,7 +238,7 @@ def test_every_load_and_store_stays_inside_the_arguments(case, launch, pool):
                                    seed=case["seed"])
         else:
             _check_step(inp, rounding=rounding, seed=case["seed"])
-    assert seen.launches > 0 and seen.outside == []
+    assert seen.launches > 0 and seen.outside() is None
 
 
 # --- refusals ---------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ What it prints goes to a transcript (core.capture); what it allocates uninitiali
 the call become KernelExit, the case's own failure: exactly these two beyond Exception, not
 BaseException, because a user's Ctrl-C arrives as core.execution.Interrupted and must end the
 sweep, not this case; and SIGINT/SIGTERM are the sweep's again after the call, whatever native code the
-kernel loaded (core.execution.reclaim_signals). Both commands' adapters call their kernels through here.
+kernel loaded (core.execution.reclaim_signals). In Triton's interpreter its programs cannot load or store
+outside their launch's tensors (core.accesses): where one tried, the call is the case's error (KernelOutsideMemory)
+instead of a corrupted or killed process. Both commands' adapters call their kernels through here.
 """
 
 from __future__ import annotations
@@ -18,13 +20,21 @@ from pathlib import Path
 
 import torch
 
+from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core.capture import Transcript, captured_stdout
 from ssmcheck.core.execution import reclaim_signals
 from ssmcheck.core.poison import uninitialised_as_nan
 
 
 class KernelExit(RuntimeError):
-    """The kernel raised SystemExit or KeyboardInterrupt; the message is the whole description."""
+    """The kernel's call ended in a way this module describes itself (it raised SystemExit or KeyboardInterrupt, or
+    accessed memory outside its tensors: KernelOutsideMemory); the message is the whole description."""
+
+
+class KernelOutsideMemory(KernelExit):
+    """A Triton program of the kernel, run by Triton's interpreter, loaded or stored outside every tensor of its
+    launch (core.accesses): the case's error, found and kept from memory, where it could have corrupted the process
+    or ended it."""
 
 
 def describe(exc: BaseException) -> str:
@@ -73,12 +83,17 @@ def guarded_call(fn: Callable, args: tuple, kwargs: dict, transcript: Transcript
     """fn(*args, **kwargs), its printing kept in `transcript` (discarded without one), its uninitialised
     allocations NaN and its RuntimeWarnings dropped: numpy's, from Triton's interpreter evaluating masked
     lanes (an exp that overflows, a division by zero), say nothing about the results, which are judged
-    afterwards. Raises what the kernel raised, or KernelExit."""
+    afterwards. In Triton's interpreter its programs keep to their tensors' memory (core.accesses). Raises what the
+    kernel raised, or KernelExit (KernelOutsideMemory where a program reached outside its tensors)."""
     try:
         with captured_stdout(transcript if transcript is not None else Transcript()), uninitialised_as_nan(), \
-                warnings.catch_warnings():
+                checked_accesses() as accesses, warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+        outside = accesses.outside()
+        if outside is not None:
+            raise KernelOutsideMemory(outside)
+        return result
     except SystemExit as exc:
         raise KernelExit(f"SystemExit: {exc.code} (the kernel called sys.exit)") from exc
     except KeyboardInterrupt as exc:
