@@ -37,11 +37,13 @@ class Accesses:
 
     def outside(self) -> str | None:
         """One line on what was accessed outside, or None."""
-        parts = [f"{verb} {count} element(s) outside every tensor of its launch{consequence}"
-                 for seen, verb, consequence in (
-                     (self.stores_outside, "stored", " (on a GPU: another allocation overwritten, or a fault)"),
-                     (self.loads_outside, "loaded", " (on a GPU: whatever lies there, or a fault)"))
-                 for count in [sum(seen.values())] if count]
+        parts = []
+        for counts, verb, consequence in (
+                (self.stores_outside, "stored", "another allocation overwritten, or a fault"),
+                (self.loads_outside, "loaded", "whatever lies there, or a fault")):
+            if counts:
+                parts.append(f"{verb} {sum(counts.values())} element(s) outside every tensor of its launch (on a GPU: "
+                             f"{consequence})")
         if not parts:
             return None
         programs = sorted({*self.stores_outside, *self.loads_outside})
