@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
 from ssmcheck.core.fences import Fenced
+from ssmcheck.core.tensors import moved
 from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree
 from ssmcheck.drift.follow_kernel import follow_triton
 from ssmcheck.drift.stats import row_totals
@@ -67,20 +68,9 @@ def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, ro
                    z=z if gate else None, A=A, B=B, C=C, D=D, dt_bias=dt_bias, sums=sums, tripped=tripped,
                    uniform=uniform)
     # Views keep their layout: x, dt and z stay views of one buffer, A, D and dt_bias expanded.
-    moved = _moved({name: t for name, t in tensors.items() if t is not None})
-    return dict(**{name: moved.get(name) for name in tensors}, dt_softplus=softplus, dtype=dtype, rounding=rounding)
-
-
-def _moved(tensors: dict) -> dict:
-    """`tensors` on DEVICE, each with its strides and offset in a copy of its storage (one copy per storage)."""
-    storages = {}
-    moved = {}
-    for name, t in tensors.items():
-        key = t.untyped_storage().data_ptr()
-        if key not in storages:
-            storages[key] = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).to(DEVICE)
-        moved[name] = storages[key].as_strided(t.shape, t.stride(), t.storage_offset())
-    return moved
+    buffers: dict[tuple, torch.Tensor] = {}
+    return dict(**{name: None if t is None else moved(t, DEVICE, buffers) for name, t in tensors.items()},
+                dt_softplus=softplus, dtype=dtype, rounding=rounding)
 
 
 def _copies(arguments):

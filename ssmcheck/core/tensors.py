@@ -1,4 +1,4 @@
-"""Tensor facts the adapters and measurements share."""
+"""Tensor facts, and moves between devices, that the adapters, inputs and measurements share."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ def nonfinite_mask(value: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """Where `value` is inf or NaN although `truth` (its reference) is finite: a non-finite value the
     kernel made, not one it was handed."""
     return ~finite(value) & finite(truth)
+
+
+def moved(tensor: torch.Tensor, device: str | torch.device, buffers: dict[tuple, torch.Tensor]) -> torch.Tensor:
+    """`tensor` on `device`; a non-contiguous one as a view of its whole storage moved once (`buffers`,
+    keyed by the storage's address and the dtype read from it, holds the moved storages as flat tensors)."""
+    if tensor.is_contiguous():
+        return tensor.to(device)
+    storage = tensor.untyped_storage()
+    key = (storage.data_ptr(), tensor.dtype)
+    if key not in buffers:
+        buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage).to(device)
+    return buffers[key].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())

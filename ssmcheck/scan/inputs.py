@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from ssmcheck.core.tensors import moved
+
 
 @dataclass(frozen=True)
 class ScanShape:
@@ -75,12 +77,12 @@ class ScanInputs:
         Tensor.to alone would give each non-contiguous view a contiguous copy of its own, so the
         kernel would never see the layout the regime built."""
         buffers: dict[tuple, torch.Tensor] = {}
-        moved = {
-            f.name: _moved(getattr(self, f.name), device, buffers)
+        on_device = {
+            f.name: moved(getattr(self, f.name), device, buffers)
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return replace(self, **moved)
+        return replace(self, **on_device)
 
     def kwargs(self) -> dict:
         """Keyword arguments shared by kernels and references (everything but x, dt, A, B, C)."""
@@ -123,15 +125,3 @@ class ScanInputs:
         if self.initial_states is not None:
             parts.append(self.initial_states[sequence, head])
         return all(bool(torch.isfinite(p).all()) for p in parts)
-
-
-def _moved(tensor: torch.Tensor, device: str | torch.device, buffers: dict[tuple, torch.Tensor]) -> torch.Tensor:
-    """`tensor` on `device`; a non-contiguous one as a view of its whole storage moved once (`buffers`,
-    keyed by the storage's address and the dtype read from it, holds the moved storages as flat tensors)."""
-    if tensor.is_contiguous():
-        return tensor.to(device)
-    storage = tensor.untyped_storage()
-    key = (storage.data_ptr(), tensor.dtype)
-    if key not in buffers:
-        buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage).to(device)
-    return buffers[key].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
