@@ -100,11 +100,12 @@ def _installed() -> bool:
         size = _itemsize(np_dtype, ptrs.get_element_ty())
         if launch.holds(int(ptrs.data.min()), int(ptrs.data.max()) + size):
             return mask  # every lane, masked or not, inside one storage: the common case, in two reductions
-        outside = np.broadcast_to(mask.data, ptrs.data.shape) & ~launch.inside(ptrs.data, size)
+        lanes = np.broadcast_to(mask.data, ptrs.data.shape)
+        outside = lanes & ~launch.inside(ptrs.data, size)
         if not outside.any():
             return mask
         counts[launch.program] = counts.get(launch.program, 0) + int(outside.sum())
-        return handle(np.broadcast_to(mask.data, ptrs.data.shape) & ~outside, mask.dtype)
+        return handle(lanes & ~outside, mask.dtype)
 
     def checked_load(self, ptrs, mask, other, *args):
         if _active is not None:
@@ -128,13 +129,12 @@ def _itemsize(np_dtype, element_type) -> int:
 
 
 class _Launch:
-    """The running launch: its program's name, and its tensors' storages as sorted byte ranges [start, end)."""
+    """The running launch: its program's name, and its tensors' storages as byte ranges [start, end), sorted."""
 
     def __init__(self):
         self.program = "?"
-        self.first_bytes: list[int] = []
-        self.ends_of: list[int] = []
-        self.starts = self.ends = np.zeros(0, dtype=np.uint64)
+        self.starts: list[int] = []
+        self.ends: list[int] = []
 
     def begin(self, program: str, arguments: list) -> None:
         self.program = program
@@ -143,23 +143,22 @@ class _Launch:
             storage = tensor.untyped_storage()
             ranges[storage.data_ptr()] = storage.data_ptr() + storage.nbytes()
         # Storages do not overlap: the one starting last at or before an address is the only one that may hold it.
-        self.first_bytes = sorted(ranges)
-        self.ends_of = [ranges[s] for s in self.first_bytes]
-        self.starts = np.array(self.first_bytes, dtype=np.uint64)
-        self.ends = np.array(self.ends_of, dtype=np.uint64)
+        self.starts = sorted(ranges)
+        self.ends = [ranges[s] for s in self.starts]
 
     def holds(self, start: int, end: int) -> bool:
         """Whether bytes [start, end) lie inside one of the launch's storages."""
-        holder = bisect.bisect_right(self.first_bytes, start) - 1
-        return holder >= 0 and end <= self.ends_of[holder]
+        holder = bisect.bisect_right(self.starts, start) - 1
+        return holder >= 0 and end <= self.ends[holder]
 
     def inside(self, addresses: np.ndarray, size: int) -> np.ndarray:
-        """Whether each address's `size` bytes lie inside one of the launch's storages."""
-        addresses = addresses.astype(np.uint64, copy=False)
-        holder = np.searchsorted(self.starts, addresses, side="right") - 1
-        if not len(self.starts):
+        """Whether each address's `size` bytes lie inside one of the launch's storages (`holds`, lane by lane)."""
+        if not self.starts:
             return np.zeros(addresses.shape, dtype=bool)
-        return (holder >= 0) & (addresses + np.uint64(size) <= self.ends[np.maximum(holder, 0)])
+        addresses = addresses.astype(np.uint64, copy=False)
+        holder = np.searchsorted(np.array(self.starts, dtype=np.uint64), addresses, side="right") - 1
+        ends = np.array(self.ends, dtype=np.uint64)[np.maximum(holder, 0)]
+        return (holder >= 0) & (addresses + np.uint64(size) <= ends)
 
 
 def _tensors(arguments) -> Iterator:
