@@ -33,7 +33,7 @@ PHASES = [
     ("ssmcheck.drift.lockstep", "StepWindow.__init__", "step window"),
     ("ssmcheck.drift.lockstep", "StepWindow.load", "step window"),
     ("ssmcheck.drift.lockstep", "Lockstep.__init__", "trial set-up"),
-    ("ssmcheck.drift.follow", "Follower._checked_compile", "float64 step compiled and checked"),
+    ("ssmcheck.drift.follow", "Follower._choose", "float64 step chosen and checked"),
     ("ssmcheck.drift.lockstep", "Lockstep.try_graph", "graph capture"),
     ("ssmcheck.drift.run", "_measure", "checkpoint measurements"),
     ("ssmcheck.drift.run", "_localise", "localisation"),

@@ -5,7 +5,7 @@ group), the kernel under test `--kernel` (builtin by default): step 1 eager, ste
 graph (drift.lockstep), then `--replays` replays timed with time.perf_counter around the Python loop,
 host included; the float64 side of the step (drift.follow) run as plain PyTorch, compiled, or as
 drift.follow_kernel's one Triton kernel (`--steps`). A `decode_loop` that names the float64 step eager says the
-step did not pass its check against the eager one (drift.follow.Follower).
+fast step did not pass its check against the eager one (drift.follow.Follower).
 Not a test: run it by hand on the GPU machine from the checkout, e.g.
 
     PYTHONPATH=. python benchmarks/drift_step.py
@@ -49,20 +49,20 @@ def main() -> None:
     from ssmcheck.drift.stats import SignedErrorMoments  # noqa: PLC0415
 
     from ssmcheck.drift import follow  # noqa: PLC0415
-    from ssmcheck.drift.follow_kernel import follow_triton  # noqa: PLC0415
 
-    # How each way runs the float64 side: Follower("cpu") runs plain PyTorch; on CUDA a Follower checks its step
-    # (follow._compiled: torch.compile's, or the one-kernel candidate) against the eager one at the first step.
-    ways = {"eager": (lambda device: Follower("cpu"), follow._compiled),
-            "compiled": (Follower, follow._compiled),
-            "triton": (Follower, lambda: follow_triton)}
+    # How each way runs the float64 side: Follower("cpu") runs plain PyTorch; on CUDA a Follower checks its one fast
+    # step (torch.compile's, or the one Triton kernel) against the eager one at the first step.
+    fast = dict(follow._fast_steps())
+    ways = {"eager": (lambda device: Follower("cpu"), []),
+            "compiled": (Follower, [("torch.compile", fast["torch.compile"])]),
+            "triton": (Follower, [("Triton", fast["Triton"])])}
     ways = {name: ways[name] for name in opts.steps.split(",")}
     rows = []
     for state_dtype in ("fp16", "bf16"):
         for rounding in ("nearest", "stochastic"):
             row = [state_dtype, rounding]
-            for name, (follower, step) in ways.items():
-                lockstep.Follower, follow._compiled = follower, step
+            for name, (follower, steps) in ways.items():
+                lockstep.Follower, follow._fast_steps = follower, lambda steps=steps: steps
                 case = DriftCase(kernel=opts.kernel, state_dtype=state_dtype, rounding=rounding, regime="normal",
                                  steps=opts.replays + 2, model=None, seed=1, trials=1, **SHAPE)
                 problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cuda")

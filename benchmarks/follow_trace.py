@@ -51,7 +51,7 @@ def main() -> None:
         finally:
             calls.append(time.perf_counter() - start)
 
-    follow._compiled = lambda: timed
+    follow._fast_steps = lambda: [("torch.compile", lambda: timed)]
     lockstep.Follower = lambda device: follow.Follower("cuda")  # compiled on any device
     traces = []
     for case in plan.cases[: opts.cases]:

@@ -149,7 +149,7 @@ def test_a_case_traces_a_new_float64_step_exactly_where_its_group_is_new(monkeyp
     torch._dynamo.reset()
     traced = follow_module.unlimited(torch.compile(follow_module.follow, fullgraph=True, dynamic=False,
                                                    backend=counting))
-    monkeypatch.setattr(follow_module, "_compiled", lambda: traced)
+    monkeypatch.setattr(follow_module, "_fast_steps", lambda: [("torch.compile", lambda: traced)])
     monkeypatch.setattr(lockstep, "Follower", lambda device: follow_module.Follower("cuda"))  # compiled anywhere
     cases = _cases(default_plan, "normal-fp16-nearest-b1-h1x16n128g1", "stagnation-fp16-nearest-b1-h1x16n128g1",
                    "normal-fp16-stochastic-b1-h1x16n128g1", "overflow-fp16-stochastic-b1-h1x16n128g1",

@@ -41,10 +41,20 @@ def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4,
 OPTIONS = dict(dt_softplus=True, dtype=torch.float16, rounding="nearest")
 
 
-def _follower_with(monkeypatch, compiled) -> Follower:
-    """A CUDA Follower whose compiled step is `compiled` (the check itself runs wherever its tensors are)."""
-    monkeypatch.setattr(follow_module, "_compiled", lambda: compiled)
+def _follower_with(monkeypatch, *steps) -> Follower:
+    """A CUDA Follower whose fast steps are `steps`, (name, a function making the step) tried in turn (the check
+    runs wherever its tensors are)."""
+    monkeypatch.setattr(follow_module, "_fast_steps", lambda: list(steps))
     return Follower("cuda")
+
+
+def _counted(calls: list, step=follow):
+    """`step`, appending its rounding to `calls` at each call."""
+    def counted(**arguments):
+        calls.append(arguments["rounding"])
+        return step(**arguments)
+
+    return counted
 
 
 def _after_steps(follower, steps: int = 3) -> list[tuple[dict, dict]]:
@@ -95,9 +105,10 @@ def test_a_compiled_step_that_skips_the_baselines_rounding_is_replaced_by_the_ea
         arguments["baseline"].copy_(arguments["ref"])
         return outs
 
-    follower = _follower_with(monkeypatch, unrounded)
+    follower = _follower_with(monkeypatch, ("torch.compile", lambda: unrounded))
     assert _same_as_eager(_after_steps(follower))
-    assert follower.eager_because == "compiled, its baseline differs from the eager step's"
+    assert follower.kept is None
+    assert follower.note == "eager: torch.compile ran, its baseline differs from the eager step's"
     assert calls == [1]  # the check only
 
 
@@ -105,9 +116,9 @@ def test_a_step_that_does_not_compile_runs_eagerly_and_says_why(monkeypatch):
     def fails(**arguments):
         raise RuntimeError("no working C compiler\nmore lines")
 
-    follower = _follower_with(monkeypatch, fails)
+    follower = _follower_with(monkeypatch, ("torch.compile", lambda: fails))
     assert _same_as_eager(_after_steps(follower))
-    assert follower.eager_because == "not compiled: RuntimeError: no working C compiler"
+    assert follower.note == "eager: torch.compile raised RuntimeError: no working C compiler"
 
 
 def test_a_torch_that_cannot_compile_the_step_runs_it_eagerly(monkeypatch):
@@ -115,9 +126,11 @@ def test_a_torch_that_cannot_compile_the_step_runs_it_eagerly(monkeypatch):
         raise KeyError("emulate_precision_casts")
 
     monkeypatch.setattr(follow_module, "_compiled", refuses)
+    monkeypatch.setattr(follow_module, "follow_triton", lambda **arguments: 1 / 0)  # the Triton step fails too
     follower = Follower("cuda")
     assert _same_as_eager(_after_steps(follower))
-    assert follower.eager_because == "not compiled: KeyError: 'emulate_precision_casts'"
+    assert follower.note == ("eager: Triton raised ZeroDivisionError: division by zero; "
+                             "torch.compile raised KeyError: 'emulate_precision_casts'")
 
 
 @pytest.mark.parametrize("relative, kept", [(2e-16, True), (1e-9, False)])
@@ -130,17 +143,77 @@ def test_float64_values_may_differ_in_their_last_bits_only(monkeypatch, relative
         arguments["ref"].mul_(1 + relative)
         return outs
 
-    follower = _follower_with(monkeypatch, perturbed)
+    follower = _follower_with(monkeypatch, ("torch.compile", lambda: perturbed))
     assert _same_as_eager(_after_steps(follower)) is not kept
-    assert follower.eager_because == (None if kept else "compiled, its reference differs from the eager step's")
+    assert follower.kept == ("torch.compile" if kept else None)
+    assert follower.note == (None if kept else "eager: torch.compile ran, its reference differs from the eager step's")
     assert len(calls) == (4 if kept else 1)  # the check, then every step; or the check only
 
 
+def test_the_first_fast_step_that_agrees_runs_and_those_before_it_are_named(monkeypatch):
+    wrong, right = [], []
+
+    def unflagged(**arguments):  # a step that never sets the non-finite flag
+        outs = follow(**arguments)
+        arguments["tripped"].zero_()
+        return outs
+
+    follower = _follower_with(monkeypatch, ("Triton", lambda: _counted(wrong, unflagged)),
+                              ("torch.compile", lambda: _counted(right)), ("third", lambda: 1 / 0))
+    assert _same_as_eager(_after_steps(follower))
+    assert follower.kept == "torch.compile"
+    assert follower.note == "torch.compile: Triton ran, its tripped differs from the eager step's"
+    assert len(wrong) == 1 and len(right) == 4  # the check; the check and every step
+
+
+def test_the_triton_step_is_tried_first_and_kept_where_it_agrees(monkeypatch):
+    """The Follower's own fast steps: the Triton kernel (here through the interpreter) comes first, and where it
+    agrees torch.compile's step is never made."""
+    calls = []
+    monkeypatch.setattr(follow_module, "follow_triton", _counted(calls, follow_module.follow_triton))
+    monkeypatch.setattr(follow_module, "_compiled", lambda: 1 / 0)
+    follower = Follower("cuda")
+    for arguments, expected in _after_steps(follower):
+        assert torch.equal(arguments["baseline"], expected["baseline"])
+        assert torch.equal(arguments["tripped"], expected["tripped"])
+        torch.testing.assert_close(arguments["ref"], expected["ref"], rtol=AGREEMENT_RTOL, atol=0.0)
+    assert follower.kept == "Triton" and follower.note is None
+    assert len(calls) == 4
+
+
+def test_a_compiling_helper_compiles_the_triton_step_only_and_goes_on_eagerly(monkeypatch):
+    """Inside core.precompile.compile_only a launch computes nothing: the Triton step is launched once (so its variant
+    is compiled) and not checked, torch.compile's step is not made, and the eager step runs."""
+    launched, made = [], []
+    monkeypatch.setattr(follow_module, "compiling_ahead", lambda: True)
+    monkeypatch.setattr(follow_module, "follow_triton", _counted(launched))
+    monkeypatch.setattr(follow_module, "_compiled", lambda: made.append(1))
+    follower = Follower("cuda")
+    assert _same_as_eager(_after_steps(follower))
+    assert follower.kept is None and follower.note == "eager: Triton compiled ahead only"
+    assert len(launched) == 1 and made == []
+
+
+def test_off_cuda_the_eager_step_runs_and_nothing_is_tried(monkeypatch):
+    monkeypatch.setattr(follow_module, "_fast_steps", lambda: 1 / 0)
+    follower = Follower("cpu")
+    assert _same_as_eager(_after_steps(follower))
+    assert follower.kept is None and follower.note is None
+
+
+def _only(monkeypatch, name: str) -> None:
+    """The Follower's own fast step `name` alone (drift.follow._fast_steps)."""
+    steps = dict(follow_module._fast_steps())
+    monkeypatch.setattr(follow_module, "_fast_steps", lambda: [(name, steps[name])])
+
+
 @gpu
+@pytest.mark.parametrize("step", ["Triton", "torch.compile"])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_the_compiled_step_computes_the_eager_references(dtype, rounding, gated):
+def test_each_fast_step_computes_the_eager_references(monkeypatch, dtype, rounding, gated, step):
+    _only(monkeypatch, step)
     compiled = Follower("cuda")
     for seed in range(3):
         eager_args = _step_tensors(seed, dtype, gated=gated)
@@ -148,7 +221,7 @@ def test_the_compiled_step_computes_the_eager_references(dtype, rounding, gated)
         options = dict(dt_softplus=True, dtype=dtype, rounding=rounding)
         eager_outs = follow(**eager_args, **options)
         compiled_outs = compiled(**compiled_args, **options)
-        assert compiled.eager_because is None
+        assert compiled.kept == step, compiled.note
         # Fused float64 arithmetic (contractions into FMAs, its own exp) may differ in the last bits; the
         # baseline, rounded into fp16/bf16 from values that close, and the flag may not.
         torch.testing.assert_close(compiled_args["ref"], eager_args["ref"], rtol=1e-13, atol=1e-300)
@@ -166,8 +239,10 @@ def test_the_compiled_step_computes_the_eager_references(dtype, rounding, gated)
 
 
 @gpu
+@pytest.mark.parametrize("step", ["Triton", "torch.compile"])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_a_graph_run_with_the_compiled_step_judges_as_the_eager_references_do(monkeypatch, rounding):
+def test_a_graph_run_with_a_fast_step_judges_as_the_eager_references_do(monkeypatch, rounding, step):
+    _only(monkeypatch, step)
     settings_ = resolve({"nheads": "2", "headdim": "64", "dstate": "128", "batch": "2", "regime": "normal",
                          "state_dtype": "fp16", "rounding": rounding, "steps": 300, "trials": 2}, {}, "test")
     [case] = build_cases(settings_, "builtin")

@@ -173,7 +173,8 @@ def test_the_kernel_passes_the_followers_check_in_every_regimes_real_steps(monke
     it only where they agree (to within 1e-12 of the store sums' totals, which cancel: only an exp and a log1p
     computed as the eager step's do that, so this holds on a GPU, where both are libdevice's, and not in the
     interpreter, whose exp is numpy's). In every regime's layouts (views, per-channel parameters and a gate, bf16
-    inputs, fp16 subnormal states, no softplus, an fp32 state) it is kept, and every later step is its own."""
+    inputs, fp16 subnormal states, no softplus, an fp32 state) it is kept, before torch.compile's step is tried,
+    and every later step is its own."""
     from dataclasses import replace  # noqa: PLC0415
 
     from ssmcheck import api  # noqa: PLC0415
@@ -186,7 +187,8 @@ def test_the_kernel_passes_the_followers_check_in_every_regimes_real_steps(monke
         calls.append(arguments["rounding"])
         return follow_triton(**arguments)
 
-    monkeypatch.setattr(follow_module, "_compiled", lambda: counted)
+    monkeypatch.setattr(follow_module, "follow_triton", counted)
+    monkeypatch.setattr(follow_module, "_compiled", lambda: 1 / 0)  # never made where the Triton step is kept
     plan = api.plan_drift("builtin", "default", device="cuda")
     seen = set()
     for case in plan.cases:  # one of each compile group: every layout, flag, dtype and rounding the preset has
@@ -196,6 +198,16 @@ def test_the_kernel_passes_the_followers_check_in_every_regimes_real_steps(monke
         calls.clear()
         result = plan.runner(replace(case, steps=16, trials=1), lambda: None)
         assert result.status.value == "pass", (case.id, result.verdict.message)
-        assert "float64 step eager" not in result.run.decode_loop, (case.id, result.run.decode_loop)
+        assert "float64 step" not in result.run.decode_loop, (case.id, result.run.decode_loop)
         assert len(calls) >= 3, case.id  # its check, the graph's capture, the eager step the replay is checked by
     assert len(seen) >= 20
+
+
+def test_a_state_too_large_for_int32_offsets_is_refused_before_any_launch():
+    """Past 2**31 elements the kernel's offsets (int32 products of strides) would wrap: it raises instead, so that a
+    Follower goes on to its next fast step (nothing is allocated: the state is an expanded view)."""
+    ref = torch.rand(1, dtype=torch.float64).expand(2**11, 2**10, 2**5, 2**5)
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        follow_triton(ref=ref, baseline=ref, before=ref, after=ref, out=None, x=None, dt=None, z=None, A=None,
+                      B=None, C=None, D=None, dt_bias=None, sums=None, tripped=None, uniform=None, dt_softplus=True,
+                      dtype=torch.float16, rounding="nearest")

@@ -24,7 +24,7 @@ from triton.runtime import autotuner, jit
 
 from ssmcheck import api
 from ssmcheck.core import isolation, precompile, prestart
-from ssmcheck.core.precompile import Launches, compile_only
+from ssmcheck.core.precompile import Launches, compile_only, compiling_ahead
 from ssmcheck.drift.adapter import DriftAdapter
 from ssmcheck.scan import run as scan_run
 from ssmcheck.scan.adapter import ScanAdapter
@@ -53,14 +53,15 @@ def recorded(monkeypatch):
 
 def test_launches_inside_are_warmups_and_the_originals_come_back(recorded):
     run, tune = recorded
+    assert not compiling_ahead()
     with compile_only(2) as launches:
-        assert launches.supported
+        assert launches.supported and compiling_ahead()
         jit.JITFunction.run("kernel", 1, 2, grid=(4,), warmup=False, BLOCK=16)
         jit.JITFunction.run("kernel", 3, grid=(4,), warmup=False)
     assert launches.count == 2
     assert [c[2]["warmup"] for c in run.calls] == [True, True]
     assert run.calls[0][1] == (1, 2) and run.calls[0][2]["BLOCK"] == 16 and run.calls[0][2]["grid"] == (4,)
-    assert jit.JITFunction.run is run and autotuner.Autotuner.run is tune
+    assert jit.JITFunction.run is run and autotuner.Autotuner.run is tune and not compiling_ahead()
     jit.JITFunction.run("kernel", grid=(1,), warmup=False)  # outside: launched as asked
     assert run.calls[-1][2]["warmup"] is False
 
@@ -100,7 +101,7 @@ def test_an_error_inside_restores_the_launches_and_propagates(recorded):
     run, tune = recorded
     with pytest.raises(KeyboardInterrupt), compile_only(2):
         raise KeyboardInterrupt
-    assert jit.JITFunction.run is run and autotuner.Autotuner.run is tune
+    assert jit.JITFunction.run is run and autotuner.Autotuner.run is tune and not compiling_ahead()
 
 
 def test_without_async_compilation_nothing_is_patched(recorded, monkeypatch):
@@ -109,7 +110,7 @@ def test_without_async_compilation_nothing_is_patched(recorded, monkeypatch):
     monkeypatch.delattr(async_compile, "AsyncCompileMode")
     run, _ = recorded
     with compile_only(2) as launches:
-        assert not launches.supported and jit.JITFunction.run is run
+        assert not launches.supported and jit.JITFunction.run is run and not compiling_ahead()
 
 
 def test_the_pool_times_each_compilation():
@@ -615,20 +616,23 @@ def test_a_kernel_compiled_ahead_ran_nothing_and_its_variants_are_compiled(monke
 
 @pytest.mark.gpu
 def test_the_smoke_drifts_cases_compile_nothing_its_helpers_did_not(monkeypatch, tmp_path):
-    """As the scan's test below, for drift: its helpers rehearse each case (drift.ahead), so that both the state
-    update's Triton variants and the compiled float64 steps (torch.compile's FX graph cache) are on disk before the
-    sweep, run then in a process of its own, adds none."""
+    """As the scan's test below, for drift: its helpers rehearse each case (drift.ahead), so that the state update's
+    Triton variants and the float64 step's (drift.follow_kernel) are on disk before the sweep, run then in a process
+    of its own, adds none; nor does anyone compile torch.compile's float64 step (inductor's FX graph cache), the
+    fallback for a Triton step that disagrees."""
     triton_cache, inductor_cache = tmp_path / "triton", tmp_path / "inductor"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_cache))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
 
     def cached():
-        return ({p.name for p in triton_cache.rglob("*.cubin")},
+        # A variant's cubin lies in a folder named by its hash: one path per variant (the name is the kernel's).
+        return ({str(p.relative_to(triton_cache)) for p in triton_cache.rglob("*.cubin")},
                 {p.name for p in inductor_cache.rglob("*") if p.is_file() and "fxgraph" in p.parts})
 
     record = api.compile_ahead(api.plan_drift("builtin", "smoke", device="cuda"))
     kernels, graphs = cached()
-    assert record["compiled"] > 0 and kernels and graphs and not record["cache_warm"]
+    assert record["compiled"] > 0 and not record["cache_warm"] and not graphs
+    assert any("_follow_kernel" in name for name in kernels) and any("state_update" in name for name in kernels)
     run = subprocess.run([sys.executable, "-m", "ssmcheck", "drift", "--preset", "smoke", "--quiet",
                           "--no-compile-ahead"], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -665,11 +669,11 @@ def test_the_smoke_sweeps_cases_compile_nothing_its_helpers_did_not(monkeypatch,
     invariance checks' calls too (the state update's among them)."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # cold: the helpers compile the whole sweep
     record = api.compile_ahead(api.plan_scan("builtin", "smoke", device="cuda", invariance=invariance))
-    compiled = {p.name for p in tmp_path.rglob("*.cubin")}
+    compiled = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.cubin")}  # one per variant (hash folders)
     assert record["compiled"] > 0 and compiled and not record["cache_warm"]
     run = subprocess.run([sys.executable, "-m", "ssmcheck", "scan", "--preset", "smoke", "--quiet",
                           "--no-compile-ahead", *(["--invariance"] if invariance else [])],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert run.returncode == 0, run.stdout + run.stderr
-    assert {p.name for p in tmp_path.rglob("*.cubin")} == compiled
+    assert {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.cubin")} == compiled

@@ -41,6 +41,16 @@ COMPILE_THREADS = 8
 WARM_CALLS = 4
 
 
+# Whether this process is inside compile_only with Triton's launches made compile-only (compiling_ahead).
+_compiling = False
+
+
+def compiling_ahead() -> bool:
+    """Whether Triton's launches in this process only compile (inside compile_only, where Triton can): a kernel
+    launched now computes nothing, so nothing it returns can be checked."""
+    return _compiling
+
+
 @dataclass
 class Launches:
     """What happened inside compile_only: whether Triton could compile ahead, the launches made compile-only, and
@@ -144,7 +154,9 @@ def compile_only(threads: int) -> Iterator[Launches]:
     quiet = {"ignore_errors": True} if "ignore_errors" in inspect.signature(AsyncCompileMode).parameters else {}
     with _TimedPool(max(1, threads), launches) as pool:
         mode = AsyncCompileMode(pool, **quiet)
+        global _compiling
         jit.JITFunction.run, autotuner.Autotuner.run = compile_run, compile_configs
+        _compiling = True
         mode.__enter__()
         try:
             yield launches
@@ -154,6 +166,7 @@ def compile_only(threads: int) -> Iterator[Launches]:
             raise
         finally:
             jit.JITFunction.run, autotuner.Autotuner.run = run, tune
+            _compiling = False
             try:
                 mode.__exit__(None, None, None)  # waits; raises a failed compilation's error without ignore_errors
             except Exception:  # noqa: BLE001, S110 (the sweep's process meets the error in its case)

@@ -3,10 +3,11 @@
 A first default drift on a fresh H200 spent most of its 229 s compiling (thirty-ninth session): 27 variants of the
 compiled float64 step (drift.follow: 57 s of torch.compile), and the state update's Triton variants, 4-10 s a
 stochastic-rounding case. A helper rehearses each case of its slice: the case itself, cut to REHEARSED_STEPS steps
-and one trial, with every Triton launch made compile-only (core.precompile), so that the kernel's variants go to
-Triton's disk cache, and the float64 step compiled for real on what it is given, so that its variants go to
-torch.compile's caches on disk (inductor's FX graph and AOT autograd caches), where the sweep's process loads them
-at the case's first step instead of compiling them. Verdicts of a rehearsal, of nothing computed, are thrown away:
+and one trial, with every Triton launch made compile-only (core.precompile), so that the kernel's variants and those
+of the float64 step's Triton kernel (drift.follow_kernel, launched once by drift.follow.Follower, which then goes on
+eagerly: nothing a compile-only launch returns can be checked) go to Triton's disk cache, where the sweep's process
+loads them at the case's first step instead of compiling them. torch.compile's float64 step, the fallback where the
+Triton one disagrees, is not compiled ahead. Verdicts of a rehearsal, of nothing computed, are thrown away:
 its kernel leaves its output as the NaN it was filled with, so its first step is found non-finite, and the
 localisation, the slot check and the independence check that follow (drift.run.run_case) call the kernel as the
 case will; NaN fences keep the alignment Triton specialises on, so the fenced calls compile what the graph's
@@ -41,9 +42,8 @@ def rehearsal(case: DriftCase) -> DriftCase:
 
 def compile_ahead(run: Callable, cases: list[DriftCase], threads: int) -> Launches:
     """Rehearse `cases` (run(case, advance) runs one: a DriftRunner) inside compile_only with `threads` compiling
-    threads, until the first calls find every Triton variant in the cache (Launches.cache_warm; a kernel that
-    launches nothing through Triton is rehearsed to the end, for the float64 steps). In a helper process only
-    (core.precompile says why)."""
+    threads, until the first calls find every Triton variant, the kernel's and the float64 step's, in the cache
+    (Launches.cache_warm). In a helper process only (core.precompile says why)."""
     with compile_only(threads) as launches:
         for case in cases:
             if not launches.supported or (launches.count and launches.cache_warm()):
@@ -58,15 +58,16 @@ def compile_ahead(run: Callable, cases: list[DriftCase], threads: int) -> Launch
 # core.isolation._shares, api.interleaved), each a problem drawn: ~0.1 s a pass over the default drift.
 @functools.lru_cache(maxsize=4096)
 def compile_group(case: DriftCase) -> tuple:
-    """What picks the variants a case compiles: the float64 step's graph (drift.follow: torch.compile specialises on
-    its arguments' dtypes, shapes and strides and on its flags) and the state update's Triton variants (dtypes,
-    strides divisible by 16 or not, constexprs). That is the kernel, its pinned config, the rounding mode, the batch
-    and the regime's flags, and the (dtype, shape, stride) of the state, A, D, dt_bias and each step input, read off
-    the case's problem drawn for one step on the CPU (at most GROUP_BATCH batch rows). Cases of one group compile
-    one graph: a compiling helper takes a group whole, so that no two compile it, and the sweep's front, which the
-    helpers race, is spread among them (core.isolation.CompilingHelpers). The default drift on a GPU has 27 groups,
-    as it compiles 27 graphs (benchmarks/RESULTS.md, fortieth session). Skipped cases compile nothing: one group,
-    their problems not drawn (a skip may be for a problem that cannot be drawn)."""
+    """What picks the variants a case compiles: the float64 step's (drift.follow: its Triton kernel specialises on
+    its flags and its arguments' dtypes and strides; torch.compile's step, its fallback, on their dtypes, shapes and
+    strides too) and the state update's Triton variants (dtypes, strides divisible by 16 or not, constexprs). That
+    is the kernel, its pinned config, the rounding mode, the batch and the regime's flags, and the (dtype, shape,
+    stride) of the state, A, D, dt_bias and each step input, read off the case's problem drawn for one step on the
+    CPU (at most GROUP_BATCH batch rows). Cases of one group compile the same variants: a compiling helper takes a
+    group whole, so that no two compile them, and the sweep's front, which the helpers race, is spread among them
+    (core.isolation.CompilingHelpers). The default drift on a GPU has 27 groups, as torch.compile compiled 27 graphs
+    of its float64 step (benchmarks/RESULTS.md, fortieth session). Skipped cases compile nothing: one group, their
+    problems not drawn (a skip may be for a problem that cannot be drawn)."""
     if case.skip_reason is not None:
         return ("skipped",)
     shape = replace(case.shape(), batch=min(case.batch, GROUP_BATCH))

@@ -6,10 +6,12 @@ one stacked step, rounds the baseline, adds the kernel's store errors to the run
 non-finite flag; all in place, so a CUDA graph that captured it keeps doing the same.
 
 Eagerly that is about a hundred device kernels, and in a CUDA graph each costs a launch: they, not the
-kernel under test, set the time of a drift step on a GPU. On CUDA `Follower` compiles it (torch.compile),
-which fuses them into a few: with the sums and the flag kept per state row (no reduction over the whole
-state), a replayed step is 10 kernels in all, 0.16 -> 0.02 ms on an H200 (README "Measured"); the source
-stays the plain-PyTorch references (ops.*.naive) in float64.
+kernel under test, set the time of a drift step on a GPU. On CUDA `Follower` runs a fast step instead,
+checked against this one at a trial's first step: the same step as one Triton kernel (drift.follow_kernel),
+or, where that one disagrees or fails, this function compiled by torch.compile, which fuses it into a few
+kernels (with the sums and the flag kept per state row, no reduction over the whole state: a replayed step
+is 10 kernels in all, 0.16 -> 0.02 ms on an H200, README "Measured"). The truth stays this source, the
+plain-PyTorch references (ops.*.naive) in float64.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections.abc import Callable
 
 import torch
 
+from ssmcheck.core.precompile import compiling_ahead
 from ssmcheck.core.tensors import nonfinite_mask
+from ssmcheck.drift.follow_kernel import follow_triton
 from ssmcheck.drift.stats import row_totals, store_sums
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -92,50 +96,86 @@ def unlimited(compiled: Callable) -> Callable:
 
 
 class Follower:
-    """Runs `follow` compiled on CUDA, where the compiled step computes what the eager references compute:
-    checked on the first step it is given (as drift.lockstep keeps a CUDA graph only if it replays the
-    eager step), and eagerly from then on where it does not, or does not compile."""
+    """Runs `follow` as a fast step on CUDA, where that step computes what the eager references compute: checked on
+    the first step it is given (as drift.lockstep keeps a CUDA graph only if it replays the eager step). The fast
+    steps are tried in turn (_fast_steps): the first that agrees is kept; where none does, or none runs, the eager
+    step runs from then on."""
 
     def __init__(self, device: str):
-        self._compiled: Callable | None = None
-        self._pending = torch.device(device).type == "cuda"  # compile and check at the first step
-        self.eager_because: str | None = None  # why a CUDA run's float64 side runs eagerly
+        self._fast: Callable | None = None
+        self._pending = torch.device(device).type == "cuda"  # choose and check at the first step
+        self.kept: str | None = None  # the fast step that runs (its name in _fast_steps); None: the eager step
+        self.rejected: list[str] = []  # why each fast step tried before it (or every one) was not kept
+
+    @property
+    def note(self) -> str | None:
+        """How the float64 side runs where that is not the first fast step: "eager: why", or the kept step's name
+        and why those before it were not kept; None where the first runs (or off CUDA, eager by design)."""
+        if not self.rejected:
+            return None
+        return f"{self.kept or 'eager'}: {'; '.join(self.rejected)}"
 
     def __call__(self, **arguments) -> tuple[torch.Tensor, torch.Tensor]:
         if self._pending:
             self._pending = False
-            self._compiled, self.eager_because = self._checked_compile(arguments)
-        return (follow if self._compiled is None else self._compiled)(**arguments)
+            self._choose(arguments)
+        return (follow if self._fast is None else self._fast)(**arguments)
 
-    @staticmethod
-    def _checked_compile(arguments: dict) -> tuple[Callable | None, str | None]:
-        """(the compiled step, None) where it, run on copies of `arguments`, does what the eager one does:
-        the same baseline and flag bit for bit, float64 values equal to within a few last bits (fused
-        arithmetic contracts into FMAs and has its own exp; sums add up in another order: sums_agree);
-        else (None, what differs)."""
-        def copies():  # of what `follow` writes; the rest as it is (a copy's strides would compile anew)
-            return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
-
-        mine, eager = copies(), copies()
-        try:
-            compiled = _compiled()
-            compiled_outs = compiled(**mine)
-        except Exception as exc:  # noqa: BLE001 (no compiler, or one that fails: the eager step stands)
-            return None, f"not compiled: {type(exc).__name__}: {exc}".splitlines()[0]
+    def _choose(self, arguments: dict) -> None:
+        if compiling_ahead():
+            # In a compiling helper (drift.ahead) Triton's launch only compiles: the Triton step's variant goes to
+            # Triton's disk cache, where the sweep's process loads it, and nothing it returns can be checked. The
+            # helper goes on eagerly; torch.compile's step is compiled only by a sweep's process that needs it.
+            follow_triton(**_copies(arguments))
+            self.rejected.append("Triton compiled ahead only")
+            return
+        eager = _copies(arguments)
         eager_outs = follow(**eager)
-        for name in ("baseline", "tripped"):
-            if not torch.equal(mine[name], eager[name]):
-                return None, f"compiled, its {name} differs from the eager step's"
-        # The state element by element; the sums as they are read, over every row (stats.SignedErrorMoments).
-        pairs = [("reference", mine["ref"], eager["ref"]),
-                 ("store-error sums", row_totals(mine["sums"]), row_totals(eager["sums"]))]
-        for name, value, expected in pairs:
-            if not torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
-                return None, f"compiled, its {name} differs from the eager step's"
-        for name, value, expected in zip(("reference output", "baseline output"), compiled_outs, eager_outs):
-            if not sums_agree(value, expected):
-                return None, f"compiled, its {name} differs from the eager step's"
-        return compiled, None
+        for name, make in _fast_steps():
+            step, why = _checked(make, arguments, eager, eager_outs)
+            if step is not None:
+                self._fast, self.kept = step, name
+                return
+            self.rejected.append(f"{name} {why}")
+
+
+def _fast_steps() -> list[tuple[str, Callable[[], Callable]]]:
+    """The fast steps a Follower tries, in order, each named and made on demand: the one Triton kernel (Triton's disk
+    cache loads it in milliseconds), then torch.compile's (a dynamo trace in every process, 0.3-0.7 s a compile
+    group, and ~10 kernels a step; benchmarks/RESULTS.md, forty-second session)."""
+    return [("Triton", lambda: follow_triton), ("torch.compile", _compiled)]
+
+
+def _copies(arguments: dict) -> dict:
+    """`arguments` with copies of what `follow` writes; the rest as it is (a copy's strides would compile anew)."""
+    return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
+
+
+def _checked(make: Callable[[], Callable], arguments: dict, eager: dict,
+             eager_outs: tuple) -> tuple[Callable | None, str | None]:
+    """(the step `make` returns, None) where it, run on copies of `arguments`, does what the eager step did to
+    `eager` (and returned, `eager_outs`): the same baseline and flag bit for bit, float64 values equal to within a
+    few last bits (fused arithmetic contracts into FMAs and may have its own exp; sums add up in another order:
+    sums_agree); else (None, what differs, or what it raised)."""
+    mine = _copies(arguments)
+    try:
+        step = make()
+        outs = step(**mine)
+    except Exception as exc:  # noqa: BLE001 (no compiler, or one that fails: the next step is tried)
+        return None, f"raised {type(exc).__name__}: {exc}".splitlines()[0]
+    for name in ("baseline", "tripped"):
+        if not torch.equal(mine[name], eager[name]):
+            return None, f"ran, its {name} differs from the eager step's"
+    # The state element by element; the sums as they are read, over every row (stats.SignedErrorMoments).
+    pairs = [("reference", mine["ref"], eager["ref"]),
+             ("store-error sums", row_totals(mine["sums"]), row_totals(eager["sums"]))]
+    for name, value, expected in pairs:
+        if not torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
+            return None, f"ran, its {name} differs from the eager step's"
+    for name, value, expected in zip(("reference output", "baseline output"), outs, eager_outs):
+        if not sums_agree(value, expected):
+            return None, f"ran, its {name} differs from the eager step's"
+    return step, None
 
 
 def sums_agree(value: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -30,6 +30,8 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
                   dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     """drift.follow's step, its arguments and results alike (the state's leading axes: batch, heads)."""
     batch, nheads, headdim, dstate = ref.shape
+    if ref.numel() >= 2**31:  # its offsets are int32 products (Follower then tries the next fast step)
+        raise ValueError(f"a state of {ref.numel()} elements: the Triton step indexes at most 2**31 - 1")
     ngroups = B.shape[1]
     fmt = FORMATS[dtype]
     ref_out = torch.empty((batch, nheads, headdim), dtype=torch.float64, device=ref.device)

@@ -17,8 +17,9 @@ JSON case keys (always present; figures a case did not produce are null):
     repeat {runs, identical, max_abs, run, output, trial, step, batch, head, channel}   with --repeat K > 1,
     decode_loop                                      "graph" (the steps ran as CUDA graph replays), "eager",
                                                      or "eager: " and why no graph (null: no steps ran);
-                                                     on CUDA, "; float64 step eager: " and why, where the
-                                                     compiled float64 side (drift.follow) was not used,
+                                                     on CUDA, where the float64 side (drift.follow) did not run
+                                                     as its Triton kernel, "; float64 step torch.compile: " or
+                                                     "; float64 step eager: " and why,
     slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
                                                      and speculative, drafts, kept for one verifying draft

@@ -183,10 +183,10 @@ class Lockstep:
 
     @property
     def decode_loop(self) -> str:
-        """How the steps ran (DriftRun.decode_loop): graph_note, and why the float64 side ran eagerly on CUDA."""
-        if self.follow.eager_because is None:
-            return self.graph_note
-        return f"{self.graph_note}; float64 step eager: {self.follow.eager_because}"
+        """How the steps ran (DriftRun.decode_loop): graph_note, and on CUDA how the float64 side ran where that was
+        not its first fast step (Follower.note)."""
+        note = self.follow.note
+        return self.graph_note if note is None else f"{self.graph_note}; float64 step {note}"
 
     def seed(self, step: int) -> int:
         """The kernel's seed at `step`: new every step, reproducible from the trial's seed."""
