@@ -4,6 +4,7 @@ step that does not (or does not compile) is found on the first step and replaced
 import pytest
 import torch
 
+from ssmcheck.core import runtime
 from ssmcheck.drift import follow as follow_module
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
@@ -12,6 +13,7 @@ from ssmcheck.drift.follow import AGREEMENT_RTOL, Follower, follow, sums_agree
 from ssmcheck.drift.spec import build_cases, resolve
 
 gpu = pytest.mark.gpu
+DEVICE = runtime.environment().device  # the Triton step runs compiled on a GPU, through the interpreter on the CPU
 
 
 def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4, p=64, n=128, gated=False) -> dict:
@@ -58,10 +60,11 @@ def _counted(calls: list, step=follow):
 
 
 def _after_steps(follower, steps: int = 3) -> list[tuple[dict, dict]]:
-    """Each step's arguments after `follower` ran them, beside copies that eager `follow` ran."""
+    """Each step's arguments after `follower` ran them, beside copies that eager `follow` ran (on the configured
+    device)."""
     ran = []
     for seed in range(steps):
-        arguments = _step_tensors(seed, torch.float16, "cpu", 1, 2, 8, 16, gated=seed == 1)
+        arguments = _step_tensors(seed, torch.float16, DEVICE, 1, 2, 8, 16, gated=seed == 1)
         expected = {k: None if v is None else v.clone() for k, v in arguments.items()}
         follower(**arguments, **OPTIONS)
         follow(**expected, **OPTIONS)
@@ -167,7 +170,7 @@ def test_the_first_fast_step_that_agrees_runs_and_those_before_it_are_named(monk
 
 
 def test_the_triton_step_is_tried_first_and_kept_where_it_agrees(monkeypatch):
-    """The Follower's own fast steps: the Triton kernel (here through the interpreter) comes first, and where it
+    """The Follower's own fast steps: the Triton kernel (through the interpreter on the CPU) comes first, and where it
     agrees torch.compile's step is never made."""
     calls = []
     monkeypatch.setattr(follow_module, "follow_triton", _counted(calls, follow_module.follow_triton))
