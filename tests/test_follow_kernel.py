@@ -11,7 +11,7 @@ from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
 from ssmcheck.core.fences import Fenced
 from ssmcheck.core.tensors import moved
-from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree
+from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree, written_copies
 from ssmcheck.drift.follow_kernel import follow_triton
 from ssmcheck.drift.stats import row_totals
 
@@ -73,15 +73,10 @@ def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, ro
                 dt_softplus=softplus, dtype=dtype, rounding=rounding)
 
 
-def _copies(arguments):
-    """`arguments` with copies of what a step writes."""
-    return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
-
-
 def _both(arguments, fenced=None):
     """(the kernel's written arguments and results, the eager step's), each on copies of what it writes; the
     kernel's, with `fenced` (core.fences.Fenced of the arguments' tensors), on its copies between NaN fences."""
-    mine, eager = _copies(arguments), _copies(arguments)
+    mine, eager = written_copies(arguments), written_copies(arguments)
     if fenced is not None:
         mine = {**arguments, **fenced.tensors}
     return (mine, follow_triton(**mine)), (eager, follow(**eager))
@@ -161,7 +156,7 @@ def test_a_changed_rounding_is_seen():
     arguments = _arguments(3, batch=1, nheads=2, ngroups=1, headdim=8, dstate=16, state_dtype="fp16",
                            rounding="stochastic", softplus=True, gate=False, strided=False, tied=True,
                            input_dtype=torch.float32, poison=False)
-    mine, eager = _copies(arguments), _copies(arguments)
+    mine, eager = written_copies(arguments), written_copies(arguments)
     follow_triton(**{**mine, "rounding": "nearest"})
     follow(**eager)
     assert not torch.equal(mine["baseline"], eager["baseline"])

@@ -126,10 +126,10 @@ class Follower:
             # In a compiling helper (drift.ahead) Triton's launch only compiles: the Triton step's variant goes to
             # Triton's disk cache, where the sweep's process loads it, and nothing it returns can be checked. The
             # helper goes on eagerly; torch.compile's step is compiled only by a sweep's process that needs it.
-            follow_triton(**_copies(arguments))
+            follow_triton(**written_copies(arguments))
             self.rejected.append("Triton compiled ahead only")
             return
-        eager = _copies(arguments)
+        eager = written_copies(arguments)
         eager_outs = follow(**eager)
         for name, make in _fast_steps():
             step, why = _checked(make, arguments, eager, eager_outs)
@@ -146,7 +146,7 @@ def _fast_steps() -> list[tuple[str, Callable[[], Callable]]]:
     return [("Triton", lambda: follow_triton), ("torch.compile", _compiled)]
 
 
-def _copies(arguments: dict) -> dict:
+def written_copies(arguments: dict) -> dict:
     """`arguments` with copies of what `follow` writes; the rest as it is (a copy's strides would compile anew)."""
     return {**arguments, **{name: arguments[name].clone() for name in MUTATED}}
 
@@ -157,7 +157,7 @@ def _checked(make: Callable[[], Callable], arguments: dict, eager: dict,
     `eager` (and returned, `eager_outs`): the same baseline and flag bit for bit, float64 values equal to within a
     few last bits (fused arithmetic contracts into FMAs and may have its own exp; sums add up in another order:
     sums_agree); else (None, what differs, or what it raised)."""
-    mine = _copies(arguments)
+    mine = written_copies(arguments)
     try:
         step = make()
         outs = step(**mine)
