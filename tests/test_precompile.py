@@ -608,10 +608,16 @@ def test_a_kernel_compiled_ahead_ran_nothing_and_its_variants_are_compiled(monke
     torch.cuda.synchronize()
     assert launches.count == 2 and all(out.isnan().all() for out in outs.values())  # nothing ran
     assert len(launches.compilations) == 2 and None not in launches.compilations
-    assert len(list(tmp_path.rglob("*.cubin"))) == 2  # on disk, for the sweep's process
+    assert len(_cubins(tmp_path)) == 2  # on disk, for the sweep's process
     for out in outs.values():
         double[(4,)](x, out, 100, BLOCK=32)
         torch.testing.assert_close(out, (x * 2).to(out.dtype))
+
+
+def _cubins(cache) -> set[str]:
+    """The compiled kernels in Triton cache folder `cache`: a variant's cubin lies in a folder named by its hash, so one
+    path per variant (the file name is the kernel's)."""
+    return {str(p.relative_to(cache)) for p in cache.rglob("*.cubin")}
 
 
 @pytest.mark.gpu
@@ -625,8 +631,7 @@ def test_the_smoke_drifts_cases_compile_nothing_its_helpers_did_not(monkeypatch,
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
 
     def cached():
-        # A variant's cubin lies in a folder named by its hash: one path per variant (the name is the kernel's).
-        return ({str(p.relative_to(triton_cache)) for p in triton_cache.rglob("*.cubin")},
+        return (_cubins(triton_cache),
                 {p.name for p in inductor_cache.rglob("*") if p.is_file() and "fxgraph" in p.parts})
 
     record = api.compile_ahead(api.plan_drift("builtin", "smoke", device="cuda"))
@@ -669,11 +674,11 @@ def test_the_smoke_sweeps_cases_compile_nothing_its_helpers_did_not(monkeypatch,
     invariance checks' calls too (the state update's among them)."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # cold: the helpers compile the whole sweep
     record = api.compile_ahead(api.plan_scan("builtin", "smoke", device="cuda", invariance=invariance))
-    compiled = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.cubin")}  # one per variant (hash folders)
+    compiled = _cubins(tmp_path)
     assert record["compiled"] > 0 and compiled and not record["cache_warm"]
     run = subprocess.run([sys.executable, "-m", "ssmcheck", "scan", "--preset", "smoke", "--quiet",
                           "--no-compile-ahead", *(["--invariance"] if invariance else [])],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert run.returncode == 0, run.stdout + run.stderr
-    assert {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.cubin")} == compiled
+    assert _cubins(tmp_path) == compiled
