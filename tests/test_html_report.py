@@ -15,9 +15,9 @@ import pytest
 import torch
 from broken_scan_kernels import NAN_HEAD, NAN_OFFSET
 from cli_invoke import assert_usage_error, invoke
+from whole_tensors import group_sums
 
 from ssmcheck.html import build_html
-from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import TokenMap
 
 pytest.importorskip("matplotlib")
@@ -157,7 +157,7 @@ def test_per_chunk_head_error_chunks_each_sequence_on_its_own():
     y[0, 4, 0] = math.inf  # sequence 0, token 4: chunk 2, head 0
     tokens = TokenMap(sequence=torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1]]),
                       position=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]]), order=torch.arange(8)[None])
-    grid = measure.per_chunk_head_error(y, ref, tokens, 2)
+    grid = group_sums(y, ref, tokens, 2).per_chunk_head()
     # chunk 0 holds tokens 0, 1 of both sequences: 4 tokens per head
     assert grid[0] == [pytest.approx(math.sqrt(0.25 / 4)), pytest.approx(math.sqrt(1 / 4))]
     assert grid[1] == [0.0, 0.0]  # tokens 2, 3 of sequence 0 and token 2 of sequence 1

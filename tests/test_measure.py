@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from whole_tensors import first_nonfinite_y, group_sums
 
 from ssmcheck.core.tensors import finite
 from ssmcheck.scan import measure
@@ -60,7 +61,7 @@ def test_first_nonfinite_in_batch_mode_is_earliest_token_over_rows():
     y = ref.float().clone()
     y[2, 9:, 1, 2] = float("inf")  # row 2 from token 9
     y[0, 13, 0, 1] = float("nan")  # row 0 at token 13: later in token order
-    loc = measure.locate_nonfinite_y(y, ref, inputs.token_map(), chunk_size=4, inputs=inputs)
+    loc = first_nonfinite_y(y, ref, inputs.token_map(), 4, inputs)
     assert (loc.output, loc.sequence, loc.token, loc.chunk, loc.head, loc.channel) == ("y", 2, 9, 2, 1, 2)
     assert (loc.count, loc.tokens, loc.inputs_finite) == (11 + 1, 11 + 1, True)
     assert loc.chunks == 3 + 1  # chunks 2..4 of row 2, chunk 3 of row 0
@@ -73,7 +74,7 @@ def test_first_nonfinite_in_varlen_uses_each_sequences_own_chunking():
     y = ref.float().clone()
     y[0, 14:23, 0, :] = float("nan")  # sequence 1, tokens 9..17 of it
     inputs.x[0, 14, 0, 1] = float("inf")  # the input there was already infinite
-    loc = measure.locate_nonfinite_y(y, ref, inputs.token_map(), chunk_size=8, inputs=inputs)
+    loc = first_nonfinite_y(y, ref, inputs.token_map(), 8, inputs)
     assert (loc.sequence, loc.token, loc.chunk, loc.head, loc.channel) == (1, 9, 1, 0, 0)
     assert (loc.count, loc.tokens, loc.chunks) == (27, 9, 2)
     assert loc.inputs_finite is False
@@ -84,7 +85,7 @@ def test_nonfinite_where_the_reference_is_nonfinite_is_not_counted():
     ref = torch.ones(1, 4, 2, 3, dtype=torch.float64)
     ref[0, 1] = float("nan")
     y = ref.float().clone()
-    assert measure.locate_nonfinite_y(y, ref, inputs.token_map(), 2, inputs) is None
+    assert first_nonfinite_y(y, ref, inputs.token_map(), 2, inputs) is None
 
 
 def test_first_nonfinite_state_in_index_order():
@@ -105,7 +106,7 @@ def test_per_chunk_error_by_sequence_chunking_and_growth():
     ref = torch.ones(1, 11, 2, 3, dtype=torch.float64)
     y = ref.clone()
     y[0, 3:7] += 0.5  # sequence 1, chunk 0 (with sequence 0's chunk 0, which is exact)
-    per_chunk = measure.per_chunk_error(y, ref, inputs.token_map(), chunk_size=4)
+    per_chunk = group_sums(y, ref, inputs.token_map(), 4).per_chunk()
     assert per_chunk == pytest.approx([0.5 * math.sqrt(4 / 7), 0.0])
     assert measure.growth([1e-3, 2e-3, 4e-3]) == pytest.approx(4.0)
     assert measure.growth([1e-3, float("nan"), 1e-3]) == pytest.approx(1.0)
@@ -137,9 +138,8 @@ def test_a_stochastic_cases_worst_group_is_judged_against_several_baseline_draws
     inputs = REGIMES["initial-state"].generate(case.shape(), torch.float32, case.seed, state_dtype=torch.bfloat16)
     ref = run.reference(inputs, "fp64")
     tokens = inputs.token_map()
-    per_draw = [measure.group_errors(run.baseline(inputs, ScanCase(**{**case.__dict__, "seed": case.seed + k}),
-                                                  torch.bfloat16)[0], ref[0], tokens, 16).max().item()
-                for k in range(draws)]
+    per_draw = [group_sums(run.baseline(inputs, ScanCase(**{**case.__dict__, "seed": case.seed + k}), torch.bfloat16)[0],
+                           ref[0], tokens, 16).group_errors().max().item() for k in range(draws)]
     assert result.worst_group.baseline_rel == pytest.approx(max(per_draw), rel=1e-12)
     if draws > 1:
         assert len(set(per_draw)) == draws  # the draws differ: the seed reaches the rounding
@@ -154,8 +154,8 @@ def test_the_group_figures_are_the_same_bits_on_every_run_on_a_gpu():
     y = (ref + 1e-3 * torch.randn(ref.shape, generator=g, dtype=torch.float64).cuda()).float()
     cpu = _inputs(1, 65536).token_map()
     tokens = TokenMap(cpu.sequence.cuda(), cpu.position.cuda(), cpu.order.cuda())
-    runs = [(measure.per_chunk_error(y, ref, tokens, 64), measure.per_chunk_head_error(y, ref, tokens, 64),
-             measure.group_errors(y, ref, tokens, 64).cpu().tolist()) for _ in range(8)]
+    sums = [group_sums(y, ref, tokens, 64) for _ in range(8)]
+    runs = [(s.per_chunk(), s.per_chunk_head(), s.group_errors().tolist()) for s in sums]
     assert all(run == runs[0] for run in runs)
 
 

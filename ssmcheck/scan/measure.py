@@ -139,12 +139,6 @@ class FirstNonfinite:
         )
 
 
-def locate_nonfinite_y(y, ref, tokens: TokenMap, chunk_size: int, inputs) -> NonfiniteToken | None:
-    """`inputs` is the case's ScanInputs (for whether the inputs at that token were finite)."""
-    found = FirstNonfinite(y.shape[1], chunk_size).add(y.flatten(0, 1), ref.flatten(0, 1), tokens.segment(0, y.shape[0] * y.shape[1]))
-    return found.locate(tokens, inputs)
-
-
 def locate_nonfinite_states(states, ref, inputs) -> NonfiniteToken | None:
     """For final states (nseq, nheads, headdim, dstate): the first non-finite one in index order."""
     bad = nonfinite_mask(states, ref).flatten()
@@ -227,24 +221,6 @@ def states_of_other_sequences(states: torch.Tensor, ref: torch.Tensor) -> list[t
 
 def _relative(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, math.inf)).sqrt()
-
-
-def _group_sums(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> GroupSums:
-    """GroupSums of whole tensors (batch, seqlen, nheads, headdim): one segment."""
-    whole = tokens.segment(0, y.shape[0] * y.shape[1])
-    return GroupSums(tokens, chunk_size, y.shape[2]).add(y.flatten(0, 1), ref.flatten(0, 1), whole)
-
-
-def per_chunk_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[float]:
-    return _group_sums(y, ref, tokens, chunk_size).per_chunk()
-
-
-def per_chunk_head_error(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> list[list[float]]:
-    return _group_sums(y, ref, tokens, chunk_size).per_chunk_head()
-
-
-def group_errors(y: torch.Tensor, ref: torch.Tensor, tokens: TokenMap, chunk_size: int) -> torch.Tensor:
-    return _group_sums(y, ref, tokens, chunk_size).group_errors()
 
 
 def worst_group(kernel: torch.Tensor, baseline: torch.Tensor, nchunks_heads: tuple[int, int]) -> WorstGroup:

@@ -34,7 +34,7 @@ from ssmcheck.scan.verdict import judge
 # (tested against the sequential one to ~1e-12) instead of a Python loop over time.
 SEQUENTIAL_REFERENCE_MAX_TOKENS = 8192
 REFERENCE_CHUNK = 128
-# Baseline draws behind the worst-group figure of a stochastically rounded case (_baseline_group_errors).
+# Baseline draws behind the worst-group figure of a stochastically rounded case (_baseline_streams).
 STOCHASTIC_DRAWS = 4
 
 
