@@ -138,8 +138,9 @@ def test_a_stochastic_cases_worst_group_is_judged_against_several_baseline_draws
     inputs = REGIMES["initial-state"].generate(case.shape(), torch.float32, case.seed, state_dtype=torch.bfloat16)
     ref = run.reference(inputs, "fp64")
     tokens = inputs.token_map()
-    per_draw = [group_sums(run.baseline(inputs, ScanCase(**{**case.__dict__, "seed": case.seed + k}), torch.bfloat16)[0],
-                           ref[0], tokens, 16).group_errors().max().item() for k in range(draws)]
+    draws_y = [run.baseline(inputs, ScanCase(**{**case.__dict__, "seed": case.seed + k}), torch.bfloat16)[0]
+               for k in range(draws)]
+    per_draw = [group_sums(y, ref[0], tokens, 16).group_errors().max().item() for y in draws_y]
     assert result.worst_group.baseline_rel == pytest.approx(max(per_draw), rel=1e-12)
     if draws > 1:
         assert len(set(per_draw)) == draws  # the draws differ: the seed reaches the rounding
