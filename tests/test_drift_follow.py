@@ -50,7 +50,7 @@ def _follower_with(monkeypatch, *steps) -> Follower:
     return Follower("cuda")
 
 
-def _counted(calls: list, step=follow):
+def counted_calls(calls: list, step=follow):
     """`step`, appending its rounding to `calls` at each call."""
     def counted(**arguments):
         calls.append(arguments["rounding"])
@@ -161,8 +161,8 @@ def test_the_first_fast_step_that_agrees_runs_and_those_before_it_are_named(monk
         arguments["tripped"].zero_()
         return outs
 
-    follower = _follower_with(monkeypatch, ("Triton", lambda: _counted(wrong, unflagged)),
-                              ("torch.compile", lambda: _counted(right)), ("third", lambda: 1 / 0))
+    follower = _follower_with(monkeypatch, ("Triton", lambda: counted_calls(wrong, unflagged)),
+                              ("torch.compile", lambda: counted_calls(right)), ("third", lambda: 1 / 0))
     assert _same_as_eager(_after_steps(follower))
     assert follower.kept == "torch.compile"
     assert follower.note == "torch.compile: Triton ran, its tripped differs from the eager step's"
@@ -173,7 +173,7 @@ def test_the_triton_step_is_tried_first_and_kept_where_it_agrees(monkeypatch):
     """The Follower's own fast steps: the Triton kernel (through the interpreter on the CPU) comes first, and where it
     agrees torch.compile's step is never made."""
     calls = []
-    monkeypatch.setattr(follow_module, "follow_triton", _counted(calls, follow_module.follow_triton))
+    monkeypatch.setattr(follow_module, "follow_triton", counted_calls(calls, follow_module.follow_triton))
     monkeypatch.setattr(follow_module, "_compiled", lambda: 1 / 0)
     follower = Follower("cuda")
     for arguments, expected in _after_steps(follower):
@@ -189,7 +189,7 @@ def test_a_compiling_helper_compiles_the_triton_step_only_and_goes_on_eagerly(mo
     is compiled) and not checked, torch.compile's step is not made, and the eager step runs."""
     launched, made = [], []
     monkeypatch.setattr(follow_module, "compiling_ahead", lambda: True)
-    monkeypatch.setattr(follow_module, "follow_triton", _counted(launched))
+    monkeypatch.setattr(follow_module, "follow_triton", counted_calls(launched))
     monkeypatch.setattr(follow_module, "_compiled", lambda: made.append(1))
     follower = Follower("cuda")
     assert _same_as_eager(_after_steps(follower))

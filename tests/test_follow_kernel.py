@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_drift_follow import counted_calls
 
 from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
@@ -177,12 +178,7 @@ def test_the_kernel_passes_the_followers_check_in_every_regimes_real_steps(monke
     from ssmcheck.drift import follow as follow_module  # noqa: PLC0415
 
     calls = []
-
-    def counted(**arguments):
-        calls.append(arguments["rounding"])
-        return follow_triton(**arguments)
-
-    monkeypatch.setattr(follow_module, "follow_triton", counted)
+    monkeypatch.setattr(follow_module, "follow_triton", counted_calls(calls, follow_triton))
     monkeypatch.setattr(follow_module, "_compiled", lambda: 1 / 0)  # never made where the Triton step is kept
     plan = api.plan_drift("builtin", "default", device="cuda")
     seen = set()
