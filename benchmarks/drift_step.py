@@ -41,14 +41,12 @@ def main() -> None:
     import torch  # noqa: PLC0415
 
     from ssmcheck.core.capture import Transcript  # noqa: PLC0415
-    from ssmcheck.drift import lockstep  # noqa: PLC0415
+    from ssmcheck.drift import follow, lockstep  # noqa: PLC0415
     from ssmcheck.drift.adapter import resolve  # noqa: PLC0415
     from ssmcheck.drift.follow import Follower  # noqa: PLC0415
     from ssmcheck.drift.regimes import make_problem  # noqa: PLC0415
     from ssmcheck.drift.spec import DriftCase  # noqa: PLC0415
     from ssmcheck.drift.stats import SignedErrorMoments  # noqa: PLC0415
-
-    from ssmcheck.drift import follow  # noqa: PLC0415
 
     # How each way runs the float64 side: Follower("cpu") runs plain PyTorch; on CUDA a Follower checks its one fast
     # step (torch.compile's, or the one Triton kernel) against the eager one at the first step.

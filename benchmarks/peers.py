@@ -35,9 +35,9 @@ def where(fn: Callable) -> str:
 def state_updates(args: dict) -> tuple[dict[str, Callable], dict[str, str]]:
     """({peer: step(state) -> out}, {peer: why it is left out}) for one decode step on the selective_state_update
     keyword `args` (x, dt, A, B, C, D, z, dt_bias, dt_softplus). Each step updates `state` in place."""
-    from ssmcheck.core.autotune import ORIGIN  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
+
+    from ssmcheck.core.autotune import ORIGIN  # noqa: PLC0415
 
     steps, missing = {}, {}
     for name, _, fn in _available("state_update", missing):

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ssmcheck import api
-from ssmcheck.core.fences import ALIGN, Fenced
 from ssmcheck.core import outside
+from ssmcheck.core.fences import ALIGN, Fenced
 
 BROKEN = Path(__file__).with_name("broken_scan_kernels.py")
 BROKEN_UPDATE = Path(__file__).with_name("broken_state_update_kernels.py")

@@ -8,8 +8,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_drift_follow import counted_calls
 
-from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
+from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core.fences import Fenced
 from ssmcheck.core.tensors import moved
 from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree, written_copies

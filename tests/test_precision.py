@@ -19,8 +19,8 @@ from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.measure import error_stats
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.run import reference, reference_stream
-from ssmcheck.scan.streamed import relative_errors
 from ssmcheck.scan.spec import ScanCase
+from ssmcheck.scan.streamed import relative_errors
 
 # ------------------------------------------------------------------------------------ operand rounding
 

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 from ssmcheck.ops.chunk_scan import naive
+from ssmcheck.ops.chunk_scan.baseline import scan_baseline
 from ssmcheck.ops.chunk_scan.naive import RecurrentStream, scan_chunked, scan_recurrent
 
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

@@ -11,13 +11,12 @@ statistical test here has a fixed outcome for its recorded seed.
 import math
 
 import pytest
+import sr_model
 import torch
 import triton
 import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import sr_model
 
 from ssmcheck.core import runtime
 from ssmcheck.ops import interpreting

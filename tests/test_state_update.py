@@ -12,14 +12,13 @@ libdevice's expf); each product and sum adds one 2**-24 of its magnitude.
 import math
 
 import pytest
+import sr_model
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sr_model
-
-from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core import runtime
+from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.ops import interpreting
 from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS
 from ssmcheck.ops.state_update.fused_recurrent import PAD_SLOT_ID, selective_state_update

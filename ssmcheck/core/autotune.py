@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-
 # A wrapper that adapts another kernel's signature (ssmcheck.peers) names that kernel in this attribute:
 # the search starts from the wrapped kernel's module, not the wrapper's.
 ORIGIN = "autotune_origin"

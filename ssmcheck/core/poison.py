@@ -23,7 +23,6 @@ from contextlib import contextmanager
 import torch
 import torch.utils.deterministic
 
-
 # torch._C's setter, not torch.use_deterministic_algorithms: that one first imports torch._inductor.config
 # (all of torch._dynamo and inductor, 2 s a process on a 2-core CPU) to set a flag that only torch.compile'd
 # code reads, where the fill is all this needs. The setter is private (in torch since 1.8): a torch without

@@ -29,7 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-
 # A variant that Triton's disk cache holds loads in milliseconds; compiling one takes tenths of a second, or
 # seconds with the GIL shared (benchmarks/RESULTS.md, thirtieth session).
 CACHED_SECONDS = 0.1

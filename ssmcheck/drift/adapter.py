@@ -35,8 +35,8 @@ import torch
 
 from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import dtype_name, saturate
 from ssmcheck.core.fences import Fenced, storages
+from ssmcheck.core.formats import dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe, guarded_call
 from ssmcheck.core.pool import nan_filled
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs

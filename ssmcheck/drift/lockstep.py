@@ -30,9 +30,9 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced
 from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
-from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.follow import Follower
 from ssmcheck.drift.measure import first_difference
+from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.stats import SignedErrorMoments
 
 # At most this many bytes of step inputs lie on the device at once (a window of steps).

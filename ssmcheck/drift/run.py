@@ -33,9 +33,9 @@ import torch
 from ssmcheck.core import autotune, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.guard import describe
+from ssmcheck.core.precompile import COMPILE_THREADS, Launches
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.core.precompile import COMPILE_THREADS, Launches
 from ssmcheck.drift import ahead, independence, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.follow import output_rounded

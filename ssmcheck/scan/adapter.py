@@ -30,8 +30,8 @@ import torch
 
 from ssmcheck.core.callables import kernel_name, keywords, load_callable
 from ssmcheck.core.capture import Transcript
-from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.fences import Fenced, storages
+from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import guarded_call
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.padding import PaddedCall, padded

@@ -10,7 +10,16 @@ from rich.table import Table
 from rich.text import Text
 
 from ssmcheck.core import autotune
-from ssmcheck.core.render import CHECK_MARKS, STYLES, Column, fitted_table, format_error, headline, printed_lines, sparkline
+from ssmcheck.core.render import (
+    CHECK_MARKS,
+    STYLES,
+    Column,
+    fitted_table,
+    format_error,
+    headline,
+    printed_lines,
+    sparkline,
+)
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import Status

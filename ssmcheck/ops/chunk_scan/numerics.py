@@ -7,7 +7,6 @@ in one place, so every stage rounds and guards the same way.
 import triton
 import triton.language as tl
 
-
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(v) = exp2(v * LOG2E)
 
 
