@@ -129,6 +129,34 @@ def test_drift_outputs_are_validated(transform, expected):
     assert expected in str(info.value) and "(trial 0, step 1)" in str(info.value)
 
 
+def _out_kernel(write):
+    """A kernel of vLLM's convention (an `out` keyword) that returns a correct out of its own and writes
+    `write(out_given, correct)` into the one it is given."""
+    def kernel(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, out=None):
+        correct = drift_adapter.torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        write(out, correct)
+        return correct.clone()
+
+    return drift_adapter.resolve(kernel, 7, "software", True)
+
+
+def _first_row_only(out, correct):
+    out[:1] = correct[:1]
+
+
+@pytest.mark.parametrize(("write", "unwritten"), [(lambda out, correct: None, 2 * 2 * 4), (_first_row_only, 2 * 4)])
+def test_drift_judges_the_out_it_passes_not_a_tensor_returned_beside_it(write, unwritten):
+    problem = make_problem("normal", DecodeShape(2, 2, 4, 8, 1), torch.float32, 3, 7, "cpu")
+    step = next(problem.steps())
+    with pytest.raises(drift_adapter.KernelRaised, match=f"left {unwritten} of the 16 elements of the out it was given"):
+        _out_kernel(write).call(problem.initial_state.clone(), problem, step, "nearest", 0, "step 1", check_inputs=True)
+    # written whole, the same kernel passes, whatever it returns beside it
+    state = problem.initial_state.clone()
+    out = _out_kernel(lambda out, correct: out.copy_(correct)).call(state, problem, step, "nearest", 0, "step 1",
+                                                                     check_inputs=True)
+    assert not torch.isnan(out).any()
+
+
 def test_drift_reports_a_wrong_output_as_one_error_case():
     settings = drift_settings({"regime": "normal", "state_dtype": "fp16", "rounding": "nearest", "steps": 4,
                                "nheads": "1", "headdim": "4", "dstate": "8"}, {}, "test")

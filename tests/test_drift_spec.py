@@ -42,9 +42,14 @@ def test_an_array_of_overrides_is_a_union_of_sub_sweeps_without_repeats():
     cases = build_cases(resolve({}, preset, "p"), "builtin")
     assert [(c.regime, c.headdim, c.dstate) for c in cases] == [("normal", 16, 128), ("normal", 24, 40),
                                                                  ("long", 16, 128)]
-    # an explicit sweep drops the extra sub-sweeps
-    cases = build_cases(resolve({"state_dtype": "bf16"}, preset, "p"), "builtin")
+    # an explicit shape drops the extra sub-sweeps
+    cases = build_cases(resolve({"nheads": "2"}, preset, "p"), "builtin")
     assert [(c.regime, c.headdim) for c in cases] == [("normal", 16), ("long", 16)]
+    # a state dtype or a rounding picks values in every sub-sweep, which all still run (repeats dropped)
+    for option in ({"state_dtype": "bf16"}, {"rounding": "stochastic"}):
+        cases = build_cases(resolve(option, preset, "p"), "builtin")
+        assert [(c.regime, c.headdim, c.dstate) for c in cases] == [("normal", 16, 128), ("normal", 24, 40),
+                                                                     ("long", 16, 128)]
     # --regime only picks regimes, sub-sweeps and all
     cases = build_cases(resolve({"regime": "long,normal"}, preset, "p"), "builtin")
     assert [(c.regime, c.headdim, c.dstate) for c in cases] == [("long", 16, 128), ("normal", 16, 128),

@@ -56,9 +56,14 @@ def test_an_array_of_overrides_is_a_union_of_sub_sweeps_without_repeats():
     preset = {**TINY, "overrides": {"normal": [{"batch": [1, 2]}, {"batch": [2], "state_dtype": ["bf16"]}]}}
     cases = _cases(preset=preset)
     assert [(c.batch, c.state_dtype) for c in cases] == [(1, "fp32"), (2, "fp32"), (2, "bf16")]
-    # an explicit sweep drops the extra sub-sweeps
-    assert [(c.batch, c.state_dtype) for c in _cases({"dtype": "bf16"}, preset)] == [(1, "fp32"), (2, "fp32")]
+    # an explicit shape drops the extra sub-sweeps
     assert [(c.batch, c.state_dtype) for c in _cases({"batch": "5"}, preset)] == [(5, "fp32")]
+    assert [(c.batch, c.state_dtype) for c in _cases({"nheads": "2"}, preset)] == [(1, "fp32"), (2, "fp32")]
+    # a dtype or a rounding picks values in every sub-sweep, which all still run
+    assert [(c.batch, c.state_dtype, c.dtype) for c in _cases({"dtype": "bf16"}, preset)] == [
+        (1, "fp32", "bf16"), (2, "fp32", "bf16"), (2, "bf16", "bf16")]
+    assert [(c.batch, c.state_dtype, c.rounding) for c in _cases({"rounding": "stochastic"}, preset)] == [
+        (1, "fp32", "stochastic"), (2, "fp32", "stochastic"), (2, "bf16", "stochastic")]
     # --regime only picks regimes: the preset split by regime runs every case of the whole
     assert [(c.batch, c.state_dtype) for c in _cases({"regime": "normal"}, preset)] == [
         (1, "fp32"), (2, "fp32"), (2, "bf16")]

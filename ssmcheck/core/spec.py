@@ -10,9 +10,13 @@ over the preset's table the same way for every command:
 - `[CMD.overrides.REGIME]` tables replace axes for one regime; an array of
   such tables runs the union of several sub-sweeps. An axis given on the
   command line wins over every override, and the second and later sub-sweeps
-  of a regime are dropped as soon as any axis but --regime is given on the
-  command line, so that an explicit sweep runs what it names (--regime only
-  picks regimes: `--regime a` and `--regime b` run what `--regime a,b` does);
+  of a regime are dropped as soon as a shape axis (any but SELECTING) is given
+  on the command line, so that an explicit shape runs what it names. The
+  selecting axes pick among values without naming a shape: --regime picks
+  regimes (`--regime a` and `--regime b` run what `--regime a,b` does), and
+  --dtype, --state-dtype and --rounding set their value in every sub-sweep,
+  which all still run (`drift --rounding stochastic`, the declaration a kernel
+  without a rounding keyword needs, keeps the preset's coverage of widths);
 - `--model` replaces the width axes (naming both is a usage error).
 
 `combinations` then lists the sweep's parameter dicts in a fixed order: regime
@@ -28,6 +32,9 @@ from dataclasses import dataclass
 from ssmcheck.core import models, sweep
 from ssmcheck.core.models import WIDTHS, ModelWidths
 from ssmcheck.core.sweep import SweepError, option_name
+
+# Axes that choose among values the preset's cases take, not the shape of a case (see the module's docstring).
+SELECTING = frozenset({"regime", "dtype", "state_dtype", "rounding"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ def resolve(table: CommandTable, cli: dict, preset: dict, preset_name: str) -> S
     cli_axes = frozenset(key for key in table.axes if cli.get(key) is not None)
 
     overrides = _overrides(table, preset.get("overrides", {}), cli, where)
-    if cli_axes - {"regime"}:
+    if cli_axes - SELECTING:
         overrides = {regime: tables[:1] for regime, tables in overrides.items()}
 
     if axes.get("model"):

@@ -15,7 +15,8 @@ The adapter owns:
   `state_batch_indices` runs on a state pool with a slot per row (drift.slots checks it), its pad
   rows marked with its `pad_slot_id` keyword's default (vLLM's wrapper: 0, its null block) or -1;
 - the call, with the mamba signature; a MODULE:FUNCTION kernel with an `out` keyword gets a NaN-filled
-  out every call, as engines pass one, and one that returns nothing has written it (vLLM's convention;
+  out every call, as engines pass one, and that out is judged whatever it returns (vLLM's convention:
+  it may return nothing; one returning a tensor of its own with the given out unwritten is named;
   the runner seeds torch's generator at the
   start of every trial, so a callable drawing its random bits from torch is
   reproducible and independent across trials), under guards: what the kernel
@@ -162,7 +163,9 @@ class DriftAdapter:
         """One call on `state` (in place) with the selective_state_update `arguments` (x, dt, A, B, C, D,
         z, dt_bias, dt_softplus) and `extra` keywords; return out. Raises KernelRaised."""
         keywords = {**self.options, **(extra or {})}
-        if self.given_out and "out" not in keywords:
+        # The slot check passes an out of its own in `extra` and judges it itself (drift.slots).
+        judged_out = self.given_out and "out" not in keywords
+        if judged_out:
             keywords["out"] = nan_filled(tuple(arguments["x"].shape), arguments["x"])
         if self.takes_rounding:
             keywords["rounding"] = rounding
@@ -175,7 +178,10 @@ class DriftAdapter:
             raise KernelRaised(f"{exc} ({where})") from exc
         except Exception as exc:  # any failure of the kernel under test is its verdict, not ours
             raise KernelRaised(f"{describe(exc)} ({where})") from exc
-        if out is None and "out" in keywords:  # it wrote the out it was given, and returned nothing
+        if judged_out:  # an engine reads the out it passed, whatever the kernel returns
+            _check_given_out_written(keywords["out"], out, where)
+            out = keywords["out"]
+        elif out is None and "out" in keywords:  # it wrote the out it was given, and returned nothing
             out = keywords["out"]
         _check_out(out, arguments["x"], where)
         return out
@@ -189,6 +195,20 @@ def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor 
 # selective_state_update's arguments after the state, in order, and those of them that are tensors (or None).
 _ARGUMENTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
 _TENSOR_ARGUMENTS = _ARGUMENTS[:-1]
+
+
+def _check_given_out_written(given: torch.Tensor, returned, where: str) -> None:
+    """A kernel that returns its output in a tensor of its own and leaves the NaN-filled `out` it was given
+    (partly) unwritten: named, where the judge would only see NaN in out."""
+    if not isinstance(returned, torch.Tensor) or returned.data_ptr() == given.data_ptr():
+        return
+    if returned.shape == given.shape:
+        unwritten = int((torch.isnan(given) & ~torch.isnan(returned)).sum())
+    else:
+        unwritten = int(torch.isnan(given).sum())
+    if unwritten:
+        raise KernelRaised(f"it returned its output in a tensor of its own and left {unwritten} of the "
+                           f"{given.numel()} elements of the out it was given unwritten ({where})")
 
 
 def _check_out(out, x: torch.Tensor, where: str) -> None:

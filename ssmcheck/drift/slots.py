@@ -190,8 +190,8 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
         if failed is None and over:
             # A row the step skipped (a bounds or pad test that took it for a pad row) keeps its state's bits.
             kept = torch.equal(bits(got_state), bits(pool_before[slot]))
-            failed = (figures, ("its state kept every bit (the row skipped, as a pad row is): " if kept else "")
-                      + "; ".join(over))
+            skipped = "its state kept every bit (the row skipped, as a pad row is, or its store sent to another slot): "
+            failed = (figures, (skipped if kept else "") + "; ".join(over))
         if worst is None or max(figures["state_rel"], figures["out_rel"]) > max(worst["state_rel"], worst["out_rel"]):
             worst = figures
     result = {"rows": len(rows), "worst": worst}
