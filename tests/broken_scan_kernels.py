@@ -743,3 +743,45 @@ def dt_limit_only_with_a_lower_end(x, dt, A, B, C, chunk_size, D=None, z=None, d
         dt_limit = (0.0, float("inf"))
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def seq_idx_clamped_in_place(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """Right results, and seq_idx clamped to >= 0 in place (pad ids made a sequence's, for its own indexing): an
+    engine builds seq_idx once a batch and passes it to every layer, whose later calls then see no pad token."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if seq_idx is not None:
+        seq_idx.clamp_(min=0)
+        seq_idx[..., -1] += 1  # the last token's id moved too: a change in any varlen call, pad tokens or none
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+_KEPT: dict[tuple, torch.Tensor] = {}
+
+
+def _kept(what: str, value: torch.Tensor) -> torch.Tensor:
+    """`value` copied into a buffer kept per (what, shape, dtype) and returned again by every call."""
+    key = (what, tuple(value.shape), value.dtype, value.device)
+    if key not in _KEPT:
+        _KEPT[key] = torch.empty_like(value)
+    return _KEPT[key].copy_(value)
+
+
+def final_states_in_a_kept_buffer(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                  seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                  return_final_states=False, return_varlen_states=False):
+    """Right results, its final states returned in a buffer it keeps (a workspace allocated once a shape, as
+    for CUDA graphs): the next call overwrites the states a caller holds from the last one."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    extra = ([_kept("final_states", out.final_states)] if return_final_states else []) + (
+        [_kept("varlen_states", out.varlen_states)] if return_varlen_states else [])
+    return (out.y, *extra) if extra else out.y
+
+
+def y_in_a_kept_buffer(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                       cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                       return_varlen_states=False):
+    """Right results, y returned in a buffer it keeps per shape: the next call overwrites a caller's y."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(_kept("y", out.y), out, return_final_states, return_varlen_states)

@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from cli_invoke import invoke
 from hypothesis import given, settings
@@ -72,6 +73,27 @@ def test_a_kernel_that_writes_past_its_input_is_an_error():
     report = api.scan(kernel=f"{BROKEN}:writes_past_x", seqlen="200", **SMALL)
     [case] = report.cases
     assert case.status == "error" and "wrote outside its input x" in case.message, case.message
+
+
+def test_a_kernel_that_changes_seq_idx_is_an_error():
+    # seq_idx is an input like the others: an engine passes the same one to every layer's call.
+    report = api.scan(kernel=f"{BROKEN}:seq_idx_clamped_in_place", seqlen="200", **{**SMALL, "regime": "normal,ragged"})
+    batch, varlen = report.cases
+    assert batch.status == "pass", batch.message  # no seq_idx in batch mode
+    assert varlen.status == "error" and "wrote into its input seq_idx" in varlen.message, varlen.message
+
+
+@pytest.mark.parametrize(("kernel", "options", "expected"), [
+    # the SSM part's call (without D and z) returns y in the buffer of the case's own call's y
+    ("y_in_a_kept_buffer", {}, "its y lies in the memory of the y an earlier call returned"),
+    # a second call with the return flags: --repeat's
+    ("final_states_in_a_kept_buffer", {"repeat": 2}, "its states lie in the memory of the states an earlier call"),
+])
+def test_an_output_returned_again_in_a_kept_buffer_is_an_error(kernel, options, expected):
+    report = api.scan(kernel=f"{BROKEN}:{kernel}", seqlen="200", **SMALL, **options)
+    assert report.cases and all(c.status == "error" for c in report.cases), [c.message for c in report.cases]
+    assert all(expected in c.message and "each call overwrites the last one's output" in c.message
+               for c in report.cases), report.cases[0].message
 
 
 def test_zero_fences_keep_their_value_and_report_writes_into_them():

@@ -23,6 +23,7 @@ The adapter owns:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
@@ -96,6 +97,9 @@ class ScanAdapter:
     no_pad_tokens: str = f"it does not declare that it takes pad tokens (seq_idx -1) (attribute {PAD_TOKENS_ATTRIBUTE})"
     # Writes the final states into a state cache at given slots (CACHE_WRITE_KEYWORDS): scan.invariance checks it.
     writes_cache: bool = False
+    # Weak references to what the latest calls returned (ReturnedBuffers): an output in the memory of one the
+    # caller still holds is a buffer the kernel keeps and returns again.
+    returned: ReturnedBuffers = field(default_factory=lambda: ReturnedBuffers())
 
     def skip_reason(self, case: ScanCase) -> str | None:
         """Why this kernel cannot run `case` (None: it can)."""
@@ -171,6 +175,7 @@ class ScanAdapter:
         storage, why = self._storage(inputs, case)[1:]
         result, sent, fenced = self._fenced_call(self.fn, inputs, case, True, transcript, nan_fences)
         y, states = _unpack(result)
+        self.returned.check_and_add(y=y, states=states)
         x = fenced.originals["x"]
         state_shape = (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1])
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
@@ -206,6 +211,7 @@ class ScanAdapter:
         y, sent, fenced = self._fenced_call(fn, inputs, case, False, transcript)
         if not isinstance(y, torch.Tensor):
             raise KernelOutputError(f"expected y alone (a tensor) from {called}, got {type(y).__name__}")
+        self.returned.check_and_add(y=y)
         x = fenced.originals["x"]
         _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
         _check_inputs(fenced)
@@ -219,7 +225,10 @@ class ScanAdapter:
         """(the padded call or None, the input tensors the kernel is called on, by name)."""
         sent = padded(inputs) if inputs.pad_after is not None else None
         called = sent.inputs if sent else inputs
-        return sent, {name: getattr(called, name) for name in _INPUTS}
+        # seq_idx too: an engine builds it once a batch and passes it to every layer's call, so a kernel that
+        # changes it (clamping pad ids in place) corrupts the next layer's scan.
+        return sent, {**{name: getattr(called, name) for name in _INPUTS},
+                      "seq_idx": sent.seq_idx if sent else called.seq_idx}
 
     def _fenced_call(self, fn: Callable, inputs: ScanInputs, case: ScanCase, returns: bool,
                      transcript: Transcript | None,
@@ -229,9 +238,12 @@ class ScanAdapter:
         sent, tensors = self._called(inputs)
         called = sent.inputs if sent else inputs
         fenced = Fenced(tensors, nan_fences)
-        given = replace(called, **fenced.tensors)
-        sent_given = replace(sent, inputs=given) if sent else None
-        result = guarded_call(fn, *self._arguments(inputs if sent else given, case, returns, sent_given), transcript)
+        copies = dict(fenced.tensors)
+        seq_idx = copies.pop("seq_idx")
+        given = replace(called, **copies)
+        sent_given = replace(sent, inputs=given, seq_idx=seq_idx) if sent else None
+        result = guarded_call(fn, *self._arguments(inputs if sent else given, case, returns, sent_given, seq_idx),
+                              transcript)
         return result, sent, fenced
 
     def arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool = True) -> tuple[tuple, dict]:
@@ -240,9 +252,13 @@ class ScanAdapter:
         stages callable takes none)."""
         return self._arguments(inputs, case, returns, padded(inputs) if inputs.pad_after is not None else None)
 
-    def _arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool, sent: PaddedCall | None):
+    def _arguments(self, inputs: ScanInputs, case: ScanCase, returns: bool, sent: PaddedCall | None,
+                   seq_idx: torch.Tensor | None = None):
+        """`seq_idx`: the one to pass (a checked copy), else the inputs' own."""
         flags = {"return_final_states": not inputs.varlen, "return_varlen_states": inputs.varlen} if returns else {}
-        called, seq_idx = (sent.inputs, sent.seq_idx) if sent else (inputs, inputs.seq_idx)
+        called = sent.inputs if sent else inputs
+        if seq_idx is None:
+            seq_idx = sent.seq_idx if sent else inputs.seq_idx
         return ((called.x, called.dt, called.A, called.B, called.C, case.chunk_size),
                 {**called.kwargs(), "seq_idx": seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]})
 
@@ -257,6 +273,39 @@ class ScanAdapter:
                 raise KernelOutputError(f"stage {name} is not a tensor on {inputs.x.device}")
         _check_inputs(fenced)
         return {**stages, "y": sent.case_y(stages["y"])} if sent else stages
+
+
+class ReturnedBuffers:
+    """The outputs of a kernel's latest calls, held weakly. A new output whose memory is that of one still alive
+    (so held by its caller: the allocator cannot have handed that memory out again) is a buffer the kernel keeps
+    and returns again: its next call overwrites what the caller of the earlier one still reads."""
+
+    KEPT = 8  # the latest outputs looked at
+
+    def __init__(self):
+        self._refs: list[tuple[str, weakref.ref]] = []
+
+    def check_and_add(self, **outputs: torch.Tensor) -> None:
+        """Raise KernelOutputError where one of `outputs` (name -> tensor) lies in an earlier output's memory."""
+        alive = [(name, t) for name, ref in self._refs if (t := ref()) is not None]
+        for name, t in outputs.items():
+            for earlier_name, earlier in alive:
+                if _same_memory(t, earlier):
+                    verb = "lie" if name == "states" else "lies"
+                    raise KernelOutputError(
+                        f"its {name} {verb} in the memory of the {earlier_name} an earlier call returned, which its "
+                        "caller still holds: a buffer the kernel keeps and returns again, so each call overwrites "
+                        "the last one's output")
+        self._refs = [(name, weakref.ref(t)) for name, t in alive][-self.KEPT:] + [
+            (name, weakref.ref(t)) for name, t in outputs.items()]
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a's and b's storages overlap (an empty tensor owns no memory)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
 
 
 def _unpack(result) -> tuple[torch.Tensor, torch.Tensor]:
