@@ -785,3 +785,20 @@ def y_in_a_kept_buffer(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
     """Right results, y returned in a buffer it keeps per shape: the next call overwrites a caller's y."""
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(_kept("y", out.y), out, return_final_states, return_varlen_states)
+
+
+_TUNED: set[tuple] = set()
+
+
+def first_call_accumulates(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                           seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                           return_final_states=False, return_varlen_states=False):
+    """Right from the second call of a shape on; the first returns y and the states twice over: an autotuner that
+    benchmarks two configs into the outputs it then returns, accumulating without Triton's reset_to_zero."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    key = (tuple(x.shape), x.dtype)
+    scale = 1 if key in _TUNED else 2
+    _TUNED.add(key)
+    extra = ([out.final_states * scale] if return_final_states else []) + (
+        [out.varlen_states * scale] if return_varlen_states else [])
+    return (out.y * scale, *extra) if extra else out.y * scale

@@ -166,6 +166,17 @@ def test_drift_reports_a_wrong_output_as_one_error_case():
 
 
 
+def test_a_first_call_wrong_alone_fails_the_case_it_warms_up():
+    # On a GPU the first call of a shape (compiling, autotuning) is made apart from the timed one: judged too.
+    broken = Path(__file__).with_name("broken_scan_kernels.py")
+    runner = ScanRunner(f"{broken}:first_call_accumulates", Tolerance(), "fp64", "cpu", True, warmup=True)
+    first, again = (runner(case, lambda: None) for case in [_scan_case(seed=3), _scan_case(seed=4)])
+    assert first.status is Status.FAIL and first.message.startswith(
+        "the first call of this shape (compiling and autotuning; untimed) returned y 1 off the timed call's"), \
+        first.message
+    assert again.status is Status.PASS, again.message  # its shape warm: no first call
+
+
 def test_the_first_call_per_shape_is_timed_apart_as_warm_up():
     slow = Path(__file__).with_name("slow_kernels.py")
     runner = ScanRunner(f"{slow}:compiles_on_first_call", Tolerance(), "fp64", "cpu", True, warmup=True)

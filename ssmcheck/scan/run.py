@@ -21,6 +21,7 @@ from ssmcheck.core.formats import DTYPES, dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.precompile import COMPILE_THREADS, Launches, compile_only
 from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import same_bits
 from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import ScanAdapter, resolve
@@ -171,7 +172,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     torch.manual_seed(case.seed)  # for kernels that draw random bits from torch's generator
     _sync(device)
     transcript = Transcript()
-    warmup_seconds, picks = _warm_up(kernel, inputs, case, transcript, device) if warmup else (None, {})
+    warmup_seconds, picks, first_call = _warm_up(kernel, inputs, case, transcript, device) if warmup else (None, {},
+                                                                                                          None)
     start = time.perf_counter()
     try:
         # With --repeat, the same inputs again: a race shows as runs that differ.
@@ -234,6 +236,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             result.message += f"; states returned for other sequences: the state of sequence {shown}"
         result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, out, allow_tf32)
         result.message += f"; {note}"
+    if first_call is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
+        _judge_first_call(result, first_call, out)
     if result.status is Status.NONFINITE:
         # The call that came back non-finite: the case's, else the one without D and z.
         if not outside.finite(out):
@@ -303,23 +307,52 @@ _WARM: dict[tuple, dict] = {}
 
 
 def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
-             device: str) -> tuple[float | None, dict]:
+             device: str) -> tuple[float | None, dict, tuple | None]:
     """Call the kernel once, untimed as the case, if this kernel has not yet run this shape: the seconds
-    it took (compilation and autotuning on a GPU), or None when it was warm already; and what the kernel's
-    autotuners picked for this shape at that call. A failure here is left to the timed call, which meets it
-    again and reports it."""
+    it took (compilation and autotuning on a GPU), or None when it was warm already; what the kernel's
+    autotuners picked for this shape at that call; and what that call returned, (y, states), for
+    _judge_first_call (None when warm, or where it raised). A failure here is left to the timed call, which meets
+    it again and reports it."""
     key = _shape_key(kernel, inputs, case)
     if key in _WARM:
-        return None, _WARM[key]
+        return None, _WARM[key], None
     start = time.perf_counter()
+    first_call = None
     with autotune.recorded_picks(autotune.find(kernel.fn)) as picks:
         try:
-            _calls(kernel, inputs, case, transcript, device, 1)
+            first_call = _calls(kernel, inputs, case, transcript, device, 1)[0]
         except Exception:  # noqa: BLE001, S110 (the timed call reports it)
             pass
     seconds = time.perf_counter() - start
     _WARM[key] = picks
-    return seconds, picks
+    return seconds, picks, first_call
+
+
+def _judge_first_call(result: ScanResult, first_call: tuple, timed: tuple) -> None:
+    """Fold the warm-up call's outputs into a judged case: a server's first request of a shape is that call.
+
+    Its y differs from the timed call's by d (norm-wise, relative); the timed call's own error is e. Where d > limit
+    + e, the first call's error is above the limit (d <= its error + e), whatever the rounding draws: the case
+    fails, or is non-finite where the first call's outputs are and the timed call's are not. A first call that
+    autotunes by running every config on the outputs it returns, without resetting them (Triton's
+    reset_to_zero), or that reads what compiling left behind, is wrong there alone."""
+    if all(same_bits(a, b) for a, b in zip(first_call, timed)):
+        return
+    offs = measure.relative_errors(list(zip(first_call, timed)))
+    checked = zip(("y", "states"), first_call, offs, (result.kernel.y.rel, result.kernel.states.rel), result.limits)
+    for name, first, off, error, limit in checked:
+        if not bool(torch.isfinite(first).all()):
+            result.status = Status.NONFINITE
+            result.message = "; ".join(filter(None, [result.message, f"the first call of this shape (compiling and "
+                                                     f"autotuning; untimed) returned non-finite {name}"]))
+            return
+        if off > limit + error:
+            result.status = Status.FAIL
+            result.message = "; ".join(filter(None, [result.message, (
+                f"the first call of this shape (compiling and autotuning; untimed) returned {name} {off:.3g} off the "
+                f"timed call's, whose own error is {error:.3g} (limit {limit:.3g}): a first call wrong alone, as an "
+                "autotuner that benchmarks its configs into the outputs without resetting them")]))
+            return
 
 
 def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple:
