@@ -54,6 +54,10 @@ def test_the_baseline_run_as_the_kernel_declares_batch_invariance_within_toleran
     assert batch["status"] == "pass" and batch["mode"] == "tolerance" and not batch["identical"]
     exact, report = scan(*args, "--batch-invariance", "exact", json_path=tmp_path / "e.json")
     assert exact.exit_code == 1 and report["cases"][0]["message"].startswith("batch invariance: sequence")
+    # the differences are within the rule: the message says which declaration judges by it
+    assert report["cases"][0]["message"].endswith("; within the tolerance rule, which --batch-invariance tolerance "
+                                                  "judges by, for a kernel whose results depend on the packing by "
+                                                  "design"), report["cases"][0]["message"]
 
 
 @pytest.mark.parametrize("regime", ["ragged", "initial-state"])

@@ -155,10 +155,14 @@ def _batch(serving: Serving, inputs: ScanInputs, chunk_size, seed, out: Outputs,
         f" in y from token {differs[1]}" if differs[1] is not None else " in its final state")
     sizes = (f"(worst: sequence {worst['sequence']}, y {worst['y_rel']:.3g}, state {worst['state_rel']:.3g} "
              f"of the reference's norm, max |Δ| {worst['max_abs']:.3g})")
-    if serving.batch_exact:
-        return InvarianceCheck(BATCH, Status.FAIL, f"batch invariance: {where} {sizes}", figures)
     failed = _over(serving.tolerance, [("y", worst["y_rel"], base.y.rel),
                                        ("state", worst["state_rel"], base.states.rel)])
+    if serving.batch_exact:
+        # Bits that move with the packing within the rule: a kernel whose reductions follow the batch's layout
+        # by design is declared so, and then judged on the rule.
+        hint = "" if failed else ("; within the tolerance rule, which --batch-invariance tolerance judges by, for a "
+                                  "kernel whose results depend on the packing by design")
+        return InvarianceCheck(BATCH, Status.FAIL, f"batch invariance: {where} {sizes}{hint}", figures)
     if failed:
         return InvarianceCheck(BATCH, Status.FAIL, f"batch invariance: {where}: {failed}", figures)
     return InvarianceCheck(BATCH, Status.PASS, "", figures)
