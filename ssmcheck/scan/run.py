@@ -23,7 +23,7 @@ from ssmcheck.core.precompile import COMPILE_THREADS, Launches, compile_only
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import same_bits
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.scan import invariance, measure, precision, repro, segments, stages, streamed
+from ssmcheck.scan import draws, invariance, measure, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
@@ -236,6 +236,9 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             result.message += f"; states returned for other sequences: the state of sequence {shown}"
         result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, out, allow_tf32)
         result.message += f"; {note}"
+    if (case.rounding == "stochastic" and kernel.takes_state_options and storage != torch.float32
+            and result.status in (Status.PASS, Status.FAIL)):
+        _check_seed(result, kernel, inputs, case, transcript, device, out[1], figures.reference_states, storage)
     if first_call is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
         _judge_first_call(result, first_call, out)
     if result.status is Status.NONFINITE:
@@ -326,6 +329,22 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     seconds = time.perf_counter() - start
     _WARM[key] = picks
     return seconds, picks, first_call
+
+
+def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
+                device: str, states: torch.Tensor, reference_states: torch.Tensor, storage: torch.dtype) -> None:
+    """Fold scan.draws' seed check into a stochastically rounded case: the kernel called again with another
+    seed."""
+    try:
+        again = _calls(kernel, inputs, replace(case, seed=case.seed + 1), transcript, device, 1)[0][1]
+    except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
+        failed = _kernel_failed(case, exc, inputs, transcript, " (the call with another seed)")
+        result.status, result.message = failed.status, failed.message
+        return
+    clause = draws.seed_ignored(states, again, reference_states, storage)
+    if clause is not None:
+        result.status = Status.FAIL
+        result.message = "; ".join(filter(None, [result.message, clause]))
 
 
 def _judge_first_call(result: ScanResult, first_call: tuple, timed: tuple) -> None:
