@@ -813,3 +813,14 @@ def stochastic_rounding_to_nearest(x, dt, A, B, C, chunk_size, D=None, z=None, d
     out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                         cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def compounding_per_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                          seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=False, return_varlen_states=False):
+    """y 0.1% too large per chunk passed, compounding (a passed state scaled by 1.001 at every chunk boundary, as
+    a decay off by a rounding would): chunk c of a batch row is (1.001)**c the truth; the states are right."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    chunk = torch.arange(x.shape[1], device=x.device) // chunk_size
+    y = (out.y.double() * (1.001 ** chunk.double())[None, :, None, None]).to(out.y.dtype)
+    return _mamba_result(y, out, return_final_states, return_varlen_states)

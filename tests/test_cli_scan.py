@@ -86,6 +86,17 @@ def test_nan_in_a_partial_last_chunk_is_nonfinite_at_its_first_token(tmp_path):
     assert "sequence 0 token 98 (chunk 3) head 1 channel 0" in case["message"]
 
 
+def test_an_error_compounding_from_chunk_to_chunk_names_the_earliest_chunk_over_the_limit(tmp_path):
+    # The worst group is the last chunk's; where the error starts is chunk 1 (0.1% there, the fp32 limit ~1e-5).
+    result, report = scan("--kernel", f"{BROKEN}:compounding_per_chunk", "--regime", "normal", "--dtype", "fp32",
+                          "--seqlen", "160", "--chunk-size", "32", "--batch", "1", *TINY, json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    (case,) = report["cases"]
+    assert case["error"]["y_worst_group"]["chunk"] == 4, case["error"]["y_worst_group"]
+    assert re.search(r"; the earliest y group over the group limit [0-9.e-]+: sequence 0 chunk 1 head \d "
+                     r"\(error 0\.001", case["message"]), case["message"]
+
+
 def test_nan_in_the_final_state_is_located_by_sequence_head_channel_and_state(tmp_path):
     result, report = scan("--kernel", f"{BROKEN}:nan_final_state", "--regime", "ragged", "--dtype", "fp16",
                           "--seqlen", "30", "--chunk-size", "16", "--batch", "3", *TINY, json_path=tmp_path / "r.json")

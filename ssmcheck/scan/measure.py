@@ -234,6 +234,21 @@ def worst_group(kernel: torch.Tensor, baseline: torch.Tensor, nchunks_heads: tup
     return WorstGroup(rel=rel, baseline_rel=base, sequence=sequence, chunk=chunk, head=head)
 
 
+def first_group_over(kernel: torch.Tensor, limit: float, nchunks_heads: tuple[int, int]) -> tuple | None:
+    """Of the groups whose error (group_errors' order; NaN counts as over) is above `limit`, the one in the
+    earliest chunk (then sequence, then head): (sequence, chunk, head, its error); None where none is. Where an
+    error carried from chunk to chunk starts, which the worst group, often chunks later, does not say."""
+    nchunks, nheads = nchunks_heads
+    errors = kernel.view(-1, nchunks, nheads)
+    over = torch.where(errors.isnan(), math.inf, errors) > limit
+    if not bool(over.any()):
+        return None
+    first = int(over.permute(1, 0, 2).flatten().nonzero()[0])  # chunk-major order
+    chunk, rest = divmod(first, errors.shape[0] * nheads)
+    sequence, head = divmod(rest, nheads)
+    return sequence, chunk, head, float(errors[sequence, chunk, head])
+
+
 def repeat_spread(first: tuple, repeats: list[tuple], tokens: TokenMap) -> RepeatSpread:
     """Compare the (y, states) of runs 2.. with run 1's, bit for bit (NaN equals the same NaN)."""
     max_abs = spread = 0.0

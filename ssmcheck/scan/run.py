@@ -22,7 +22,7 @@ from ssmcheck.core.guard import KernelExit, describe
 from ssmcheck.core.precompile import COMPILE_THREADS, Launches, compile_only
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import same_bits
-from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.scan import draws, invariance, measure, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
@@ -229,6 +229,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
                     result.repeat, allow_nondeterministic)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
     racy = result.repeat is not None and not result.repeat.identical and not allow_nondeterministic
+    if result.status is Status.FAIL and not racy:
+        result.message += _first_group_over(result, figures.kernel_groups, tolerance)
     if result.status is Status.FAIL and not racy:  # a race is no question of precision
         moved = measure.states_of_other_sequences(out[1], figures.reference_states)
         if moved:
@@ -329,6 +331,21 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     seconds = time.perf_counter() - start
     _WARM[key] = picks
     return seconds, picks, first_call
+
+
+def _first_group_over(result: ScanResult, groups, tolerance: Tolerance) -> str:
+    """The clause naming the earliest chunk whose group is over the worst-group limit, where the worst group
+    failed later than that chunk; "" otherwise."""
+    worst = result.worst_group
+    limit = tolerance_limit(worst.baseline_rel, tolerance.tol_factor, tolerance.floor, tolerance.rtol)
+    if within_tolerance(worst.rel, worst.baseline_rel, tolerance.tol_factor, tolerance.floor, tolerance.rtol):
+        return ""
+    first = measure.first_group_over(groups.group_errors(), limit, groups.shape())
+    if first is None or first[1] >= worst.chunk:
+        return ""
+    sequence, chunk, head, error = first
+    return (f"; the earliest y group over the group limit {limit:.3g}: sequence {sequence} chunk {chunk} head {head} "
+            f"(error {error:.3g})")
 
 
 def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
