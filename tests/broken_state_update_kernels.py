@@ -514,3 +514,23 @@ def racy_store(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=
         first.copy_(torch.nextafter(first, torch.full_like(first, float("inf"))))
     state.copy_(stored)
     return out.to(x.dtype)
+
+
+def random_offsets_with_dstate_for_headdim(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                           *, rounding="nearest", seed=0):
+    """Stochastic rounding whose per-element random offset takes dstate where headdim belongs, ((row * nheads +
+    head) * dstate + channel) * dstate + state index: with headdim > dstate, channel c of head h and channel
+    c - dstate of head h + 1 draw the same uniform. Each element alone is exact SR, and its bits follow the seed and
+    differ from its neighbours' along every axis. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding != "stochastic" or state.dtype not in _DROPPED_BITS:
+        state.copy_(new.to(state.dtype))
+        return out
+    rows, nheads, headdim, dstate = new.shape
+    index = [torch.arange(size, device=new.device) for size in new.shape]
+    offsets = (((index[0][:, None, None, None] * nheads + index[1][None, :, None, None]) * dstate
+                + index[2][None, None, :, None]) * dstate + index[3][None, None, None, :])
+    generator = torch.Generator(device=new.device).manual_seed(seed)
+    uniform = torch.rand(int(offsets.max()) + 1, device=new.device, generator=generator)[offsets]
+    state.copy_(_stochastic(new, state.dtype, uniform))
+    return out

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ssmcheck
-from ssmcheck.drift.independence import AXES, CALLS, FALSE_ALARM, TWINS, lower_tail_bound
+from ssmcheck.drift.independence import AXES, CALLS, FALSE_ALARM, LAG_Z, LAGS, TWINS, lower_tail_bound
 from ssmcheck.ops.rounding.naive import fraction_between_neighbours
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -105,6 +105,34 @@ def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
         assert check["message"] == check["message"].split("; ")[0]  # one clause
         assert "twin channels 64 apart (given the same state and inputs) stored the same bits in 2048 of 2048" \
                in check["message"] and check["message"].endswith("random bits are the same channels 64 apart")
+
+
+def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_alike():
+    """Offsets that take dstate for headdim give channel c of head h and channel c - 16 of head h + 1 one uniform:
+    in the twin step's 2 x 2 x 128 x 16 state, elements 1792 apart, where no twins lie."""
+    cases = _cases(f"{BROKEN}:random_offsets_with_dstate_for_headdim")
+    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
+    assert len(stochastic) == 4
+    for case in stochastic:
+        check = case["independence"]
+        assert case["status"] == "fail" and check["status"] == "fail", case["message"]
+        for axis in TWINS:  # the twins see nothing
+            assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
+        lags = check[LAGS]
+        assert (lags["distance"], lags["pairs"], lags["fails"]) == (1792, 6400, True), lags
+        assert lags["z"] > LAG_Z and lags["agree"] > lags["expected"]
+        assert check["message"] == (
+            f"random bits: elements 1792 apart in the state (row +0, head +1, channel -16, state index +0), every "
+            f"element given the same state and inputs, stored the same bits in {lags['agree']} of 6400 pairs where "
+            f"independent draws agree in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random "
+            "bits repeat at that distance (an offset computed with a wrong stride)")
+
+
+@pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
+def test_a_correct_stochastic_rounding_agrees_at_every_distance_as_independent_draws_do(kernel):
+    for case in (c for c in _cases(kernel) if c["params"]["rounding"] == "stochastic"):
+        lags = case["independence"][LAGS]
+        assert lags["stored_values"] == 2 and not lags["fails"] and lags["z"] < LAG_Z / 2, lags
 
 
 def test_the_lower_tail_bound_is_a_bound_and_fails_only_far_below_the_mean():

@@ -33,14 +33,14 @@ def test_the_baseline_run_as_the_kernel_draws_on_its_seed():
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float16, torch.bfloat16]),
-       size=st.integers(64, 512))
+       size=st.integers(256, 1024))
 def test_two_independent_draws_pass_and_one_draw_twice_fails(seed, dtype, size):
     generator = torch.Generator().manual_seed(seed)
     exact = torch.randn(size, generator=generator, dtype=torch.float64) * 2.0 ** torch.randint(-8, 8, (size,),
                                                                                                 generator=generator)
     first, second = (round_to(exact, dtype, "stochastic", generator) for _ in range(2))
     expected = draws.expected_differences(exact, dtype)
-    assert expected > 21  # size >= 64 unit-scale values: about a third of them differ on average
+    assert expected > 21  # size >= 256 values: about a third of them differ on average
     assert draws.seed_ignored(first, second, exact, dtype) is None
     assert "same bits in all" in draws.seed_ignored(first, first.clone(), exact, dtype)
 

@@ -28,6 +28,16 @@ and no axis's twins are all the same (those would explain the shortfall):
 random bits are the same channels 64 apart`). Where E is small (below 21 even none differing passes: an axis of one
 element, states the step leaves representable) that axis cannot tell, and passes with its figures. The values
 themselves are the decode's to judge, not this check's.
+
+Twins at a few distances cannot see bits shared at any other: a random offset computed with a wrong stride (a
+headdim where dstate belongs) gives the elements a fixed distance apart in the state's memory one counter, each of
+them still exact SR on its own. So one more step (LAGS) gives every element the same state and inputs: all of them
+round the same exact value, up with probability p, and any two agree with probability a = p² + (1 - p)². For every
+distance L in the flattened state (batch, heads, channels, state indices) the n - L pairs L apart are counted (an
+FFT's autocorrelation of the rounding decisions); a distance where they agree more often than a allows (z above
+LAG_Z, against a variance that allows for the pairs of one distance sharing elements) by at least LAG_EXCESS of the
+pairs fails: `elements 1792 apart in the state (row +0, head +1, channel -16, state index +0), every element given
+the same state and inputs, stored the same bits in 6283 of 6400 pairs where independent draws agree in 5703 ± 34`.
 """
 
 from __future__ import annotations
@@ -69,6 +79,15 @@ _INPUT_AXES = {
 }
 
 
+# The step whose elements are all alike, and the distances between its elements: named in figures and messages.
+LAGS = "lags"
+# A distance fails where its pairs agree more often than independent draws with z above LAG_Z (one of up to ~10**5
+# distances: far past any of them by chance) and by at least LAG_EXCESS of its pairs (a material share).
+LAG_Z = 8.0
+LAG_EXCESS = 0.02
+# Distances with fewer pairs than this are not counted (too few to tell).
+LAG_MIN_PAIRS = 64
+
 # The twin step's heads are at least this wide: its channels then have twins 64 apart, past a block of 64 (or
 # fewer) channels a program, where a kernel whose offsets restart with each block repeats its bits.
 MIN_CHANNELS = 128
@@ -95,24 +114,34 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
                           "independence check", transcript)
     except KernelRaised as exc:
         return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
-    double = {name: None if t is None else t.double() for name, t in arguments.items() if name != "dt_softplus"}
-    exact, _ = state_update_step(before, double["x"], double["dt"], double["A"], double["B"], double["C"],
-                                 D=double["D"], z=double["z"], dt_bias=double["dt_bias"],
-                                 dt_softplus=problem.dt_softplus)
+    alike = {name: _alike_everywhere(t) for name, t in given.items()}
+    alike_state = alike.pop("state")
+    alike_before = alike_state.double()
+    alike_arguments = {"z": None, **alike, "dt_softplus": problem.dt_softplus}
+    try:
+        kernel.update(alike_state, alike_arguments, case.rounding, sweep.case_seed(seed, {"step": 3}),
+                      "independence check (every element alike)", transcript)
+    except KernelRaised as exc:
+        return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
+    exact = _exact_step(before, arguments, problem.dt_softplus)
     p = fraction_between_neighbours(exact, case.dtype)
+    lags = _lag_figures(alike_state, fraction_between_neighbours(
+        _exact_step(alike_before, alike_arguments, problem.dt_softplus), case.dtype))
     stored = bits(state)
     # (name, distance, the first elements' p, their stored bits, their twins'): along each axis, and the call with
     # another seed, every element's twin.
     pairings = [(name, distance, p[first], stored[first], stored[second]) for axis, name in enumerate(AXES)
                 for distance, first, second in _pairs(axis, stored.shape[axis])]
     pairings.append((CALLS, 1, p, stored, bits(again)))
-    figures, failed = {"widths": list(state.shape), **{name: [] for name in TWINS}}, []
+    figures, failed = {"widths": list(state.shape), **{name: [] for name in TWINS}, LAGS: lags}, []
     for name, distance, *twins_of in pairings:
         pairing, fails = _pairing(distance, *twins_of)
         figures[name].append(pairing)
         if fails:
             failed.append((name, pairing))
     if not failed:
+        if lags["fails"]:
+            return SlotCheck(NAME, Status.FAIL, f"{TITLE}: {_lag_failure(lags, list(state.shape))}", figures)
         return SlotCheck(NAME, Status.PASS, "", figures)
     # Twins that never differ are certain; bits shared along one axis also make the other axes' pairs fail to be
     # independent of each other, and a count over them can then fall short by itself: those go unnamed.
@@ -125,6 +154,76 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
                          "deterministically, the random bits do not reach them", figures)
     return SlotCheck(NAME, Status.FAIL, f"{TITLE}: " + "; ".join(_failure(name, f) for name, f in certain or failed),
                      figures)
+
+
+def _exact_step(state: torch.Tensor, arguments: dict, dt_softplus: bool) -> torch.Tensor:
+    """The float64 update of `state` (float64) under the step's `arguments`."""
+    double = {name: None if t is None else t.double() for name, t in arguments.items() if name != "dt_softplus"}
+    exact, _ = state_update_step(state, double["x"], double["dt"], double["A"], double["B"], double["C"],
+                                 D=double["D"], z=double["z"], dt_bias=double["dt_bias"], dt_softplus=dt_softplus)
+    return exact
+
+
+def _lag_figures(stored: torch.Tensor, p: torch.Tensor) -> dict:
+    """The distance in the flattened state whose pairs of a step with every element alike agree most in excess
+    of independent draws (stored bits equal), and whether it fails (LAG_Z, LAG_EXCESS). `p`: where each element's
+    exact update lies between its neighbours (all the same, up to the float64 step's own rounding)."""
+    flat = bits(stored).flatten()
+    values, counts = torch.unique(flat, return_counts=True)
+    n = flat.numel()
+    if len(values) != 2:  # all stored alike (no draw to compare: the twins' counts judge it), or not two neighbours
+        return {"distance": None, "fails": False, "stored_values": len(values)}
+    ups = (flat == values[counts.argmin()]).double()
+    q = float(p.flatten()[0].clamp(0.0, 1.0))
+    agree_p = q * q + (1 - q) * (1 - q)
+    # Pairs of one distance share elements (chains i, i + L, i + 2L): the count's variance is at most
+    # (1 + 2|c| / v) times the independent one's, c the covariance of neighbouring pairs in a chain.
+    variance = agree_p * (1 - agree_p)
+    covariance = abs(q**3 + (1 - q) ** 3 - agree_p**2)
+    signs = 2 * ups - 1
+    spectrum = torch.fft.rfft(signs, 2 * n)
+    correlation = torch.fft.irfft(spectrum * spectrum.conj(), 2 * n)[:n]
+    pairs = torch.arange(n, 0, -1, dtype=torch.float64, device=signs.device)
+    agree = (correlation + pairs) / 2
+    distances = torch.arange(n, device=signs.device)
+    counted = (distances >= 1) & (pairs >= LAG_MIN_PAIRS)
+    if variance == 0.0 or not bool(counted.any()):
+        return {"distance": None, "fails": False, "stored_values": 2}
+    sigma = torch.sqrt(pairs * (variance + 2 * covariance))
+    z = torch.where(counted, (agree - agree_p * pairs) / sigma, -math.inf)
+    worst = int(z.argmax())
+    excess = float(agree[worst] / pairs[worst] - agree_p)
+    return {"distance": worst, "pairs": int(pairs[worst]), "agree": round(float(agree[worst])),
+            "expected": round(agree_p * float(pairs[worst]), 1), "sigma": round(float(sigma[worst]), 2),
+            "z": round(float(z[worst]), 2), "fails": float(z[worst]) > LAG_Z and excess >= LAG_EXCESS,
+            "stored_values": 2}
+
+
+def _lag_failure(lags: dict, widths: list[int]) -> str:
+    """A failing distance, in words, with the steps along each axis that make it up."""
+    steps, rest = [], lags["distance"]
+    for size in reversed(widths[1:]):  # state indices, channels, heads; the rest is rows
+        rest, step = divmod(rest, size)
+        if step > size // 2:  # the nearer way round: one more along the outer axis, back along this one
+            step, rest = step - size, rest + 1
+        steps.append(step)
+    steps.append(rest)
+    names = ("row", "head", "channel", "state index")
+    parts = ", ".join(f"{name} {step:+d}" for step, name in zip(reversed(steps), names))
+    return (f"elements {lags['distance']} apart in the state ({parts}), every element given the same state and "
+            f"inputs, stored the same bits in {lags['agree']} of {lags['pairs']} pairs where independent draws agree "
+            f"in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random bits repeat at that "
+            "distance (an offset computed with a wrong stride)")
+
+
+def _alike_everywhere(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t` with every element its first one's, in a storage of its own; its stride-0 axes kept so."""
+    if t is None:
+        return None
+    zero = [d for d in range(t.dim()) if t.stride(d) == 0]
+    first = t[(slice(0, 1),) * t.dim()]
+    kept = [1 if d in zero else size for d, size in enumerate(t.shape)]
+    return first.expand(kept).contiguous().expand(t.shape)
 
 
 def _pairing(distance: int, p: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> tuple[dict, bool]:
