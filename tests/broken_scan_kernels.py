@@ -824,3 +824,14 @@ def compounding_per_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=No
     chunk = torch.arange(x.shape[1], device=x.device) // chunk_size
     y = (out.y.double() * (1.001 ** chunk.double())[None, :, None, None]).to(out.y.dtype)
     return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def y_alone_without_d(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                      cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                      return_varlen_states=False):
+    """Right when asked for states; called for y alone (no return flags: a training forward's call) it takes a
+    path of its own that leaves out the skip D·x."""
+    returns = return_final_states or return_varlen_states
+    out = _baseline(x, dt, A, B, C, chunk_size, D if returns else None, z, dt_bias, initial_states, cu_seqlens,
+                    dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

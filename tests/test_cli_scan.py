@@ -97,6 +97,23 @@ def test_an_error_compounding_from_chunk_to_chunk_names_the_earliest_chunk_over_
                      r"\(error 0\.001", case["message"]), case["message"]
 
 
+def test_a_kernel_that_computes_y_alone_on_another_path_fails_where_that_call_is_judged(tmp_path):
+    # The call for y alone with D and z (no return flags) is judged beside the case's own in bf16 cases with
+    # sequences or initial states; the kernel's flagged call is right, so fp32 and batch-mode cases pass.
+    result, report = scan("--kernel", f"{BROKEN}:y_alone_without_d", "--regime", "ragged,normal", "--dtype",
+                          "fp32,bf16", "--seqlen", "100", "--chunk-size", "32", "--batch", "3", *TINY,
+                          json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    status = {(c["params"]["regime"], c["params"]["dtype"]): c["status"] for c in report["cases"]}
+    assert status == {("ragged", "fp32"): "pass", ("ragged", "bf16"): "fail", ("normal", "fp32"): "pass",
+                      ("normal", "bf16"): "pass"}, status
+    [failed] = [c for c in report["cases"] if c["status"] == "fail"]
+    assert re.fullmatch(r"the call without the return flags \(as a training forward, or a prefill that keeps no "
+                        r"state, makes it\) returned y [0-9.]+ off the timed call's, whose own error is [0-9.e-]+ "
+                        r"\(limit [0-9.e-]+\): a path taken without the return flags that computes y otherwise",
+                        failed["message"]), failed["message"]
+
+
 def test_nan_in_the_final_state_is_located_by_sequence_head_channel_and_state(tmp_path):
     result, report = scan("--kernel", f"{BROKEN}:nan_final_state", "--regime", "ragged", "--dtype", "fp16",
                           "--seqlen", "30", "--chunk-size", "16", "--batch", "3", *TINY, json_path=tmp_path / "r.json")

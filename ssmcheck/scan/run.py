@@ -182,7 +182,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         return _kernel_failed(case, exc, inputs, transcript)
     kernel_seconds = time.perf_counter() - start
     storage = kernel.judged_storage(case, out[1].dtype)
-    ssm_kernel = None
+    ssm_kernel = y_alone = None
     if inputs.D is not None or inputs.z is not None:
         # The SSM part alone: the same call without D and z, and without the return flags (kernel.call_y),
         # judged against C·h of the references.
@@ -191,6 +191,13 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             _sync(device)
         except Exception as exc:  # noqa: BLE001
             return _kernel_failed(case, exc, inputs, transcript, f" ({SSM_PART_CALL})")
+    if _judges_y_alone(case, inputs):
+        # And y alone with D and z, the call a training forward makes, judged beside the case's own (_judge_beside).
+        try:
+            y_alone = kernel.call_y(inputs, case, transcript)
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001
+            return _kernel_failed(case, exc, inputs, transcript, f" ({Y_ALONE_CALL[0]})")
     ref_stream = reference_stream(inputs, reference_kind)
     if serving is not None:  # the serving-shaped checks compare whole outputs: keep the reference whole
         ref_stream = streamed.Recorded(ref_stream)
@@ -241,8 +248,10 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     if (case.rounding == "stochastic" and kernel.takes_state_options and storage != torch.float32
             and result.status in (Status.PASS, Status.FAIL)):
         _check_seed(result, kernel, inputs, case, transcript, device, out[1], figures.reference_states, storage)
+    if y_alone is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
+        _judge_beside(result, Y_ALONE_CALL, (y_alone,), out)
     if first_call is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
-        _judge_first_call(result, first_call, out)
+        _judge_beside(result, FIRST_CALL, first_call, out)
     if result.status is Status.NONFINITE:
         # The call that came back non-finite: the case's, else the one without D and z.
         if not outside.finite(out):
@@ -316,7 +325,7 @@ def _warm_up(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript
     """Call the kernel once, untimed as the case, if this kernel has not yet run this shape: the seconds
     it took (compilation and autotuning on a GPU), or None when it was warm already; what the kernel's
     autotuners picked for this shape at that call; and what that call returned, (y, states), for
-    _judge_first_call (None when warm, or where it raised). A failure here is left to the timed call, which meets
+    _judge_beside (None when warm, or where it raised). A failure here is left to the timed call, which meets
     it again and reports it."""
     key = _shape_key(kernel, inputs, case)
     if key in _WARM:
@@ -364,30 +373,52 @@ def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, cas
         result.message = "; ".join(filter(None, [result.message, clause]))
 
 
-def _judge_first_call(result: ScanResult, first_call: tuple, timed: tuple) -> None:
-    """Fold the warm-up call's outputs into a judged case: a server's first request of a shape is that call.
+# The calls judged beside the case's own, as messages name them, and what makes such a call wrong alone.
+FIRST_CALL = ("the first call of this shape (compiling and autotuning; untimed)",
+              "a first call wrong alone, as an autotuner that benchmarks its configs into the outputs without resetting "
+              "them")
+def _judges_y_alone(case: ScanCase, inputs: ScanInputs) -> bool:
+    """Whether a case also judges the call for y alone with D and z: where there are sequences or initial states,
+    whose states the return flags ask for and the peers then handle on other paths (mamba_ssm's varlen states in
+    a kernel of their own); in bf16 cases, the dtype serving engines run, since another path is wrong in any dtype
+    and each such call costs a kernel call (in every case with D or z, it took the default scan on a 2-core CPU
+    from 39 s to 60 s; in these alone, to 46.5 s, 2026-12-05)."""
+    return ((inputs.D is not None or inputs.z is not None) and (inputs.varlen or inputs.initial_states is not None)
+            and case.dtype == "bf16")
 
-    Its y differs from the timed call's by d (norm-wise, relative); the timed call's own error is e. Where d > limit
-    + e, the first call's error is above the limit (d <= its error + e), whatever the rounding draws: the case
-    fails, or is non-finite where the first call's outputs are and the timed call's are not. A first call that
-    autotunes by running every config on the outputs it returns, without resetting them (Triton's
-    reset_to_zero), or that reads what compiling left behind, is wrong there alone."""
-    if all(same_bits(a, b) for a, b in zip(first_call, timed)):
+
+Y_ALONE_CALL = ("the call without the return flags (as a training forward, or a prefill that keeps no state, makes "
+                "it)", "a path taken without the return flags that computes y otherwise")
+
+
+def _judge_beside(result: ScanResult, call: tuple[str, str], outputs: tuple, timed: tuple) -> None:
+    """Fold another call's outputs of the case's computation (`outputs`: y, or (y, states)) into a judged case.
+
+    They differ from the timed call's by d (norm-wise, relative); the timed call's own error is e. Where d > limit
+    + e, the other call's error is above the limit (d <= its error + e), whatever the rounding draws: the case
+    fails, or is non-finite where the other call's outputs are and the timed call's are not. `call`: (the call in
+    words, what makes it wrong alone).
+
+    The first call of a shape on a GPU (warm-up: a server's first request of a shape is that call) is wrong alone
+    where it autotunes by running every config on the outputs it returns, without resetting them (Triton's
+    reset_to_zero), or reads what compiling left behind; the call without the return flags (y alone) where a kernel
+    takes another path for it."""
+    if all(same_bits(a, b) for a, b in zip(outputs, timed)):
         return
-    offs = measure.relative_errors(list(zip(first_call, timed)))
-    checked = zip(("y", "states"), first_call, offs, (result.kernel.y.rel, result.kernel.states.rel), result.limits)
-    for name, first, off, error, limit in checked:
-        if not bool(torch.isfinite(first).all()):
+    what, why = call
+    offs = measure.relative_errors(list(zip(outputs, timed)))
+    checked = zip(("y", "states"), outputs, timed, offs, (result.kernel.y.rel, result.kernel.states.rel),
+                  result.limits)
+    for name, other, own, off, error, limit in checked:
+        if bool((~torch.isfinite(other) & torch.isfinite(own)).any()):
             result.status = Status.NONFINITE
-            result.message = "; ".join(filter(None, [result.message, f"the first call of this shape (compiling and "
-                                                     f"autotuning; untimed) returned non-finite {name}"]))
+            result.message = "; ".join(filter(None, [result.message, f"{what} returned non-finite {name}"]))
             return
         if off > limit + error:
             result.status = Status.FAIL
             result.message = "; ".join(filter(None, [result.message, (
-                f"the first call of this shape (compiling and autotuning; untimed) returned {name} {off:.3g} off the "
-                f"timed call's, whose own error is {error:.3g} (limit {limit:.3g}): a first call wrong alone, as an "
-                "autotuner that benchmarks its configs into the outputs without resetting them")]))
+                f"{what} returned {name} {off:.3g} off the timed call's, whose own error is {error:.3g} (limit "
+                f"{limit:.3g}): {why}")]))
             return
 
 
