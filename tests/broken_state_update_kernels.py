@@ -534,3 +534,29 @@ def random_offsets_with_dstate_for_headdim(state, x, dt, A, B, C, D=None, z=None
     uniform = torch.rand(int(offsets.max()) + 1, device=new.device, generator=generator)[offsets]
     state.copy_(_stochastic(new, state.dtype, uniform))
     return out
+
+
+def slot_path_bits_shared_by_channels(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                      state_batch_indices=None, pad_slot_id=-1, out=None, *, rounding="nearest",
+                                      seed=0):
+    """Right as it is called without slot indices; with them (a serving engine's call, another compiled variant)
+    its random offsets leave out the channel: every channel of a state row rounds with the same bits. Its pad rows
+    change nothing and get zeros in out. Right to nearest."""
+    if state_batch_indices is None:
+        new, y = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        _store(state, new, rounding, seed)
+    else:
+        live = state_batch_indices != pad_slot_id
+        slots = state_batch_indices[live].long()
+        z_live = None if z is None else z[live]
+        new, y_live = _fp32_step(state[slots], x[live], dt[live], A, B[live], C[live], D, z_live, dt_bias,
+                                 dt_softplus)
+        rows = state[slots]
+        for channel in range(rows.shape[2]):  # each channel from the same seed: the same bits
+            _store(rows[:, :, channel], new[:, :, channel], rounding, seed)
+        state[slots] = rows
+        y = torch.zeros_like(x)
+        y[live] = y_live
+    if out is not None:
+        out.copy_(y)
+    return out if out is not None else y

@@ -128,6 +128,20 @@ def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_
             "bits repeat at that distance (an offset computed with a wrong stride)")
 
 
+def test_bits_shared_on_the_slot_path_alone_fail_through_slot_indices():
+    # The builtin kernel takes slot indices and passes both ways (the test above); this one is right without them.
+    cases = _cases(f"{BROKEN}:slot_path_bits_shared_by_channels")
+    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
+    assert len(stochastic) == 4
+    for case in stochastic:
+        check = case["independence"]
+        assert check["status"] == "fail" and all(f["differ"] == 0 for f in check["channels"]), check
+        assert check["message"].startswith("random bits (called with a slot per row, state_batch_indices): twin "
+                                           "channels (given the same state and inputs) stored the same bits in "), \
+            check["message"]
+        assert "random bits do not depend on the channel" in check["message"]
+
+
 @pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
 def test_a_correct_stochastic_rounding_agrees_at_every_distance_as_independent_draws_do(kernel):
     for case in (c for c in _cases(kernel) if c["params"]["rounding"] == "stochastic"):

@@ -38,6 +38,10 @@ FFT's autocorrelation of the rounding decisions); a distance where they agree mo
 LAG_Z, against a variance that allows for the pairs of one distance sharing elements) by at least LAG_EXCESS of the
 pairs fails: `elements 1792 apart in the state (row +0, head +1, channel -16, state index +0), every element given
 the same state and inputs, stored the same bits in 6283 of 6400 pairs where independent draws agree in 5703 ± 34`.
+
+A kernel that takes slot indices runs every step of the check again through them, a slot per row (`state_batch_indices`,
+as serving engines call it), where it passes as it is: that path is another compiled variant, whose random offsets
+may come from the slot.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import torch
 
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
+from ssmcheck.core.pool import nan_filled
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
@@ -94,7 +99,38 @@ MIN_CHANNELS = 128
 
 
 def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript) -> SlotCheck:
-    """The verdict of `case` (a stochastic-rounding one) for `kernel`."""
+    """The verdict of `case` (a stochastic-rounding one) for `kernel`: its steps called as they are, and, for a
+    kernel that takes slot indices and passes that way, again with a slot per row (`state_batch_indices`, as serving
+    engines call it: a path of its own, where its random offsets may be computed from the slot)."""
+    plain = _check(case, kernel, device, transcript, through_slots=False)
+    if plain.status is not Status.PASS or kernel.pad_slot_id is None:
+        return plain
+    slotted = _check(case, kernel, device, transcript, through_slots=True)
+    if slotted.status is Status.PASS:
+        return plain
+    return replace(slotted, message=slotted.message.replace(f"{TITLE}: ", f"{TITLE} (called with a slot per row, "
+                                                                          "state_batch_indices): ", 1))
+
+
+def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
+          transcript: Transcript, through_slots: bool) -> None:
+    """One update of `state` in place: as it is, or through slot indices, the rows on the first slots of a pool
+    that are not the kernel's pad slot id (vLLM's is 0, its null block), its out NaN-filled."""
+    if not through_slots:
+        kernel.update(state, arguments, rounding, seed, where, transcript)
+        return
+    rows = state.shape[0]
+    slots = [slot for slot in range(rows + 1) if slot != kernel.pad_slot_id][:rows]
+    pool = state[:1].repeat(slots[-1] + 1, *([1] * (state.dim() - 1)))
+    index = torch.tensor(slots, dtype=torch.int32, device=state.device)
+    pool[index.long()] = state
+    out = nan_filled(tuple(arguments["x"].shape), arguments["x"])
+    kernel.update_slots(pool, index, arguments, out, rounding, seed, where, transcript)
+    state.copy_(pool[index.long()])
+
+
+def _check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript,
+           through_slots: bool) -> SlotCheck:
     seed = sweep.case_seed(case.seed, {"check": NAME})
     shape = replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS))
     problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
@@ -110,8 +146,8 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
     arguments = {"z": None, **twins, "dt_softplus": problem.dt_softplus}
     try:
         for twin, step_seed in ((state, 1), (again, 2)):
-            kernel.update(twin, arguments, case.rounding, sweep.case_seed(seed, {"step": step_seed}),
-                          "independence check", transcript)
+            _step(kernel, twin, arguments, case.rounding, sweep.case_seed(seed, {"step": step_seed}),
+                  "independence check", transcript, through_slots)
     except KernelRaised as exc:
         return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
     alike = {name: _alike_everywhere(t) for name, t in given.items()}
@@ -119,8 +155,8 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
     alike_before = alike_state.double()
     alike_arguments = {"z": None, **alike, "dt_softplus": problem.dt_softplus}
     try:
-        kernel.update(alike_state, alike_arguments, case.rounding, sweep.case_seed(seed, {"step": 3}),
-                      "independence check (every element alike)", transcript)
+        _step(kernel, alike_state, alike_arguments, case.rounding, sweep.case_seed(seed, {"step": 3}),
+              "independence check (every element alike)", transcript, through_slots)
     except KernelRaised as exc:
         return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
     exact = _exact_step(before, arguments, problem.dt_softplus)
