@@ -21,11 +21,13 @@ from cli_invoke import assert_usage_error, invoke
 import ssmcheck
 from ssmcheck import api
 from ssmcheck.core.callables import KernelSpecError
+from ssmcheck.core.formats import DTYPES
 from ssmcheck.drift import adapter as drift_adapter
 from ssmcheck.drift import run as drift_run
 from ssmcheck.peers import vllm as vllm_peer
 from ssmcheck.scan import adapter as scan_adapter
 from ssmcheck.scan import run as scan_run
+from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.spec import build_cases
 from ssmcheck.scan.spec import resolve as scan_settings
@@ -215,14 +217,23 @@ def test_states_not_in_cs_dtype_are_caught_when_vllm_was_told_nothing(fakes, mon
 
 def _calls_of_each_case(calls: list[dict], cases: list[dict]) -> list[tuple[dict, dict]]:
     """The kernel's two calls of each case in order (as it is, and without D and z), past the warm-up
-    call that a GPU run makes before a shape's first case (its report holds warmup_seconds)."""
+    call that a GPU run makes before a shape's first case (its report holds warmup_seconds) and the call for y
+    alone that some cases make after them (scan.run.judges_y_alone)."""
     calls, pairs = list(calls), []
     for case in cases:
         if case["warmup_seconds"] is not None:
             calls.pop(0)
         pairs.append((calls.pop(0), calls.pop(0)))
+        if _judges_y_alone(case["params"]):
+            calls.pop(0)
     assert not calls, f"{len(calls)} calls past the cases'"
     return pairs
+
+
+def _judges_y_alone(p: dict) -> bool:
+    """Whether the case of report params `p` calls the kernel for y alone too (its inputs generated again)."""
+    shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
+    return scan_run.judges_y_alone(p["dtype"], REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"]))
 
 
 def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):

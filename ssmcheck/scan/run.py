@@ -191,7 +191,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             _sync(device)
         except Exception as exc:  # noqa: BLE001
             return _kernel_failed(case, exc, inputs, transcript, f" ({SSM_PART_CALL})")
-    if _judges_y_alone(case, inputs):
+    if judges_y_alone(case.dtype, inputs):
         # And y alone with D and z, the call a training forward makes, judged beside the case's own (_judge_beside).
         try:
             y_alone = kernel.call_y(inputs, case, transcript)
@@ -377,14 +377,14 @@ def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, cas
 FIRST_CALL = ("the first call of this shape (compiling and autotuning; untimed)",
               "a first call wrong alone, as an autotuner that benchmarks its configs into the outputs without resetting "
               "them")
-def _judges_y_alone(case: ScanCase, inputs: ScanInputs) -> bool:
-    """Whether a case also judges the call for y alone with D and z: where there are sequences or initial states,
+def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
+    """Whether a case of `dtype` on `inputs` also judges the call for y alone with D and z: where there are sequences or initial states,
     whose states the return flags ask for and the peers then handle on other paths (mamba_ssm's varlen states in
     a kernel of their own); in bf16 cases, the dtype serving engines run, since another path is wrong in any dtype
     and each such call costs a kernel call (in every case with D or z, it took the default scan on a 2-core CPU
     from 39 s to 60 s; in these alone, to 46.5 s, 2026-12-05)."""
     return ((inputs.D is not None or inputs.z is not None) and (inputs.varlen or inputs.initial_states is not None)
-            and case.dtype == "bf16")
+            and dtype == "bf16")
 
 
 Y_ALONE_CALL = ("the call without the return flags (as a training forward, or a prefill that keeps no state, makes "

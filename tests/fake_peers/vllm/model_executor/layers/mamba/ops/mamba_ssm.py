@@ -44,12 +44,14 @@ def selective_state_update(
         out.copy_(torch_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, **rounding))
         return
     # As vLLM's kernel: row i on pool slot state_batch_indices[i]; a row on the null block reads a zero
-    # state (its load is masked), writes its out and stores no state.
+    # state (its load is masked), writes its out and stores no state. Its random offsets start from the slot's
+    # place in the pool: each row's draws its own (here a seed per slot).
     for row, slot in enumerate(state_batch_indices.flatten().tolist()):
         one = slice(row, row + 1)
         state_row = state[slot:slot + 1] if slot != null_block_id else torch.zeros_like(state[:1])
+        own = {**rounding, "seed": rounding["seed"] + slot} if rounding else {}
         out[one] = torch_state_update(state_row, x[one], dt[one], A, B[one], C[one], D,
-                                      None if z is None else z[one], dt_bias, dt_softplus, **rounding)
+                                      None if z is None else z[one], dt_bias, dt_softplus, **own)
 
 
 def _verify_drafts(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dst_state_batch_indices,
