@@ -560,3 +560,19 @@ def slot_path_bits_shared_by_channels(state, x, dt, A, B, C, D=None, z=None, dt_
     if out is not None:
         out.copy_(y)
     return out if out is not None else y
+
+
+def random_bits_from_the_value(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                               rounding="nearest", seed=0):
+    """Stochastic rounding whose uniform is a hash of the fp32 value and the seed (reproducible without counters):
+    each store exact SR on its own over seeds, but equal values round alike wherever they lie. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding != "stochastic" or state.dtype not in _DROPPED_BITS:
+        state.copy_(new.to(state.dtype))
+        return out
+    key = new.contiguous().view(torch.int32).to(torch.int64) ^ (seed & 0x7FFFFFFF)
+    mixed = (key * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF  # a multiplicative hash, low 32 bits
+    mixed = ((mixed ^ (mixed >> 15)) * 0x2C1B3C6D) & 0xFFFFFFFF
+    uniform = ((mixed ^ (mixed >> 12)) & 0xFFFFFF).float() / 2.0**24
+    state.copy_(_stochastic(new, state.dtype, uniform))
+    return out

@@ -96,6 +96,20 @@ def _bits_repeating_every_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_
     return out
 
 
+def test_bits_drawn_from_the_value_fail_in_one_clause():
+    cases = _cases(f"{BROKEN}:random_bits_from_the_value")
+    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
+    assert len(stochastic) == 4
+    for case in stochastic:
+        check = case["independence"]
+        assert check["status"] == "fail" and all(f["differ"] == 0 for axis in AXES for f in check[axis]), check
+        assert check["calls"][0]["differ"] > 0  # another seed, other bits
+        assert check["message"].startswith("random bits: twins along every axis (given the same state and inputs) "
+                                           "stored the same bits (batch rows 4096 of 4096 alike where "), check
+        assert check["message"].endswith("the stochastic rounding's random bits depend on no coordinate of the "
+                                         "element (a function of its value and the seed)"), check["message"]
+
+
 def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
     cases = ssmcheck.drift(kernel=_bits_repeating_every_64_channels, **SMALL).to_json()["cases"]
     for case in (c for c in cases if c["params"]["rounding"] == "stochastic"):

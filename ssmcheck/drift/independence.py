@@ -188,6 +188,13 @@ def _check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Trans
         return SlotCheck(NAME, Status.FAIL, f"{TITLE}: twins along every axis stored the same bits far more often "
                          f"than independent draws would ({_alike(failed)}): these stores are rounded almost "
                          "deterministically, the random bits do not reach them", figures)
+    certain_axes = {name for name, _ in certain}
+    if certain_axes == {name for name in AXES if figures[name]} and CALLS not in certain_axes:
+        # The same bits for twins wherever they lie, yet other bits for another seed: bits drawn from the value
+        # itself (a hash of it and the seed), not from the element's place.
+        return SlotCheck(NAME, Status.FAIL, f"{TITLE}: twins along every axis (given the same state and inputs) "
+                         f"stored the same bits ({_alike(certain)}): the stochastic rounding's random bits depend on "
+                         "no coordinate of the element (a function of its value and the seed)", figures)
     return SlotCheck(NAME, Status.FAIL, f"{TITLE}: " + "; ".join(_failure(name, f) for name, f in certain or failed),
                      figures)
 
