@@ -4,6 +4,7 @@ Runs use `--kernel torch`, the broken kernels of tests/broken_state_update_kerne
 (plain PyTorch: fast) or, for the smoke preset, the built-in Triton kernel.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -421,3 +422,24 @@ def test_repeat_passes_the_builtin_kernel(tmp_path):
     assert result.exit_code == 0, result.output
     ran = [c for c in report["cases"] if c["status"] != "skipped"]
     assert ran and all(c["repeat"]["identical"] and c["repeat"]["runs"] == 2 for c in ran)
+
+
+def test_a_short_stochastic_run_says_how_small_a_bias_it_could_see(tmp_path):
+    """32 steps of one 16 x 128 head: ~4000 stores a trial, too few to see the 2**-10 ulp floor (z = 4 needs a
+    mean of about 4 x 0.3 / sqrt(8000)), which the report says, with the figure in JSON."""
+    result, report = drift("--regime", "normal", "--state-dtype", "fp16", "--steps", "32", "--nheads", "1",
+                           "--headdim", "16", "--dstate", "128", json_path=tmp_path / "b.json")
+    assert result.exit_code == 0, result.output
+    by_rounding = {c["params"]["rounding"]: c for c in report["cases"]}
+    assert by_rounding["nearest"]["bias_resolution_ulp"] is None
+    resolution = by_rounding["stochastic"]["bias_resolution_ulp"]
+    assert 2.0**-10 < resolution < 0.05, resolution
+    assert re.search(r"bias resolution: 1 passing stochastic case could show a mean rounding error only from "
+                     r"[0-9.]+-[0-9.]+ ulp per store \(\|z\| > 4 at their stores\), above the 0\.00098 ulp the test "
+                     r"fails", result.output), result.output
+    # Long enough, no such line: 4 trials of 1024 steps resolve below the floor.
+    longer, report = drift("--regime", "normal", "--state-dtype", "fp16", "--rounding", "stochastic", "--steps",
+                           "1024", "--trials", "4", "--nheads", "1", "--headdim", "16", "--dstate", "128",
+                           "--kernel", "torch", json_path=tmp_path / "l.json")
+    assert longer.exit_code == 0 and "bias resolution" not in longer.output, longer.output
+    assert report["cases"][0]["bias_resolution_ulp"] < 2.0**-10

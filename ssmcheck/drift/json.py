@@ -7,6 +7,8 @@ JSON case keys (always present; figures a case did not produce are null):
     checkpoints [{step, state_rel, out_rel, bias}]   kernel vs float64 reference, mean over trials,
     growth_exponent                                  alpha in state_rel ~ step**alpha,
     bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
+    bias_resolution_ulp                              the smallest such mean the bias test could see at these
+                                                     stores' count and spread (stochastic cases; else null),
     subnormal_stores {subnormal, flushed}            an fp16 state's stores whose exact value lay in fp16's
                                                      subnormal range, and of them those stored as 0 (0 and 0
                                                      for other state dtypes; null: no steps ran),
@@ -54,6 +56,7 @@ def case_json(result: DriftResult) -> dict:
         "growth_exponent": v.growth_exponent,
         "bias_z": v.bias_z,
         "store_bias_ulp": v.store_bias_ulp,
+        "bias_resolution_ulp": v.bias_resolution_ulp,
         "subnormal_stores": {"subnormal": run.store_errors.subnormal,
                              "flushed": run.store_errors.flushed} if run else None,
         "baseline": {

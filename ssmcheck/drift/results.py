@@ -49,6 +49,7 @@ class StoreErrors:
     rms: float | None = None  # root mean square error per store: at most 1 for any rounding of the exact value
     subnormal: int = 0  # stores whose exact value lies in the storage dtype's subnormal range
     flushed: int = 0  # of those, stored as zero (no rounding does that: stats.store_sums)
+    resolution: float | None = None  # the smallest mean the bias test could see (stats.SignedErrorMoments)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class DriftVerdict:
     baseline_growth_exponent: float | None = None
     bias_z: float | None = None  # z of the mean per-store rounding error
     store_bias_ulp: float | None = None  # that mean, in ulps (negative: toward zero)
+    bias_resolution_ulp: float | None = None  # the smallest such mean the test could see (stochastic cases)
     crossing_step: int | None = None  # where the drift reaches the tolerance (None: not within 1e12 steps)
     crossing_observed: bool = False  # already reached at a checkpoint, not extrapolated
 

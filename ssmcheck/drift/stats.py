@@ -139,6 +139,18 @@ class SignedErrorMoments:
         return math.sqrt(total_sq / count) if count else None
 
     @property
+    def resolution(self) -> float | None:
+        """The smallest mean error per store (ulps) these stores could show as a bias: the one whose z would reach
+        BIAS_Z_LIMIT at their count and spread (None with fewer than 2). Above BIAS_FLOOR_ULP, a bias between the
+        two passes unseen: decode longer, or more trials."""
+        count, total, total_sq = self._read()
+        if count < 2:
+            return None
+        mean = total / count
+        variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
+        return BIAS_Z_LIMIT * math.sqrt(variance / count)
+
+    @property
     def z(self) -> float | None:
         """The one-sample z statistic of the mean against zero (None with fewer than 2 samples)."""
         count, total, total_sq = self._read()

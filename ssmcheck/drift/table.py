@@ -25,6 +25,7 @@ from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import tolerance_rule
 from ssmcheck.drift.results import DriftResult
 from ssmcheck.drift.spec import DriftSettings
+from ssmcheck.drift.stats import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
 
 
 def header(env: Environment, kernel: str, settings: DriftSettings, autotuned: list[str] = ()) -> str:
@@ -148,10 +149,23 @@ def notes(results: list[DriftResult]) -> list[str]:
              if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
     skipped = Counter(r.verdict.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
+    lines += _coarse_bias_tests(results)
     lines += autotune.config_failures(results)
     for r in results:
         lines += printed_lines(r.case.id, r.stdout)
     return lines
+
+
+def _coarse_bias_tests(results: list[DriftResult]) -> list[str]:
+    """A line where passing stochastic cases could not see a bias as small as the floor the test fails."""
+    coarse = [r.verdict.bias_resolution_ulp for r in results if r.status is Status.PASS
+              and r.verdict.bias_resolution_ulp is not None and r.verdict.bias_resolution_ulp > BIAS_FLOOR_ULP]
+    if not coarse:
+        return []
+    return [f"bias resolution: {len(coarse)} passing stochastic case{'s' if len(coarse) > 1 else ''} could show a "
+            f"mean rounding error only from {min(coarse):.2g}-{max(coarse):.2g} ulp per store (|z| > {BIAS_Z_LIMIT:g} "
+            f"at their stores), above the {BIAS_FLOOR_ULP:.2g} ulp the test fails: a smaller bias passes there "
+            "unseen (more --steps or --trials see finer)"]
 
 
 def render(console: Console, results: list[DriftResult], compare_rounding: bool = True) -> None:

@@ -67,6 +67,7 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
         "baseline_growth_exponent": growth_exponent(steps, baseline),
         "bias_z": run.store_errors.z,
         "store_bias_ulp": run.store_errors.mean,
+        "bias_resolution_ulp": run.store_errors.resolution if case.rounding == "stochastic" else None,
         "crossing_step": crossing,
         "crossing_observed": observed,
     }
