@@ -377,18 +377,18 @@ def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, cas
 FIRST_CALL = ("the first call of this shape (compiling and autotuning; untimed)",
               "a first call wrong alone, as an autotuner that benchmarks its configs into the outputs without resetting "
               "them")
-def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
-    """Whether a case of `dtype` on `inputs` also judges the call for y alone with D and z: where there are sequences or initial states,
-    whose states the return flags ask for and the peers then handle on other paths (mamba_ssm's varlen states in
-    a kernel of their own); in bf16 cases, the dtype serving engines run, since another path is wrong in any dtype
-    and each such call costs a kernel call (in every case with D or z, it took the default scan on a 2-core CPU
-    from 39 s to 60 s; in these alone, to 46.5 s, 2026-12-05)."""
-    return ((inputs.D is not None or inputs.z is not None) and (inputs.varlen or inputs.initial_states is not None)
-            and dtype == "bf16")
-
-
 Y_ALONE_CALL = ("the call without the return flags (as a training forward, or a prefill that keeps no state, makes "
                 "it)", "a path taken without the return flags that computes y otherwise")
+
+
+def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
+    """Whether a case of `dtype` on `inputs` also judges the call for y alone with D and z: where there are
+    sequences or initial states, whose states the return flags ask for and the peers then handle on other paths
+    (mamba_ssm's varlen states in a kernel of their own); in bf16 cases, the dtype serving engines run, since
+    another path is wrong in any dtype and each such call costs a kernel call (in every case with D or z, it took
+    the default scan on a 2-core CPU from 39 s to 60 s; in these alone, to 46.5 s, 2026-12-05)."""
+    return ((inputs.D is not None or inputs.z is not None) and (inputs.varlen or inputs.initial_states is not None)
+            and dtype == "bf16")
 
 
 def _judge_beside(result: ScanResult, call: tuple[str, str], outputs: tuple, timed: tuple) -> None:
