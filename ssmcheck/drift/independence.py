@@ -131,6 +131,8 @@ def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: 
 
 def _check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript,
            through_slots: bool) -> SlotCheck:
+    """The twin steps, the step with every element alike and their verdict (the module docstring), each step
+    called through slot indices where `through_slots`."""
     seed = sweep.case_seed(case.seed, {"check": NAME})
     shape = replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS))
     problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
