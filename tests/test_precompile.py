@@ -187,8 +187,8 @@ class _Kernel:
             raise RuntimeError("boom")
 
     def call_y(self, inputs, case, transcript):
-        assert inputs.D is None and inputs.z is None
-        self.calls.append(("call_y", _name(case)))
+        # without D and z: the SSM part's call; with them: the call for y alone (scan.run.judges_y_alone)
+        self.calls.append(("call_y" if inputs.D is None and inputs.z is None else "y_alone", _name(case)))
 
 
 @pytest.fixture
@@ -205,7 +205,8 @@ def ahead(monkeypatch):
     class Regime:
         def generate(self, shape, dtype, seed, state_dtype):
             x = torch.randn(shape.seqlen, shape.headdim, generator=torch.Generator().manual_seed(seed))
-            return _Inputs(x, x[:, :1], torch.ones(1) if shape.headdim == 4 else None, None)
+            # packed sequences where batch > 1
+            return _Inputs(x, x[:, :1], torch.ones(1) if shape.headdim == 4 else None, None, varlen=shape.batch > 1)
 
     monkeypatch.setattr(scan_run, "compile_only", counting)
     monkeypatch.setattr(scan_run, "REGIMES", {"normal": Regime(), "dt-extreme": Regime()})
@@ -213,8 +214,8 @@ def ahead(monkeypatch):
     return kernel
 
 
-def _case(seqlen, headdim=8, seed=1, regime="normal"):
-    return ScanCase(kernel="fake", regime=regime, dtype="fp32", chunk_size=16, seqlen=seqlen, batch=1, nheads=1,
+def _case(seqlen, headdim=8, seed=1, regime="normal", dtype="fp32", batch=1):
+    return ScanCase(kernel="fake", regime=regime, dtype=dtype, chunk_size=16, seqlen=seqlen, batch=batch, nheads=1,
                     headdim=headdim, dstate=4, ngroups=1, state_dtype="fp32", rounding="nearest", model=None, seed=seed)
 
 
@@ -228,6 +229,15 @@ def test_one_call_per_regime_and_shape_and_the_ssm_part_where_d_or_z(ahead):
     # (a regime sets the call's flags: another regime of the same shapes is another call)
     assert ahead.calls == [("call", "c40-8-1"), ("call", "c24-4-1"), ("call_y", "c24-4-1"), ("call", "c40-8-3")]
     assert launches.count == 3
+
+
+def test_the_call_for_y_alone_is_compiled_where_its_cases_make_it(ahead):
+    # bf16 with packed sequences and D: the cases call for y alone too; fp32, or one row, they do not
+    cases = [_case(40, headdim=4, dtype="bf16", batch=2), _case(24, headdim=4, dtype="fp32", batch=2),
+             _case(32, headdim=4, dtype="bf16")]
+    scan_run.compile_ahead(ahead, cases, lambda case: {}, "cpu", 2)
+    assert ahead.calls == [("call", "c40-4-1"), ("call_y", "c40-4-1"), ("y_alone", "c40-4-1"), ("call", "c24-4-1"),
+                           ("call_y", "c24-4-1"), ("call", "c32-4-1"), ("call_y", "c32-4-1")]
 
 
 def test_a_call_that_raises_is_left_to_its_case(ahead):

@@ -435,8 +435,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
                   threads: int, serving: invariance.Options | None = None,
                   tolerance: Tolerance | None = None) -> Launches:
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
-    kernel is called once per shape (and once more without D and z, as the cases call it) with every launch
-    made compile-only; with `serving` (and the runner's `tolerance`), the invariance checks' calls follow
+    kernel is called once per shape (and once more without D and z, and for y alone where judges_y_alone, as the
+    cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the invariance checks' calls follow
     (_rehearse_checks). A case whose call raises here is left to run as usual, where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
     nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). In a helper
@@ -463,6 +463,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
                     out = kernel.call(inputs, case, Transcript())
                     if inputs.D is not None or inputs.z is not None:
                         kernel.call_y(replace(inputs, D=None, z=None), case, Transcript())
+                    if judges_y_alone(case.dtype, inputs):
+                        kernel.call_y(inputs, case, Transcript())
                     if serving is not None:
                         _rehearse_checks(serving, kernel, case, inputs, out, tolerance, device)
             except Exception:  # noqa: BLE001, S110 (as above)
