@@ -54,6 +54,7 @@ import torch
 from ssmcheck.core import sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.pool import nan_filled
+from ssmcheck.core.precompile import compiling_ahead
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
@@ -103,7 +104,8 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
     kernel that takes slot indices and passes that way, again with a slot per row (`state_batch_indices`, as serving
     engines call it: a path of its own, where its random offsets may be computed from the slot)."""
     plain = _check(case, kernel, device, transcript, through_slots=False)
-    if plain.status is not Status.PASS or kernel.pad_slot_id is None:
+    # Compiling ahead (drift.ahead), nothing the kernel returns is computed: call both ways, whatever the verdict.
+    if kernel.pad_slot_id is None or (plain.status is not Status.PASS and not compiling_ahead()):
         return plain
     slotted = _check(case, kernel, device, transcript, through_slots=True)
     if slotted.status is Status.PASS:
