@@ -98,3 +98,11 @@ def test_impossible_combinations_are_skipped_with_the_reason():
     assert reasons == {"nheads 3 is not a multiple of ngroups 2"}
     settings = resolve({"state_dtype": "fp32", "rounding": "stochastic"}, {}, "p")
     assert all("fp32 state" in c.skip_reason for c in build_cases(settings, "torch"))
+
+
+def test_the_gpu_default_adds_a_serving_batch_and_keeps_the_normal_sub_sweeps():
+    # [drift.cuda.overrides.normal] replaces the plain tables on a GPU: it repeats them, and adds 256 rows.
+    cpu, cuda = (load_preset("default", "drift", device)["overrides"]["normal"] for device in ("cpu", "cuda"))
+    assert cuda[:-1] == cpu and cuda[-1] == {"batch": [256], "state_dtype": ["fp16"], "rounding": ["nearest"]}
+    cases = build_cases(resolve({}, load_preset("default", "drift", "cuda"), "default"), "builtin")
+    assert [c.id for c in cases if c.batch == 256] == ["normal-fp16-nearest-b256-h8x64n128g1"]
