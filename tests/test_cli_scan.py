@@ -40,6 +40,17 @@ def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = scan("--preset", "smoke", "--quiet")
     assert result.exit_code == 0, result.output
     assert "12 pass" in result.stdout
+    assert result.stdout.count("\n") == 1, result.stdout  # all pass: the summary line alone
+
+
+def test_quiet_lists_each_failing_case_before_the_summary_line():
+    result, report = scan("--kernel", f"{BROKEN}:y_alone_without_d", "--regime", "ragged,normal", "--dtype",
+                          "bf16", "--seqlen", "100", "--chunk-size", "32", "--batch", "3", *TINY, "--quiet")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout  # the ragged case fails, the normal one passes
+    assert lines[0].startswith("fail ragged-bf16-c32-L100-b3-") and ": the call without the return flags" in lines[0]
+    assert lines[1].startswith("2 cases: 1 pass, 1 fail")
 
 
 def test_builtin_kernel_with_rounded_states_and_an_fp32_reference(tmp_path):

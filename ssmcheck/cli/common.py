@@ -73,7 +73,9 @@ CaseId = Annotated[str, typer.Option("--case", metavar="ID", help="Run only the 
 FromReport = Annotated[Path, typer.Option(
     "--from", metavar="REPORT.json", help="With --case: take the case and the settings from this JSON report.",
 )]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Print only the summary line.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar="",
+                                     help="Print only a line per failing, non-finite or erroring case, then the "
+                                          "summary line.")]
 Device = Annotated[str, typer.Option(
     metavar="cpu|cuda", help="cpu (Triton interpreter) or cuda (compiled). Default: cuda when available.",
 )]
