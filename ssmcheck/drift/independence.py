@@ -47,7 +47,8 @@ may come from the slot.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -103,15 +104,50 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
     """The verdict of `case` (a stochastic-rounding one) for `kernel`: its steps called as they are, and, for a
     kernel that takes slot indices and passes that way, again with a slot per row (`state_batch_indices`, as serving
     engines call it: a path of its own, where its random offsets may be computed from the slot)."""
-    plain = _check(case, kernel, device, transcript, through_slots=False)
+    steps = _steps(case, device)
+    plain = _check(steps, case, kernel, transcript, through_slots=False)
     # Compiling ahead (drift.ahead), nothing the kernel returns is computed: call both ways, whatever the verdict.
     if kernel.pad_slot_id is None or (plain.status is not Status.PASS and not compiling_ahead()):
         return plain
-    slotted = _check(case, kernel, device, transcript, through_slots=True)
+    slotted = _check(steps, case, kernel, transcript, through_slots=True)
     if slotted.status is Status.PASS:
         return plain
     return replace(slotted, message=slotted.message.replace(f"{TITLE}: ", f"{TITLE} (called with a slot per row, "
                                                                           "state_batch_indices): ", 1))
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The check's inputs, drawn once for both ways of calling the kernel: the twin step's and the alike step's
+    states before the step (the kernel updates copies), arguments, and where each element's float64 update lies
+    between its neighbours in the state dtype."""
+
+    seed: int
+    state: torch.Tensor
+    arguments: dict
+    p: torch.Tensor
+    alike_state: torch.Tensor
+    alike_arguments: dict
+    alike_p: torch.Tensor
+
+
+def _steps(case: DriftCase, device: str) -> _Steps:
+    seed = sweep.case_seed(case.seed, {"check": NAME})
+    shape = replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS))
+    problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
+    step = next(problem.steps())
+    given = {"state": problem.initial_state, **dict(step.given()), "A": problem.A, "D": problem.D,
+             "dt_bias": problem.dt_bias}
+    for name in ("B", "C"):  # every group group 0's: twin heads read the same B and C, however heads map to groups
+        given[name] = given[name][:, :1].expand(given[name].shape).contiguous()
+    made = {}
+    for kind, copies in (("twin", lambda t, name: _twinned(t, _INPUT_AXES[name])),
+                         ("alike", lambda t, name: _twinned(t, tuple(range(t.dim())), lambda size: 0))):
+        inputs = {name: None if t is None else copies(t, name) for name, t in given.items()}
+        state = inputs.pop("state")
+        arguments = {"z": None, **inputs, "dt_softplus": problem.dt_softplus}
+        made[kind] = (state, arguments, fraction_between_neighbours(_exact_step(state.double(), arguments), case.dtype))
+    return _Steps(seed, *made["twin"], *made["alike"])
 
 
 def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
@@ -131,42 +167,21 @@ def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: 
     state.copy_(pool[index.long()])
 
 
-def _check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript,
+def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Transcript,
            through_slots: bool) -> SlotCheck:
     """The twin steps, the step with every element alike and their verdict (the module docstring), each step
     called through slot indices where `through_slots`."""
-    seed = sweep.case_seed(case.seed, {"check": NAME})
-    shape = replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS))
-    problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
-    step = next(problem.steps())
-    given = {"state": problem.initial_state, **dict(step.given()), "A": problem.A, "D": problem.D,
-             "dt_bias": problem.dt_bias}
-    for name in ("B", "C"):  # every group group 0's: twin heads read the same B and C, however heads map to groups
-        given[name] = given[name][:, :1].expand(given[name].shape).contiguous()
-    twins = {name: _twinned(t, _INPUT_AXES[name]) for name, t in given.items()}
-    state = twins.pop("state")
-    before = state.double()
-    again = state.clone()  # the same step once more, with another seed
-    arguments = {"z": None, **twins, "dt_softplus": problem.dt_softplus}
+    state, again, alike_state = steps.state.clone(), steps.state.clone(), steps.alike_state.clone()
     try:
-        for twin, step_seed in ((state, 1), (again, 2)):
-            _step(kernel, twin, arguments, case.rounding, sweep.case_seed(seed, {"step": step_seed}),
+        for twin, step_seed in ((state, 1), (again, 2)):  # the same step twice, with two seeds
+            _step(kernel, twin, steps.arguments, case.rounding, sweep.case_seed(steps.seed, {"step": step_seed}),
                   "independence check", transcript, through_slots)
-    except KernelRaised as exc:
-        return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
-    alike = {name: _alike_everywhere(t) for name, t in given.items()}
-    alike_state = alike.pop("state")
-    alike_before = alike_state.double()
-    alike_arguments = {"z": None, **alike, "dt_softplus": problem.dt_softplus}
-    try:
-        _step(kernel, alike_state, alike_arguments, case.rounding, sweep.case_seed(seed, {"step": 3}),
+        _step(kernel, alike_state, steps.alike_arguments, case.rounding, sweep.case_seed(steps.seed, {"step": 3}),
               "independence check (every element alike)", transcript, through_slots)
     except KernelRaised as exc:
         return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
-    exact = _exact_step(before, arguments, problem.dt_softplus)
-    p = fraction_between_neighbours(exact, case.dtype)
-    lags = _lag_figures(alike_state, fraction_between_neighbours(
-        _exact_step(alike_before, alike_arguments, problem.dt_softplus), case.dtype))
+    p = steps.p
+    lags = _lag_figures(alike_state, steps.alike_p)
     stored = bits(state)
     # (name, distance, the first elements' p, their stored bits, their twins'): along each axis, and the call with
     # another seed, every element's twin.
@@ -203,11 +218,12 @@ def _check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Trans
                      figures)
 
 
-def _exact_step(state: torch.Tensor, arguments: dict, dt_softplus: bool) -> torch.Tensor:
+def _exact_step(state: torch.Tensor, arguments: dict) -> torch.Tensor:
     """The float64 update of `state` (float64) under the step's `arguments`."""
     double = {name: None if t is None else t.double() for name, t in arguments.items() if name != "dt_softplus"}
     exact, _ = state_update_step(state, double["x"], double["dt"], double["A"], double["B"], double["C"],
-                                 D=double["D"], z=double["z"], dt_bias=double["dt_bias"], dt_softplus=dt_softplus)
+                                 D=double["D"], z=double["z"], dt_bias=double["dt_bias"],
+                                 dt_softplus=arguments["dt_softplus"])
     return exact
 
 
@@ -261,16 +277,6 @@ def _lag_failure(lags: dict, widths: list[int]) -> str:
             f"inputs, stored the same bits in {lags['agree']} of {lags['pairs']} pairs where independent draws agree "
             f"in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random bits repeat at that "
             "distance (an offset computed with a wrong stride)")
-
-
-def _alike_everywhere(t: torch.Tensor | None) -> torch.Tensor | None:
-    """`t` with every element its first one's, in a storage of its own; its stride-0 axes kept so."""
-    if t is None:
-        return None
-    zero = [d for d in range(t.dim()) if t.stride(d) == 0]
-    first = t[(slice(0, 1),) * t.dim()]
-    kept = [1 if d in zero else size for d, size in enumerate(t.shape)]
-    return first.expand(kept).contiguous().expand(t.shape)
 
 
 def _pairing(distance: int, p: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> tuple[dict, bool]:
@@ -331,9 +337,12 @@ def _pairs(axis: int, size: int) -> list[tuple[int, tuple, tuple]]:
     return pairs
 
 
-def _twinned(t: torch.Tensor | None, axes: tuple[int | None, ...]) -> torch.Tensor | None:
+def _twinned(t: torch.Tensor | None, axes: tuple[int | None, ...],
+             period_of: Callable[[int], int] = _twin_period) -> torch.Tensor | None:
     """`t` with index 2k + 1 a copy of 2k along each of `axes` (the batch's 2 rows: row 1 a copy of row 0), in a
-    storage of its own; its stride-0 axes (a per-head parameter's expanded view, dt's per head) kept so."""
+    storage of its own; its stride-0 axes (a per-head parameter's expanded view, dt's per head) kept so. The period
+    of an axis of `size` is `period_of(size)` (_twin_period's; 0: every element a copy of the first, the alike
+    step's)."""
     if t is None:
         return None
     zero = [d for d in range(t.dim()) if t.stride(d) == 0]
@@ -341,7 +350,7 @@ def _twinned(t: torch.Tensor | None, axes: tuple[int | None, ...]) -> torch.Tens
     for axis in axes:
         if axis is not None and axis not in zero:
             size = t.shape[axis]
-            period = _twin_period(size)
+            period = period_of(size)
             index = torch.arange(size, device=t.device)
             index = index % period // 2 * 2 if period else torch.zeros_like(index)
             twin = twin.index_select(axis, index)
