@@ -138,29 +138,33 @@ class SignedErrorMoments:
         count, _, total_sq = self._read()
         return math.sqrt(total_sq / count) if count else None
 
+    def _mean_and_error(self) -> tuple[float, float] | None:
+        """The mean and its standard error (the sample variance's, over the count), None with fewer than 2."""
+        count, total, total_sq = self._read()
+        if count < 2:
+            return None
+        mean = total / count
+        variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
+        return mean, math.sqrt(variance / count)
+
     @property
     def resolution(self) -> float | None:
         """The smallest mean error per store (ulps) these stores could show as a bias: the one whose z would reach
         BIAS_Z_LIMIT at their count and spread (None with fewer than 2). Above BIAS_FLOOR_ULP, a bias between the
         two passes unseen: decode longer, or more trials."""
-        count, total, total_sq = self._read()
-        if count < 2:
-            return None
-        mean = total / count
-        variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
-        return BIAS_Z_LIMIT * math.sqrt(variance / count)
+        found = self._mean_and_error()
+        return None if found is None else BIAS_Z_LIMIT * found[1]
 
     @property
     def z(self) -> float | None:
         """The one-sample z statistic of the mean against zero (None with fewer than 2 samples)."""
-        count, total, total_sq = self._read()
-        if count < 2:
+        found = self._mean_and_error()
+        if found is None:
             return None
-        mean = total / count
-        variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
-        if variance == 0.0:
+        mean, error = found
+        if error == 0.0:
             return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
-        return mean / math.sqrt(variance / count)
+        return mean / error
 
 
 def flushes_subnormals(subnormal: int, flushed: int) -> bool:
