@@ -369,8 +369,14 @@ def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, cas
         return
     clause = draws.seed_ignored(states, again, reference_states, storage)
     if clause is not None:
-        result.status = Status.FAIL
-        result.message = "; ".join(filter(None, [result.message, clause]))
+        _found(result, Status.FAIL, clause)
+
+
+def _found(result: ScanResult, status: Status, clause: str) -> None:
+    """A check that runs after the verdict (on a passing or failing case) found `clause`: the case takes `status`
+    and the clause joins its message."""
+    result.status = status
+    result.message = "; ".join(filter(None, [result.message, clause]))
 
 
 # The calls judged beside the case's own, as messages name them, and what makes such a call wrong alone.
@@ -411,14 +417,11 @@ def _judge_beside(result: ScanResult, call: tuple[str, str], outputs: tuple, tim
                   result.limits)
     for name, other, own, off, error, limit in checked:
         if bool((~torch.isfinite(other) & torch.isfinite(own)).any()):
-            result.status = Status.NONFINITE
-            result.message = "; ".join(filter(None, [result.message, f"{what} returned non-finite {name}"]))
+            _found(result, Status.NONFINITE, f"{what} returned non-finite {name}")
             return
         if off > limit + error:
-            result.status = Status.FAIL
-            result.message = "; ".join(filter(None, [result.message, (
-                f"{what} returned {name} {off:.3g} off the timed call's, whose own error is {error:.3g} (limit "
-                f"{limit:.3g}): {why}")]))
+            _found(result, Status.FAIL, f"{what} returned {name} {off:.3g} off the timed call's, whose own error is "
+                                        f"{error:.3g} (limit {limit:.3g}): {why}")
             return
 
 
@@ -436,8 +439,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
                   tolerance: Tolerance | None = None) -> Launches:
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
     kernel is called once per shape (and once more without D and z, and for y alone where judges_y_alone, as the
-    cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the invariance checks' calls follow
-    (_rehearse_checks). A case whose call raises here is left to run as usual, where its error is reported.
+    cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the
+    invariance checks' calls follow (_rehearse_checks). A case whose call raises here is left to run as usual, where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
     nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). In a helper
     process only (core.precompile says why)."""
