@@ -24,6 +24,13 @@ def _cases(kernel: str) -> list[dict]:
     return ssmcheck.drift(kernel=kernel, **SMALL).to_json()["cases"]
 
 
+def _stochastic_cases(kernel: str) -> list[dict]:
+    """SMALL's four stochastic-rounding cases of `kernel` (normal and stagnation, fp16 and bf16)."""
+    stochastic = [c for c in _cases(kernel) if c["params"]["rounding"] == "stochastic"]
+    assert len(stochastic) == 4
+    return stochastic
+
+
 # The twin step at SMALL's widths: 2 rows x 2 heads x 128 channels (MIN_CHANNELS) x dstate 16, and per axis its
 # pairings as (distance, pairs): rows and heads (2 long) neighbours only, channels and state indices also a
 # period apart (64 and 8).
@@ -71,10 +78,7 @@ def test_random_bits_shared_along_an_axis_fail_every_stochastic_case_and_name_it
 def test_random_bits_that_ignore_the_seed_fail_every_stochastic_case_and_name_it():
     """A rounding keyed by a constant (its seed unread) rounds the same step called twice with two seeds alike,
     every element: the calls' clause alone, though each element's bits are its own along every axis."""
-    cases = _cases(f"{BROKEN}:random_bits_ignore_the_seed")
-    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
-    assert len(stochastic) == 4
-    for case in stochastic:
+    for case in _stochastic_cases(f"{BROKEN}:random_bits_ignore_the_seed"):
         check = case["independence"]
         assert check["status"] == "fail" and check[CALLS][0]["differ"] == 0, check
         assert check["message"] == (
@@ -97,10 +101,7 @@ def _bits_repeating_every_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_
 
 
 def test_bits_drawn_from_the_value_fail_in_one_clause():
-    cases = _cases(f"{BROKEN}:random_bits_from_the_value")
-    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
-    assert len(stochastic) == 4
-    for case in stochastic:
+    for case in _stochastic_cases(f"{BROKEN}:random_bits_from_the_value"):
         check = case["independence"]
         assert check["status"] == "fail" and all(f["differ"] == 0 for axis in AXES for f in check[axis]), check
         assert check["calls"][0]["differ"] > 0  # another seed, other bits
@@ -124,10 +125,7 @@ def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
 def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_alike():
     """Offsets that take dstate for headdim give channel c of head h and channel c - 16 of head h + 1 one uniform:
     in the twin step's 2 x 2 x 128 x 16 state, elements 1792 apart, where no twins lie."""
-    cases = _cases(f"{BROKEN}:random_offsets_with_dstate_for_headdim")
-    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
-    assert len(stochastic) == 4
-    for case in stochastic:
+    for case in _stochastic_cases(f"{BROKEN}:random_offsets_with_dstate_for_headdim"):
         check = case["independence"]
         assert case["status"] == "fail" and check["status"] == "fail", case["message"]
         for axis in TWINS:  # the twins see nothing
@@ -144,10 +142,7 @@ def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_
 
 def test_bits_shared_on_the_slot_path_alone_fail_through_slot_indices():
     # The builtin kernel takes slot indices and passes both ways (the test above); this one is right without them.
-    cases = _cases(f"{BROKEN}:slot_path_bits_shared_by_channels")
-    stochastic = [c for c in cases if c["params"]["rounding"] == "stochastic"]
-    assert len(stochastic) == 4
-    for case in stochastic:
+    for case in _stochastic_cases(f"{BROKEN}:slot_path_bits_shared_by_channels"):
         check = case["independence"]
         assert check["status"] == "fail" and all(f["differ"] == 0 for f in check["channels"]), check
         assert check["message"].startswith("random bits (called with a slot per row, state_batch_indices): twin "
