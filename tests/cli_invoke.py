@@ -36,3 +36,13 @@ def planted_bug_cases(report: dict, reached) -> list[dict]:
     elsewhere = [c["id"] for c in ran if c not in chosen and c["status"] != "pass"]
     assert not elsewhere, elsewhere
     return chosen
+
+
+def case_inputs(p: dict):
+    """The scan inputs of the case a report's params `p` name, generated again from its regime, shape and seed."""
+    from ssmcheck.core.formats import DTYPES  # noqa: PLC0415
+    from ssmcheck.scan.inputs import ScanShape  # noqa: PLC0415
+    from ssmcheck.scan.regimes import REGIMES  # noqa: PLC0415
+
+    shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
+    return REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"])

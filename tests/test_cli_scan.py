@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_invoke import assert_usage_error, invoke, planted_bug_cases
+from cli_invoke import assert_usage_error, case_inputs, invoke, planted_bug_cases
 
 from ssmcheck.core import runtime
-from ssmcheck.core.formats import DTYPES
 from ssmcheck.drift.regimes import DRIFT_REGIMES
 from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
@@ -559,8 +558,7 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
 
 def _sequence_bounds(p) -> list[int]:
     """cu_seqlens of the case `p` names (a report's params), its inputs generated again; [] in batch mode."""
-    shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
-    cu_seqlens = REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"]).cu_seqlens
+    cu_seqlens = case_inputs(p).cu_seqlens
     return [] if cu_seqlens is None else cu_seqlens.tolist()
 
 

@@ -16,18 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_invoke import assert_usage_error, invoke
+from cli_invoke import assert_usage_error, case_inputs, invoke
 
 import ssmcheck
 from ssmcheck import api
 from ssmcheck.core.callables import KernelSpecError
-from ssmcheck.core.formats import DTYPES
 from ssmcheck.drift import adapter as drift_adapter
 from ssmcheck.drift import run as drift_run
 from ssmcheck.peers import vllm as vllm_peer
 from ssmcheck.scan import adapter as scan_adapter
 from ssmcheck.scan import run as scan_run
-from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.spec import build_cases
 from ssmcheck.scan.spec import resolve as scan_settings
@@ -232,8 +230,7 @@ def _calls_of_each_case(calls: list[dict], cases: list[dict]) -> list[tuple[dict
 
 def _judges_y_alone(p: dict) -> bool:
     """Whether the case of report params `p` calls the kernel for y alone too (its inputs generated again)."""
-    shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
-    return scan_run.judges_y_alone(p["dtype"], REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"]))
+    return scan_run.judges_y_alone(p["dtype"], case_inputs(p))
 
 
 def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
