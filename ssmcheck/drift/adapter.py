@@ -39,7 +39,7 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe, guarded_call
-from ssmcheck.core.pool import nan_filled
+from ssmcheck.core.pool import nan_filled, poisoned
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -202,10 +202,11 @@ def _check_given_out_written(given: torch.Tensor, returned, where: str) -> None:
     (partly) unwritten: named, where the judge would only see NaN in out."""
     if not isinstance(returned, torch.Tensor) or returned.data_ptr() == given.data_ptr():
         return
+    left = poisoned(given)  # still the poison NaN it was filled with (drift.slots reads its out so)
     if returned.shape == given.shape:
-        unwritten = int((torch.isnan(given) & ~torch.isnan(returned)).sum())
+        unwritten = int((left & ~torch.isnan(returned)).sum())
     else:
-        unwritten = int(torch.isnan(given).sum())
+        unwritten = int(left.sum())
     if unwritten:
         raise KernelRaised(f"it returned its output in a tensor of its own and left {unwritten} of the "
                            f"{given.numel()} elements of the out it was given unwritten ({where})")
