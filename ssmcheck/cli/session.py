@@ -27,7 +27,7 @@ from ssmcheck.cli.common import follower_rank, usage_error
 from ssmcheck.core.execution import stdout_closed, stopped_sweeps_ignore_signals
 from ssmcheck.core.jsonl import JsonLines
 from ssmcheck.core.report import summary_line, write_json
-from ssmcheck.core.status import ExitCode, Status
+from ssmcheck.core.status import LISTED, ExitCode
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,12 @@ def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line
         if not quiet:
             _to_stdout(lambda: render(out, report.results))
         else:  # as pytest's -q: what failed still shows, a line each
-            failed = [r for r in report.results if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
-            _to_stdout(lambda: [out.print(case_line(r), markup=False, highlight=False, soft_wrap=True) for r in failed])
+            def listed() -> None:
+                for result in report.results:
+                    if result.status in LISTED:
+                        out.print(case_line(result), markup=False, highlight=False, soft_wrap=True)
+
+            _to_stdout(listed)
         code = _write_reports(report.data, files, jsonl)
         line = summary_line(report.summary, report.data["seconds"], code, prefix)
         if report.interrupted:

@@ -18,6 +18,10 @@ class Status(str, enum.Enum):
     SKIPPED = "skipped"  # not run; the message says why
 
 
+# The statuses of the cases a report names one by one (its notes, --quiet's lines): those that did not pass.
+LISTED = (Status.FAIL, Status.NONFINITE, Status.ERROR)
+
+
 class ExitCode(enum.IntEnum):
     OK = 0  # every case that ran passed
     TOLERANCE = 1  # a case failed tolerance

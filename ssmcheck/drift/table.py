@@ -21,7 +21,7 @@ from ssmcheck.core.render import (
 )
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
-from ssmcheck.core.status import Status
+from ssmcheck.core.status import LISTED, Status
 from ssmcheck.core.tolerance import tolerance_rule
 from ssmcheck.drift.results import DriftResult
 from ssmcheck.drift.spec import DriftSettings
@@ -146,7 +146,7 @@ def notes(results: list[DriftResult]) -> list[str]:
     """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
     kernels printed, case by case."""
     lines = [f"{r.status.value}: {r.case.id}: {headline(r.verdict.message)}" for r in results
-             if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
+             if r.status in LISTED]
     skipped = Counter(r.verdict.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
     lines += _coarse_bias_tests(results)

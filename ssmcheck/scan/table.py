@@ -22,7 +22,7 @@ from ssmcheck.core.render import (
 )
 from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
-from ssmcheck.core.status import Status
+from ssmcheck.core.status import LISTED, Status
 from ssmcheck.core.tolerance import tolerance_rule
 from ssmcheck.scan.results import ScanResult
 from ssmcheck.scan.spec import ScanSettings
@@ -148,7 +148,7 @@ def notes(results: list[ScanResult]) -> list[str]:
     """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
     kernels printed, case by case."""
     lines = [f"{r.status.value}: {r.case.id}: {headline(r.message)}" for r in results
-             if r.status in (Status.FAIL, Status.NONFINITE, Status.ERROR)]
+             if r.status in LISTED]
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
     lines += autotune.config_failures(results)
