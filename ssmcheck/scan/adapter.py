@@ -241,7 +241,7 @@ class ScanAdapter:
         copies = dict(fenced.tensors)
         seq_idx = copies.pop("seq_idx")
         given = replace(called, **copies)
-        sent_given = replace(sent, inputs=given, seq_idx=seq_idx) if sent else None
+        sent_given = replace(sent, inputs=given) if sent else None
         result = guarded_call(fn, *self._arguments(inputs if sent else given, case, returns, sent_given, seq_idx),
                               transcript)
         return result, sent, fenced
