@@ -18,6 +18,11 @@ the output's range demands care. Used as `--kernel tests/layout_kernels.py:NAME`
   case keep their offsets under the limit (32 elements per token) and read right.
 - `unsaturated_fp16_output`: computes y in fp32 and narrows it with a plain cast, as `acc.to(fp16)`
   does: a finite y past 65504 is stored as inf.
+- `initial_states_read_as_contiguous`: reads initial_states through contiguous strides for their shape
+  (their .stride() never passed to the kernel): one layer's slice of a state cache is read at another
+  layer's states.
+- `batch_mode_d_per_head`: its batch-mode launcher (written apart from the varlen one) passes D's channel
+  stride as 0, so a per-channel D gives every channel its head's first value.
 """
 
 import torch
@@ -74,3 +79,33 @@ def unsaturated_fp16_output(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=
                       initial_states=initial_states, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
                       dt_limit=dt_limit).y
     return _mamba_result(y.to(x.dtype), out, return_final_states, return_varlen_states)
+
+
+def initial_states_read_as_contiguous(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                      initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                      dt_limit=(0.0, float("inf")), return_final_states=False,
+                                      return_varlen_states=False):
+    """The baseline on initial states read from their first element with contiguous strides."""
+    if initial_states is not None:
+        contiguous = torch.empty(initial_states.shape, device="meta").stride()
+        initial_states = initial_states.as_strided(initial_states.shape, contiguous)
+    return _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                          dt_limit, return_final_states, return_varlen_states)
+
+
+def batch_mode_d_per_head(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                          seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=False, return_varlen_states=False):
+    """The baseline with, in batch mode, a per-channel D read at channel stride 0 (each head's first value)."""
+    if cu_seqlens is None and D is not None and D.dim() == 2:
+        D = D[:, :1].expand_as(D)
+    return _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                          dt_limit, return_final_states, return_varlen_states)
+
+
+def _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+                   return_final_states, return_varlen_states):
+    """The baseline's answer to a call with these arguments, as the mamba signature returns it."""
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

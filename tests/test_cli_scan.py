@@ -513,7 +513,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
     ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 1),
-    ("per_channel_skip_after_gate", lambda p: p["regime"] == "aligned", 2),
+    ("per_channel_skip_after_gate", lambda p: p["regime"] in ("aligned", "long"), 8),
     ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output"), 4),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
     ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 1),

@@ -5,16 +5,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_invoke import invoke
+from cli_invoke import invoke, planted_bug_cases
 from layout_kernels import WRAP_BITS
 
 from ssmcheck.core.formats import saturate
 from ssmcheck.core.models import lookup
+from ssmcheck.core.tensors import laid_out_as
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
 from ssmcheck.ops.chunk_scan.naive import scan_recurrent
 from ssmcheck.scan.adapter import resolve
 from ssmcheck.scan.inputs import ScanShape
-from ssmcheck.scan.regimes import REGIMES, in_proj_columns
+from ssmcheck.scan.regimes import CACHE_LAYERS, REGIMES, in_proj_columns
 from ssmcheck.scan.spec import ScanCase
 
 LAYOUT = str(Path(__file__).with_name("layout_kernels.py"))
@@ -59,6 +60,47 @@ def test_the_adapter_hands_the_kernel_the_views_themselves():
     args, kwargs = resolve("builtin", interpreter=True).arguments(inputs, case)
     assert args[0] is inputs.x and args[1] is inputs.dt and args[3] is inputs.B and args[4] is inputs.C
     assert kwargs["z"] is inputs.z
+
+
+def test_long_reads_its_initial_states_from_one_layers_slice_of_a_state_cache():
+    inputs = REGIMES["long"].generate(_shape(seqlen=256), torch.bfloat16, seed=14)
+    states = inputs.initial_states
+    state = 2 * 16 * 8
+    # Rows CACHE_LAYERS states apart, each state contiguous, the last layer's: the first layer's drawn too.
+    assert states.stride() == (CACHE_LAYERS * state, 16 * 8, 8, 1) and states.storage_offset() == state
+    cache = torch.empty(0).set_(states.untyped_storage())
+    assert cache.numel() == 2 * CACHE_LAYERS * state and bool(torch.isfinite(cache).all())
+    assert bool((cache.view(2, CACHE_LAYERS, state)[:, 0] != 0).all())
+    assert inputs.D.shape == (2, 16)
+    moved = inputs.to("meta").initial_states
+    assert (moved.stride(), moved.storage_offset()) == (states.stride(), states.storage_offset())
+
+
+def test_initial_states_rounded_to_a_cache_dtype_keep_their_layout():
+    states = REGIMES["long"].generate(_shape(seqlen=256), torch.float32, seed=15).initial_states
+    rounded = laid_out_as(states, states.to(torch.bfloat16).to(states.dtype))
+    assert (rounded.stride(), rounded.storage_offset()) == (states.stride(), states.storage_offset())
+    assert torch.equal(rounded, states.to(torch.bfloat16).float()) and not torch.equal(rounded, states)
+    assert rounded.untyped_storage().data_ptr() != states.untyped_storage().data_ptr()
+    # The rest of the cache (the other layer's states) is the original's.
+    layers = [torch.empty(0).set_(t.untyped_storage()).view(2, CACHE_LAYERS, -1)[:, 0] for t in (states, rounded)]
+    assert torch.equal(*layers)
+
+
+@pytest.mark.parametrize(("kernel", "reached", "count"), [
+    # one row's state is read right from its own start, whatever the strides: rows past the first are not
+    ("initial_states_read_as_contiguous", lambda p: p["regime"] == "long" and p["batch"] > 1, 2),
+    ("batch_mode_d_per_head", lambda p: p["regime"] == "long", 6),
+])
+def test_the_default_preset_fails_a_kernel_reading_long_s_cache_slice_or_d_wrongly_in_long_only(kernel, reached,
+                                                                                                  count, tmp_path):
+    """Each kernel is right but for a strided initial_states (read as contiguous) or a per-channel D in batch
+    mode (read per head): `long` alone has both, and the default cases that reach each fail."""
+    result, report = invoke("scan", "--kernel", f"{LAYOUT}:{kernel}", "--preset", "default",
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    failed = planted_bug_cases(report, reached)
+    assert len(failed) == count and all(c["status"] == "fail" for c in failed), [c["id"] for c in failed]
 
 
 def test_mamba2_2_7b_token_offsets_pass_2_31_at_203053_tokens():

@@ -39,3 +39,13 @@ def moved(tensor: torch.Tensor, device: str | torch.device, buffers: dict[tuple,
     if key not in buffers:
         buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage).to(device)
     return buffers[key].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
+def laid_out_as(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`values` (of tensor's shape) at tensor's strides and offset in a copy of tensor's whole storage: a
+    non-contiguous view (a layer's slice of a cache) stays one, the rest of its storage as tensor's."""
+    if tensor.is_contiguous():
+        return values.contiguous()
+    whole = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(tensor.untyped_storage()).clone()
+    view = whole.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+    return view.copy_(values)

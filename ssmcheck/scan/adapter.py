@@ -34,6 +34,7 @@ from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import guarded_call
+from ssmcheck.core.tensors import laid_out_as
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.padding import PaddedCall, padded
 from ssmcheck.scan.regimes import REGIMES
@@ -149,7 +150,7 @@ class ScanAdapter:
         if not self.initial_states_stored or inputs.initial_states is None or len(storage) != 1:
             return inputs
         initial = inputs.initial_states
-        return replace(inputs, initial_states=initial.to(storage[0]).to(initial.dtype))
+        return replace(inputs, initial_states=laid_out_as(initial, initial.to(storage[0]).to(initial.dtype)))
 
     def _storage(self, inputs: ScanInputs, case: ScanCase) -> tuple[dict, tuple, str]:
         """(the state keywords of the call, the dtypes the states may come back in, why those)."""

@@ -364,16 +364,27 @@ LONG_DT_LIMIT = (0.006, 0.03)
 LONG_DT_CENTRES = (0.01, 0.02)
 
 
+# The layers of the state cache `long`'s initial states are one layer's slice of.
+CACHE_LAYERS = 2
+
+
 def long(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """Batch rows continuing from initial states, read where an engine keeps them: one layer's slice of a state
+    cache of CACHE_LAYERS layers (rows CACHE_LAYERS times a state apart, each state contiguous), so a kernel
+    that reads initial_states with contiguous strides reads another layer's state. D per channel (Mamba2 with
+    D_has_hdim), which the batch-mode path must read per channel as the varlen one does."""
     g = _generator(seed)
     centres = torch.exp(_uniform(g, shape.nheads, *(math.log(c) for c in LONG_DT_CENTRES)))
-    return _finish(
-        dtype, f"batch rows continuing from initial states, dt clamped to dt_limit {LONG_DT_LIMIT}",
-        dt_bias=_inverse_softplus(centres), A=_trained_A(g, shape.nheads), D=_normal(g, shape.nheads),
-        dt_softplus=True, dt_limit=LONG_DT_LIMIT,
-        initial_states=_normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate)),
+    inputs = _finish(
+        dtype, f"batch rows continuing from initial states (one layer's slice of a {CACHE_LAYERS}-layer state "
+               f"cache), D per channel, dt clamped to dt_limit {LONG_DT_LIMIT}",
+        dt_bias=_inverse_softplus(centres), A=_trained_A(g, shape.nheads),
+        D=_normal(g, (shape.nheads, shape.headdim)), dt_softplus=True, dt_limit=LONG_DT_LIMIT,
         **_blocked_tokens(seed, shape, dtype),
     )
+    # Every layer's states are drawn: the other layers' are finite values a misplaced read takes.
+    cache = _normal(g, (shape.batch, CACHE_LAYERS, shape.nheads, shape.headdim, shape.dstate))
+    return replace(inputs, initial_states=cache[:, CACHE_LAYERS - 1])
 
 
 # ---------------------------------------------------------------------------- serving layouts and ranges
@@ -469,8 +480,9 @@ REGIMES: dict[str, Regime] = {
         Regime("large-magnitude", "positive x/B/C, slow decay and growing states, scaled so y and "
                "the states reach 1/64 of the format's largest value; dt + dt_bias with no softplus, with dt_limit",
                large_magnitude),
-        Regime("long", "at least 8 chunks of state passing, continuing from initial states, with a "
-               "dt_limit both of whose ends clamp tokens of every head", long, min_chunks=8),
+        Regime("long", "at least 8 chunks of state passing, continuing from initial states read from one layer's "
+               "slice of a state cache (rows not contiguous), D per channel, with a dt_limit both of whose ends "
+               "clamp tokens of every head", long, min_chunks=8),
         Regime("strided", "normal's values as serving passes them: x, z, B, C, dt are strided views into one "
                "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths)", strided),
         Regime("large-output", "large-magnitude's growing states with C scaled so |y| peaks at 2x fp16's largest "
