@@ -152,6 +152,15 @@ def forgets_decay(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softpl
     return out
 
 
+def clamps_at_half_max(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """A defensive clamp "to leave headroom for the next update": the stored state is clamped to half the
+    largest value of its format, silently wrong (finite, saturated) where the true state lies above it."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    limit = torch.finfo(state.dtype).max / 2
+    state.copy_(new.clamp(-limit, limit).to(state.dtype))
+    return out
+
+
 def raises(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
     """A kernel that cannot run here."""
     raise RuntimeError("out of resources: shared memory, required 262144, hardware limit 232448")

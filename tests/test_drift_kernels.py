@@ -56,6 +56,7 @@ def broken(name: str) -> str:
         ("skips_last_head_store", "normal", "nearest", Status.FAIL, "state drift"),
         ("skips_last_head_store", "overflow", "stochastic", Status.FAIL, "state drift"),
         ("forgets_decay", "overflow", "nearest", Status.NONFINITE, "non-finite state"),
+        ("clamps_at_half_max", "overflow", "nearest", Status.FAIL, "state drift"),
         ("raises", "normal", "nearest", Status.ERROR, "out of resources"),
         # no `rounding` keyword: --rounding declares the intent, and round-to-nearest is no SR
         ("plain_nearest", "stagnation", "stochastic", Status.FAIL, "biased"),

@@ -116,16 +116,16 @@ def test_stagnation_updates_are_below_half_an_ulp_yet_the_truth_grows(dtype, sha
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @settings(max_examples=4, deadline=None)
 @given(shape=shapes, seed=st.integers(0, 2**31 - 1), nsteps=st.integers(1, 300))
-def test_overflow_grows_toward_the_maximum_and_stays_below_half_of_it(dtype, shape, nsteps, seed):
+def test_overflow_grows_toward_the_maximum_and_stays_below_0_9_of_it(dtype, shape, nsteps, seed):
     problem = make_problem("overflow", shape, dtype, nsteps, seed, "cpu")
     top = torch.finfo(dtype).max
     peak = 0.0
     for state, out in _truth(problem):
         peak = max(peak, state.abs().max().item())
         assert torch.isfinite(out).all()
-    assert peak <= 0.5 * top
+    assert peak <= 0.9 * top
     if nsteps >= 8:
-        assert peak >= 0.1 * top
+        assert peak >= 0.2 * top
 
 
 @pytest.mark.parametrize("regime", list(DRIFT_REGIMES))
