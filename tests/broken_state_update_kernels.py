@@ -7,7 +7,7 @@ the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_elemen
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
 softplus_in_inputs_dtype, update_in_inputs_dtype, flushes_subnormals, random_bits_ignore_the_seed,
-skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate,
+skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -424,6 +424,17 @@ def inputs_of_row_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_soft
 
     new, out = _fp32_step(state, row_0(x), row_0(dt), A, row_0(B), row_0(C), D, row_0(z), dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
+    return out
+
+
+def updates_a_contiguous_copy(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                              rounding="nearest", seed=0):
+    """Makes the state contiguous for its pointer arithmetic (`s = state.contiguous()`) and stores into `s`: right
+    for a contiguous state (s is state); for a view whose rows are not (one layer's slice of a state cache) the
+    update goes to a temporary and the caller's state never changes. Both rounding modes, as `_store` does."""
+    s = state.contiguous()
+    new, out = _fp32_step(s, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(s, new, rounding, seed)
     return out
 
 

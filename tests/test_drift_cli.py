@@ -173,6 +173,16 @@ def test_the_default_preset_catches_a_kernel_that_ignores_its_inputs_strides(tmp
     assert len(views) == 9 and all(c["status"] == "fail" for c in views)
 
 
+def test_the_default_preset_catches_a_kernel_that_updates_a_contiguous_copy_of_its_state(tmp_path):
+    """A state update that stores into `state.contiguous()` loses every update of a state whose rows are not
+    contiguous: `strided`'s, one layer's slice of a two-layer cache, at 2 rows (one row's slice is contiguous), in
+    both state dtypes and roundings; every other case passes."""
+    _, report = drift("--kernel", f"{BROKEN}:updates_a_contiguous_copy", "--preset", "default",
+                      json_path=tmp_path / "s.json")
+    sliced = planted_bug_cases(report, lambda p: p["regime"] == "strided" and p["batch"] > 1)
+    assert len(sliced) == 4 and all(c["status"] == "fail" for c in sliced)
+
+
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = drift("--preset", "smoke")
     assert result.exit_code == 0, result.output

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from ssmcheck.drift.regimes import (
     ACTIVATIONS,
+    CACHE_LAYERS,
     DRIFT_REGIMES,
     LONG_STEPS_FACTOR,
     STEP_BLOCK,
@@ -43,6 +44,17 @@ def test_every_regime_is_named_and_explained_in_one_line():
                                   "no-softplus", "bf16-inputs", "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
+
+
+def test_strided_s_state_is_one_layers_slice_of_a_state_cache_and_normal_s_its_own():
+    shape = DecodeShape(3, 2, 4, 8, 1)
+    sliced = make_problem("strided", shape, torch.float16, 4, seed=3, device="cpu").initial_state
+    whole = make_problem("normal", shape, torch.float16, 4, seed=3, device="cpu").initial_state
+    state = 2 * 4 * 8
+    assert whole.is_contiguous() and torch.equal(sliced, whole)  # the same values, laid out otherwise
+    assert sliced.stride() == (CACHE_LAYERS * state, 4 * 8, 8, 1) and sliced.storage_offset() == state
+    cache = torch.empty(0, dtype=torch.float16).set_(sliced.untyped_storage()).view(3, CACHE_LAYERS, state)
+    assert torch.equal(cache[:, 0], -whole.reshape(3, state))  # the other layer: finite, and not the state
 
 
 @pytest.mark.parametrize("regime", list(DRIFT_REGIMES))

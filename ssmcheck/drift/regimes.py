@@ -52,7 +52,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call); "
     "x, dt, B, C and z are views into one buffer per step, as Mamba1's decode splits its projections",
     "strided": "normal's values as vLLM's decode passes them: x, B and C views into one buffer per step (the "
-    "conv output, [x | B | C], with dt's columns after them), so a row's inputs start a whole buffer row apart",
+    "conv output, [x | B | C], with dt's columns after them), so a row's inputs start a whole buffer row apart; the "
+    "state one layer's slice of a two-layer state cache, its rows two states apart",
     "dt-extreme": "each step's dt after softplus either 8..100 (past fp16's exp overflow at 11.1, softplus's "
     "threshold at 20 and fp32's exp overflow at 88.7), wiping the state and writing dt*x*B over it, or "
     "e^-40..e^-23, leaving it as it is; dt_bias -4..4; B and C >= 0",
@@ -72,6 +73,8 @@ DRIFT_REGIMES: dict[str, str] = {
 # as Mamba2's serving decode splits its conv output, `untied` as Mamba1's decode splits its projections (x and z
 # are halves of one in_proj row there), so that every input of theirs, z included, has a row stride of its own.
 FUSED_REGIMES = ("strided", "untied")
+# The layers of the state cache `strided`'s state is one layer's slice of (`_placed`).
+CACHE_LAYERS = 2
 LONG_STEPS_FACTOR = 4
 ACTIVATIONS = torch.bfloat16  # the step inputs' dtype in `bf16-inputs`
 STEP_BLOCK = 256  # steps drawn at once, from one generator
@@ -182,7 +185,7 @@ def make_problem(
     return DecodeProblem(
         regime=regime,
         nsteps=nsteps,
-        initial_state=_representable(params.initial_state, state_dtype).to(device),
+        initial_state=_placed(_representable(params.initial_state, state_dtype), regime, device),
         A=_per_head(params.A, (s.nheads, s.headdim, s.dstate), device),
         D=_per_head(params.D, (s.nheads, s.headdim), device),
         dt_bias=_per_head(params.dt_bias, (s.nheads, s.headdim), device),
@@ -192,6 +195,19 @@ def make_problem(
         device=device,
         fused=regime in FUSED_REGIMES,
     )
+
+
+def _placed(state: torch.Tensor, regime: str, device: str) -> torch.Tensor:
+    """The initial state on `device`; `strided`'s as one layer's slice of a state cache of CACHE_LAYERS layers
+    (batch, layers, nheads, headdim, dstate), as an engine that stacks its layers' states keeps them: each row's
+    state contiguous, the rows CACHE_LAYERS states apart. The other layers hold the state negated, finite values
+    that a kernel reading or updating a contiguous copy, or rows one state apart, meets instead."""
+    if regime != "strided":
+        return state.to(device)
+    cache = torch.empty((state.shape[0], CACHE_LAYERS, *state.shape[1:]), dtype=state.dtype, device=device)
+    cache[:, :-1] = -state[:, None].to(device)
+    cache[:, -1] = state.to(device)
+    return cache[:, -1]
 
 
 def _per_head(value: torch.Tensor, shape: tuple[int, ...], device: str) -> torch.Tensor:
