@@ -59,6 +59,8 @@ def stage_inputs(args: dict, state_dtype) -> dict:
     """What each pipeline stage reads, made by the stages before it as chunk_scan_combined makes it (batch 1):
     x, B, C, D, the chunk table, the matmul dtype, dt_proc, dA_cs, log2_pairs, the chunks' own states, the
     passed states, C·Bᵀ."""
+    import torch  # noqa: PLC0415
+
     from ssmcheck.ops.chunk_scan.chunk_cb import chunk_cb  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
@@ -72,9 +74,10 @@ def stage_inputs(args: dict, state_dtype) -> dict:
     dt_proc, dA_cs, log2_pairs = dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")),
                                            table)
     local = chunk_state(x, B, dt_proc, dA_cs, mm, table, False)
-    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table)
+    passed = x.dtype if state_dtype == torch.float32 else state_dtype  # as chunk_scan_combined passes them
+    states, _ = state_passing(local, dA_cs, None, state_dtype, False, 0, table, passed_dtype=passed)
     return dict(x=x, B=B, C=C, D=args["D"], table=table, mm=mm, dt_proc=dt_proc, dA_cs=dA_cs,
-                log2_pairs=log2_pairs, local=local,
+                log2_pairs=log2_pairs, local=local, passed=passed,
                 states=states, cb=chunk_cb(C, B, mm, table, False))
 
 
@@ -93,7 +96,8 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
         "dt+cumsum": bench(lambda: dt_cumsum(args["dt"][0], args["A"], args["dt_bias"], True, (0.0, float("inf")),
                                              table)),
         "chunk states": bench(lambda: chunk_state(x, B, dt_proc, dA_cs, mm, table, False)),
-        "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table)),
+        "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table,
+                                               passed_dtype=s["passed"])),
         "C·Bᵀ": bench(lambda: chunk_cb(C, B, mm, table, False)),
         "output": bench(lambda: chunk_output(x, None, C, s["D"], s["cb"], dt_proc, s["log2_pairs"], s["states"], y, mm,
                                              table, False)),

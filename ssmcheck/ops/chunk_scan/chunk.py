@@ -191,8 +191,12 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
                                                     dt_bias.contiguous() if dt_bias is not None else None,
                                                     dt_softplus, dt_limit, table, alloc=alloc)
     local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
+    # The output stage rounds each chunk's incoming state to the inputs' dtype (its matmul operand): fp32 states are
+    # passed in that dtype already, which gives the same bits and halves their bytes, written and read (the stages,
+    # kept for their comparison, stay in the storage dtype).
+    passed = x.dtype if state_dtype == torch.float32 and not keep_stages else state_dtype
     states, seq_final = pipeline.state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic",
-                                               seed, table, alloc=alloc)
+                                               seed, table, alloc=alloc, passed_dtype=passed)
     if not keep_stages:
         del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
     cb = pipeline.chunk_cb(C2, B2, mm_dtype, table, interpret, alloc=alloc)

@@ -147,6 +147,12 @@ def chunk_output(x, z, C, D, cb, dt_proc, log2_pairs, states, y, mm_dtype, table
     ngroups, dstate = C.shape[1], C.shape[2]
     cs = table.chunk_size
     cfg = {**default_config(headdim, dstate, cs, interpret), **(config or {})}
+    if not interpret and config is None and states.element_size() == 2:
+        # 16-bit states take the default tiles to 134 registers (fp32's: 128), three programs an SM instead of four;
+        # capped, the MMA loop grows 233 -> 248 SASS instructions (benchmarks/RESULTS.md, 46th session). Timed only
+        # together with the passed states in the inputs' dtype (48th session: bf16 states 0.66x vLLM at 64k, main's
+        # uncapped 0.73x); the cap alone is not.
+        cfg["maxnreg"] = 128
     grid = (table.nchunks * nheads * cdiv(headdim, cfg["BLOCK_P"]) * (cs // cfg["BLOCK_ROWS"]),)
     # Stand-ins for a missing z and D (never read), of the dtypes they usually have (x's; fp32), so that a call
     # without them shares the variant of one with them.

@@ -7,6 +7,10 @@ carried in fp32 and stored in state_dtype (rounded to nearest, or stochastically
 with Philox bits keyed by (seed, element index within its sequence): a sequence
 draws the same bits alone or packed with others, so stochastic storage keeps
 batch invariance; sequences of one call share bits position for position).
+The states entering the chunks may be stored in another dtype than the final ones
+(`passed_dtype`): the output stage reads them as matmul operands, rounded to nearest
+into the inputs' dtype, so fp32 states stored so cost half the bytes both ways and
+give the same bits.
 
 One program owns a slice of one head's state for one sequence; its loads do not
 depend on the recurrence, so they are prefetched while the serial multiply-adds run.
@@ -30,7 +34,8 @@ def _state_passing_kernel(
     local_ptr, dA_cs_ptr, init_ptr, seq_chunk_ptr, states_ptr, final_ptr, seed,
     nheads, headdim, dstate, chunk_size,
     stride_init_seq, stride_init_head, stride_init_dim, stride_init_state, has_init,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, N_ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, PASSED_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, N_ROUNDS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head_size = headdim * dstate
@@ -54,7 +59,7 @@ def _state_passing_kernel(
     for c in tl.range(c_first, c_end, num_stages=3):
         ch = tl.cast(c, tl.int64) * nheads + h
         at = ch * head_size + e
-        tl.store(states_ptr + at, round_to_storage(state, seed, at - first, STATE_DTYPE, STOCHASTIC, N_ROUNDS),
+        tl.store(states_ptr + at, round_to_storage(state, seed, at - first, PASSED_DTYPE, STOCHASTIC, N_ROUNDS),
                  mask=ev)
         dA_last = tl.load(dA_last_ptr + ch * chunk_size).to(tl.float32)
         state = state * tl.exp(tl.minimum(dA_last, 0.0)) + tl.load(local_ptr + at, mask=ev, other=0.0)
@@ -71,20 +76,26 @@ def default_config(headdim: int, dstate: int) -> dict:
 
 
 def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, seed: int, table: ChunkTable,
-                  config: dict | None = None, alloc=torch.empty):
-    """local (nchunks, nheads, headdim, dstate) fp32 -> (incoming state of every chunk, same shape,
-    state after every sequence (nseq, nheads, headdim, dstate)), both in state_dtype, allocated by `alloc`."""
+                  config: dict | None = None, alloc=torch.empty, passed_dtype: torch.dtype | None = None):
+    """local (nchunks, nheads, headdim, dstate) fp32 -> (incoming state of every chunk, same shape, in
+    `passed_dtype` (None: state_dtype), state after every sequence (nseq, nheads, headdim, dstate) in state_dtype),
+    allocated by `alloc`. A `passed_dtype` other than state_dtype takes fp32 states rounded to nearest."""
     _, nheads, headdim, dstate = local.shape
+    passed_dtype = passed_dtype or state_dtype
+    if passed_dtype != state_dtype and (state_dtype != torch.float32 or stochastic):
+        raise ValueError(f"passed states in {passed_dtype} need fp32 states rounded to nearest, not {state_dtype}"
+                         f"{' stochastically' if stochastic else ''}")
     cfg = {**default_config(headdim, dstate), **(config or {})}
-    states = alloc(local.shape, device=local.device, dtype=state_dtype)
+    states = alloc(local.shape, device=local.device, dtype=passed_dtype)
     final = alloc((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)
     grid = (table.nseq * nheads * cdiv(headdim * dstate, cfg["BLOCK"]),)
-    # Without initial states, `states` stands in (never read): its strides are a contiguous state's, so the call
+    # Without initial states, `final` stands in (never read): its strides are a contiguous state's, so the call
     # shares the variant of one with contiguous initial states of the same dtype.
-    init = initial_states if initial_states is not None else states
+    init = initial_states if initial_states is not None else final
     _state_passing_kernel[grid](
         local, dA_cs, init, table.seq_chunk, states, final, seed,
         nheads, headdim, dstate, table.chunk_size, *init.stride(), initial_states is not None,
-        STATE_DTYPE=triton_dtype(state_dtype), STOCHASTIC=stochastic, N_ROUNDS=DEFAULT_PHILOX_ROUNDS, **cfg,
+        STATE_DTYPE=triton_dtype(state_dtype), PASSED_DTYPE=triton_dtype(passed_dtype), STOCHASTIC=stochastic,
+        N_ROUNDS=DEFAULT_PHILOX_ROUNDS, **cfg,
     )
     return states, final
