@@ -103,6 +103,7 @@ def test_impossible_combinations_are_skipped_with_the_reason():
 def test_the_gpu_default_adds_a_serving_batch_and_keeps_the_normal_sub_sweeps():
     # [drift.cuda.overrides.normal] replaces the plain tables on a GPU: it repeats them, and adds 256 rows.
     cpu, cuda = (load_preset("default", "drift", device)["overrides"]["normal"] for device in ("cpu", "cuda"))
-    assert cuda[:-1] == cpu and cuda[-1] == {"batch": [256], "state_dtype": ["fp16"], "rounding": ["nearest"]}
+    assert cuda[:-1] == cpu
+    assert cuda[-1] == {"batch": [256], "nheads": [1], "state_dtype": ["fp16"], "rounding": ["nearest"]}
     cases = build_cases(resolve({}, load_preset("default", "drift", "cuda"), "default"), "builtin")
-    assert [c.id for c in cases if c.batch == 256] == ["normal-fp16-nearest-b256-h8x64n128g1"]
+    assert [c.id for c in cases if c.batch == 256] == ["normal-fp16-nearest-b256-h1x64n128g1"]
