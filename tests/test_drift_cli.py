@@ -81,14 +81,18 @@ def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(t
     assert len(untied) == 5 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
 
 
-@pytest.mark.parametrize("kernel", ["interleaved_groups", "groups_by_ngroups"])
-def test_the_default_preset_catches_a_head_read_from_the_wrong_group(kernel, tmp_path):
+@pytest.mark.parametrize(("kernel", "reached", "count"), [
+    ("interleaved_groups", lambda p: p["ngroups"] > 1 and p["nheads"] > p["ngroups"], 5),
+    # h // ngroups is h's group where ngroups ** 2 == nheads (4 heads in 2), and group 0 where each head has its own
+    ("groups_by_ngroups", lambda p: p["ngroups"] > 1 and p["ngroups"] ** 2 != p["nheads"], 7),
+])
+def test_the_default_preset_catches_a_head_read_from_the_wrong_group(kernel, reached, count, tmp_path):
     """A state update that reads head h's B and C from group h % ngroups, or h // ngroups (not h // heads per
     group), passes every case with one group, and fails the default preset's cases of 6 heads in 3 groups and of
-    24 in 4 (at 4 heads in 2, h // ngroups is the right group)."""
+    24 in 4; h // ngroups also the 2 heads in 2 groups of dstate 256."""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "g.json")
-    grouped = planted_bug_cases(report, lambda p: p["ngroups"] > 1 and p["nheads"] > p["ngroups"])
-    assert len(grouped) == 5 and all(c["status"] == "fail" for c in grouped)
+    grouped = planted_bug_cases(report, reached)
+    assert len(grouped) == count and all(c["status"] == "fail" for c in grouped)
 
 
 def test_the_default_preset_catches_parameters_read_for_blocks_of_8_heads(tmp_path):
