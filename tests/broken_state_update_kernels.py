@@ -7,6 +7,7 @@ the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_elemen
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
 softplus_in_inputs_dtype, update_in_inputs_dtype, flushes_subnormals, random_bits_ignore_the_seed,
+random_bits_from_the_global_generator,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
 softplus_regardless and bias_only_with_softplus, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
@@ -474,6 +475,19 @@ def random_bits_ignore_the_seed(state, x, dt, A, B, C, D=None, z=None, dt_bias=N
     rounds with the same bits. Right to nearest."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, 0)
+    return out
+
+
+def random_bits_from_the_global_generator(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                          rounding="nearest", seed=0):
+    """Stochastic rounding whose uniforms come from torch's global generator (its seed keyword unread): each
+    element exact SR with bits of its own, and other bits for every call, but the same seed gives other bits each
+    time, so no run can be reproduced. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding == "stochastic" and state.dtype in _DROPPED_BITS:
+        state.copy_(_stochastic(new, state.dtype, torch.rand(new.shape, device=new.device)))
+    else:
+        state.copy_(new.to(state.dtype))
     return out
 
 

@@ -89,6 +89,17 @@ def test_random_bits_that_ignore_the_seed_fail_every_stochastic_case_and_name_it
             assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
 
 
+def test_random_bits_from_a_generator_other_than_the_seed_fail_every_stochastic_case():
+    """A rounding that draws from torch's global generator passes every twin axis and the two seeds (its bits are
+    its own everywhere), and fails the third call, made with the first call's seed, which stores other bits."""
+    for case in _stochastic_cases(f"{BROKEN}:random_bits_from_the_global_generator"):
+        check = case["independence"]
+        assert check["status"] == "fail" and 0 < check["seed_repeat_differs"] < 8192, check
+        assert check["message"].startswith(
+            f"random bits: the same step called twice with the same seed stored other bits in "
+            f"{check['seed_repeat_differs']} of 8192 elements: ")
+
+
 def _bits_repeating_every_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                                       rounding="nearest", seed=0):
     """Planted: SR whose offsets restart with each block of 64 channels: channels c and c + 64 share bits."""
@@ -124,18 +135,20 @@ def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
 
 def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_alike():
     """Offsets that take dstate for headdim give channel c of head h and channel c - 16 of head h + 1 one uniform:
-    in the twin step's 2 x 2 x 128 x 16 state, elements 1792 apart, where no twins lie."""
+    in the alike step's 2 x 10 x 32 x 16 state (2 heads times 5, 32 channels), elements 256 apart, where no twins
+    lie."""
     for case in _stochastic_cases(f"{BROKEN}:random_offsets_with_dstate_for_headdim"):
         check = case["independence"]
         assert case["status"] == "fail" and check["status"] == "fail", case["message"]
         for axis in TWINS:  # the twins see nothing
             assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
         lags = check[LAGS]
-        assert (lags["distance"], lags["pairs"], lags["fails"]) == (1792, 6400, True), lags
+        assert lags["widths"] == [2, 10, 32, 16]
+        assert (lags["distance"], lags["pairs"], lags["fails"]) == (256, 9984, True), lags
         assert lags["z"] > LAG_Z and lags["agree"] > lags["expected"]
         assert check["message"] == (
-            f"random bits: elements 1792 apart in the state (row +0, head +1, channel -16, state index +0), every "
-            f"element given the same state and inputs, stored the same bits in {lags['agree']} of 6400 pairs where "
+            f"random bits: elements 256 apart in the state (row +0, head +0, channel +16, state index +0), every "
+            f"element given the same state and inputs, stored the same bits in {lags['agree']} of 9984 pairs where "
             f"independent draws agree in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random "
             "bits repeat at that distance (an offset computed with a wrong stride)")
 

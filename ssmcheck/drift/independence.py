@@ -15,7 +15,9 @@ axis under 4 long all copies of its first). The step's heads are MIN_CHANNELS wi
 have twins 64 apart, past the block of channels a program takes, where offsets that restart with each block
 repeat. The twins along each axis (AXES: rows, heads, channels, state indices), neighbours and a period apart,
 are compared apart; and so is the step called twice on the same twin state and inputs with two seeds (CALLS), every
-element its own twin. An element
+element its own twin. A kernel told its seed (a `seed` keyword) is called a third time with the first call's seed,
+and must store the same bits (`the same step called twice with the same seed stored other bits in ...`: bits from a
+global generator or a counter kept between calls reproduce no run). An element
 whose float64 update lies a fraction p of the way from its lower to its upper neighbour in the state dtype is
 stored differently by two independent draws with probability q = 2p(1 - p): over an axis's pairs the number
 that differ has mean E = Σq (the message gives √(Σq(1 - q)) beside it). So few that independent draws differ
@@ -31,7 +33,8 @@ themselves are the decode's to judge, not this check's.
 
 Twins at a few distances cannot see bits shared at any other: a random offset computed with a wrong stride (a
 headdim where dstate belongs) gives the elements a fixed distance apart in the state's memory one counter, each of
-them still exact SR on its own. So one more step (LAGS) gives every element the same state and inputs: all of them
+them still exact SR on its own. So one more step (LAGS), of MIN_HEADS heads at least (so that heads 8 apart show),
+gives every element the same state and inputs: all of them
 round the same exact value, up with probability p, and any two agree with probability a = p² + (1 - p)². For every
 distance L in the flattened state (batch, heads, channels, state indices) the n - L pairs L apart are counted (an
 FFT's autocorrelation of the rounding decisions); a distance where they agree more often than a allows (z above
@@ -98,6 +101,12 @@ LAG_MIN_PAIRS = 64
 # The twin step's heads are at least this wide: its channels then have twins 64 apart, past a block of 64 (or
 # fewer) channels a program, where a kernel whose offsets restart with each block repeats its bits.
 MIN_CHANNELS = 128
+# The step with every element alike has at least this many heads (the case's times a whole number, so that its groups
+# still divide them): distances of 8 heads, past a block of 8 heads a program or a grid axis, where offsets computed
+# from the head modulo 8 repeat. And heads of this many channels at least (wider than a small dstate, where a stride
+# of dstate taken for headdim's makes heads overlap), fewer than the twin step's to keep its cost.
+MIN_HEADS = 9
+ALIKE_CHANNELS = 32
 
 
 def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript) -> SlotCheck:
@@ -133,17 +142,22 @@ class _Steps:
 
 def _steps(case: DriftCase, device: str) -> _Steps:
     seed = sweep.case_seed(case.seed, {"check": NAME})
-    shape = replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS))
-    problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
-    step = next(problem.steps())
-    given = {"state": problem.initial_state, **dict(step.given()), "A": problem.A, "D": problem.D,
-             "dt_bias": problem.dt_bias}
-    for name in ("B", "C"):  # every group group 0's: twin heads read the same B and C, however heads map to groups
-        given[name] = given[name][:, :1].expand(given[name].shape).contiguous()
+    # The twin step at MIN_CHANNELS channels at least; the step with every element alike (its shape is free: every
+    # element is the same) at MIN_HEADS heads and ALIKE_CHANNELS channels at least.
+    shapes = {"twin": replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS)),
+              "alike": replace(case.shape(), batch=2, nheads=case.nheads * -(-MIN_HEADS // case.nheads),
+                               headdim=max(case.headdim, ALIKE_CHANNELS))}
+    copies = {"twin": lambda t, name: _twinned(t, _INPUT_AXES[name]),
+              "alike": lambda t, name: _twinned(t, tuple(range(t.dim())), lambda size: 0)}
     made = {}
-    for kind, copies in (("twin", lambda t, name: _twinned(t, _INPUT_AXES[name])),
-                         ("alike", lambda t, name: _twinned(t, tuple(range(t.dim())), lambda size: 0))):
-        inputs = {name: None if t is None else copies(t, name) for name, t in given.items()}
+    for kind, shape in shapes.items():
+        problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
+        step = next(problem.steps())
+        given = {"state": problem.initial_state, **dict(step.given()), "A": problem.A, "D": problem.D,
+                 "dt_bias": problem.dt_bias}
+        for name in ("B", "C"):  # every group group 0's: twin heads read the same B and C, however heads map to groups
+            given[name] = given[name][:, :1].expand(given[name].shape).contiguous()
+        inputs = {name: None if t is None else copies[kind](t, name) for name, t in given.items()}
         state = inputs.pop("state")
         arguments = {"z": None, **inputs, "dt_softplus": problem.dt_softplus}
         made[kind] = (state, arguments, fraction_between_neighbours(_exact_step(state.double(), arguments), case.dtype))
@@ -172,8 +186,11 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     """The twin steps, the step with every element alike and their verdict (the module docstring), each step
     called through slot indices where `through_slots`."""
     state, again, alike_state = steps.state.clone(), steps.state.clone(), steps.alike_state.clone()
+    # A kernel told its seed is called a third time with the first call's: its bits must be the same ones.
+    repeated = steps.state.clone() if kernel.takes_seed else None
+    calls = ((state, 1), (again, 2), *(((repeated, 1),) if repeated is not None else ()))
     try:
-        for twin, step_seed in ((state, 1), (again, 2)):  # the same step twice, with two seeds
+        for twin, step_seed in calls:  # the same step with two seeds (and the first again)
             _step(kernel, twin, steps.arguments, case.rounding, sweep.case_seed(steps.seed, {"step": step_seed}),
                   "independence check", transcript, through_slots)
         _step(kernel, alike_state, steps.alike_arguments, case.rounding, sweep.case_seed(steps.seed, {"step": 3}),
@@ -181,8 +198,14 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     except KernelRaised as exc:
         return SlotCheck(NAME, Status.ERROR, f"{TITLE}: {exc}")
     p = steps.p
-    lags = _lag_figures(alike_state, steps.alike_p)
+    lags = {"widths": list(alike_state.shape), **_lag_figures(alike_state, steps.alike_p)}
     stored = bits(state)
+    if repeated is not None and not torch.equal(stored, bits(repeated)):
+        moved = int((stored != bits(repeated)).sum())
+        return SlotCheck(NAME, Status.FAIL, f"{TITLE}: the same step called twice with the same seed stored other "
+                         f"bits in {moved} of {stored.numel()} elements: the stochastic rounding's random bits come "
+                         "from elsewhere than its seed (a global generator, a counter kept between calls, a race), so "
+                         "no run can be reproduced", {"widths": list(state.shape), "seed_repeat_differs": moved})
     # (name, distance, the first elements' p, their stored bits, their twins'): along each axis, and the call with
     # another seed, every element's twin.
     pairings = [(name, distance, p[first], stored[first], stored[second]) for axis, name in enumerate(AXES)
@@ -196,7 +219,7 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
             failed.append((name, pairing))
     if not failed:
         if lags["fails"]:
-            return SlotCheck(NAME, Status.FAIL, f"{TITLE}: {_lag_failure(lags, list(state.shape))}", figures)
+            return SlotCheck(NAME, Status.FAIL, f"{TITLE}: {_lag_failure(lags, lags['widths'])}", figures)
         return SlotCheck(NAME, Status.PASS, "", figures)
     # Twins that never differ are certain; bits shared along one axis also make the other axes' pairs fail to be
     # independent of each other, and a count over them can then fall short by itself: those go unnamed.
