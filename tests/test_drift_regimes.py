@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ssmcheck.core.tensors import whole_storage
 from ssmcheck.drift.regimes import (
     ACTIVATIONS,
     CACHE_LAYERS,
@@ -53,7 +54,7 @@ def test_strided_s_state_is_one_layers_slice_of_a_state_cache_and_normal_s_its_o
     state = 2 * 4 * 8
     assert whole.is_contiguous() and torch.equal(sliced, whole)  # the same values, laid out otherwise
     assert sliced.stride() == (CACHE_LAYERS * state, 4 * 8, 8, 1) and sliced.storage_offset() == state
-    cache = torch.empty(0, dtype=torch.float16).set_(sliced.untyped_storage()).view(3, CACHE_LAYERS, state)
+    cache = whole_storage(sliced).view(3, CACHE_LAYERS, state)
     assert torch.equal(cache[:, 0], -whole.reshape(3, state))  # the other layer: finite, and not the state
 
 

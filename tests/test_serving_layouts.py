@@ -10,7 +10,7 @@ from layout_kernels import WRAP_BITS
 
 from ssmcheck.core.formats import saturate
 from ssmcheck.core.models import lookup
-from ssmcheck.core.tensors import laid_out_as
+from ssmcheck.core.tensors import laid_out_as, whole_storage
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
 from ssmcheck.ops.chunk_scan.naive import scan_recurrent
 from ssmcheck.scan.adapter import resolve
@@ -68,7 +68,7 @@ def test_long_reads_its_initial_states_from_one_layers_slice_of_a_state_cache():
     state = 2 * 16 * 8
     # Rows CACHE_LAYERS states apart, each state contiguous, the last layer's: the first layer's drawn too.
     assert states.stride() == (CACHE_LAYERS * state, 16 * 8, 8, 1) and states.storage_offset() == state
-    cache = torch.empty(0).set_(states.untyped_storage())
+    cache = whole_storage(states)
     assert cache.numel() == 2 * CACHE_LAYERS * state and bool(torch.isfinite(cache).all())
     assert bool((cache.view(2, CACHE_LAYERS, state)[:, 0] != 0).all())
     assert inputs.D.shape == (2, 16)
@@ -83,7 +83,7 @@ def test_initial_states_rounded_to_a_cache_dtype_keep_their_layout():
     assert torch.equal(rounded, states.to(torch.bfloat16).float()) and not torch.equal(rounded, states)
     assert rounded.untyped_storage().data_ptr() != states.untyped_storage().data_ptr()
     # The rest of the cache (the other layer's states) is the original's.
-    layers = [torch.empty(0).set_(t.untyped_storage()).view(2, CACHE_LAYERS, -1)[:, 0] for t in (states, rounded)]
+    layers = [whole_storage(t).view(2, CACHE_LAYERS, -1)[:, 0] for t in (states, rounded)]
     assert torch.equal(*layers)
 
 

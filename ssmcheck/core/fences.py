@@ -25,7 +25,7 @@ from collections.abc import Collection
 
 import torch
 
-from ssmcheck.core.tensors import bits
+from ssmcheck.core.tensors import bits, whole_storage
 
 # Elements of fence on each side of a storage: as many as the storage holds, at most FENCE_BYTES (a chunk of 256
 # tokens of Mamba2-2.7B's fused in_proj row in bf16 is 5.4 MB), rounded up to ALIGN elements so that the
@@ -75,7 +75,7 @@ class Fenced:
 
     @staticmethod
     def _buffer(t: torch.Tensor, names: tuple[str, ...], value: float) -> tuple:
-        storage = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+        storage = whole_storage(t)
         n = storage.numel()
         fence = -(-min(n, FENCE_BYTES // t.element_size()) // ALIGN) * ALIGN
         buffer = torch.full((fence + n + fence,), value, dtype=t.dtype, device=t.device)

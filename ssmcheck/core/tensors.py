@@ -29,6 +29,11 @@ def nonfinite_mask(value: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     return ~finite(value) & finite(truth)
 
 
+def whole_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """Every element of `tensor`'s storage, read in its dtype, as a flat tensor (a view: no copy)."""
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(tensor.untyped_storage())
+
+
 def moved(tensor: torch.Tensor, device: str | torch.device, buffers: dict[tuple, torch.Tensor]) -> torch.Tensor:
     """`tensor` on `device`; a non-contiguous one as a view of its whole storage moved once (`buffers`,
     keyed by the storage's address and the dtype read from it, holds the moved storages as flat tensors)."""
@@ -37,7 +42,7 @@ def moved(tensor: torch.Tensor, device: str | torch.device, buffers: dict[tuple,
     storage = tensor.untyped_storage()
     key = (storage.data_ptr(), tensor.dtype)
     if key not in buffers:
-        buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage).to(device)
+        buffers[key] = whole_storage(tensor).to(device)
     return buffers[key].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
 
 
@@ -46,6 +51,5 @@ def laid_out_as(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     non-contiguous view (a layer's slice of a cache) stays one, the rest of its storage as tensor's."""
     if tensor.is_contiguous():
         return values.contiguous()
-    whole = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(tensor.untyped_storage()).clone()
-    view = whole.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+    view = whole_storage(tensor).clone().as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
     return view.copy_(values)

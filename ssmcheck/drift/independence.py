@@ -188,7 +188,7 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     state, again, alike_state = steps.state.clone(), steps.state.clone(), steps.alike_state.clone()
     # A kernel told its seed is called a third time with the first call's: its bits must be the same ones.
     repeated = steps.state.clone() if kernel.takes_seed else None
-    calls = ((state, 1), (again, 2), *(((repeated, 1),) if repeated is not None else ()))
+    calls = [(state, 1), (again, 2)] + ([(repeated, 1)] if repeated is not None else [])
     try:
         for twin, step_seed in calls:  # the same step with two seeds (and the first again)
             _step(kernel, twin, steps.arguments, case.rounding, sweep.case_seed(steps.seed, {"step": step_seed}),

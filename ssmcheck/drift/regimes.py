@@ -202,11 +202,12 @@ def _placed(state: torch.Tensor, regime: str, device: str) -> torch.Tensor:
     (batch, layers, nheads, headdim, dstate), as an engine that stacks its layers' states keeps them: each row's
     state contiguous, the rows CACHE_LAYERS states apart. The other layers hold the state negated, finite values
     that a kernel reading or updating a contiguous copy, or rows one state apart, meets instead."""
+    state = state.to(device)
     if regime != "strided":
-        return state.to(device)
+        return state
     cache = torch.empty((state.shape[0], CACHE_LAYERS, *state.shape[1:]), dtype=state.dtype, device=device)
-    cache[:, :-1] = -state[:, None].to(device)
-    cache[:, -1] = state.to(device)
+    cache[:, :-1] = -state[:, None]
+    cache[:, -1] = state
     return cache[:, -1]
 
 

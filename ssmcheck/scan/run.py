@@ -440,7 +440,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
     kernel is called once per shape (and once more without D and z, and for y alone where judges_y_alone, as the
     cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the
-    invariance checks' calls follow (_rehearse_checks). A case whose call raises here is left to run as usual, where its error is reported.
+    invariance checks' calls follow (_rehearse_checks). A case whose call raises here is left to run as usual,
+    where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
     nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). In a helper
     process only (core.precompile says why)."""
