@@ -186,6 +186,16 @@ def dt_bias_only_with_softplus(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bi
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def softplus_always_in_varlen(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """Its varlen path applies the softplus whatever dt_softplus says (written for the serving engine's call,
+    which asks for it); batch mode is right."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                    dt_softplus or cu_seqlens is not None, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def dt_limit_upper_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                         seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                         return_final_states=False, return_varlen_states=False):

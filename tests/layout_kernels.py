@@ -23,6 +23,9 @@ the output's range demands care. Used as `--kernel tests/layout_kernels.py:NAME`
   layer's states.
 - `batch_mode_d_per_head`: its batch-mode launcher (written apart from the varlen one) passes D's channel
   stride as 0, so a per-channel D gives every channel its head's first value.
+- `z_read_with_x_strides`, `channels_read_as_contiguous`, `rows_seqlen_tokens_apart`: one stride taken from
+  another input or derived from the shape instead of passed; right wherever the inputs share one layout
+  (every regime but `conv-output`, whose x, B and C come channel-major out of the causal conv).
 """
 
 import torch
@@ -43,15 +46,16 @@ def _wrap(offsets: torch.Tensor) -> torch.Tensor:
     return (offsets + half) % (2 * half) - half
 
 
-def _read(t: torch.Tensor | None) -> torch.Tensor | None:
-    """`t` (batch, seqlen, ...) as a kernel reads it through its strides, the token term wrapped."""
+def _read(t: torch.Tensor | None, strides=None, wrap_tokens: bool = True) -> torch.Tensor | None:
+    """`t` (batch, seqlen, ...) as a kernel reads it from its storage through `strides` (its own by default),
+    the token term wrapped where `wrap_tokens`. An offset outside the storage reads it modulo its size."""
     if t is None:
         return None
     buffer = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
     offsets = torch.full(t.shape, t.storage_offset(), dtype=torch.int64, device=t.device)
-    for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride() if strides is None else strides)):
         index = torch.arange(size, device=t.device) * stride
-        if dim == 1:  # the token dimension
+        if dim == 1 and wrap_tokens:  # the token dimension
             index = _wrap(index)
         offsets = offsets + index.view([size if d == dim else 1 for d in range(t.dim())])
     return buffer[offsets % buffer.numel()]
@@ -99,6 +103,39 @@ def batch_mode_d_per_head(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=No
     """The baseline with, in batch mode, a per-channel D read at channel stride 0 (each head's first value)."""
     if cu_seqlens is None and D is not None and D.dim() == 2:
         D = D[:, :1].expand_as(D)
+    return _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                          dt_limit, return_final_states, return_varlen_states)
+
+
+def z_read_with_x_strides(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                          seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                          return_final_states=False, return_varlen_states=False):
+    """The baseline with the gate z read through x's strides (one set of strides passed for both, as right as
+    the callers whose x and z share a layout)."""
+    if z is not None:
+        z = _read(z, x.stride(), wrap_tokens=False)
+    return _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                          dt_limit, return_final_states, return_varlen_states)
+
+
+def channels_read_as_contiguous(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """The baseline on x, B, C and z read with a last-axis stride of 1 (their other strides their own): a kernel
+    that takes the channel and state axes as contiguous."""
+    x, B, C, z = (None if t is None else _read(t, (*t.stride()[:-1], 1), wrap_tokens=False) for t in (x, B, C, z))
+    return _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                          dt_limit, return_final_states, return_varlen_states)
+
+
+def rows_seqlen_tokens_apart(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """The baseline on token-wise inputs whose rows are read seqlen token strides apart (the row stride derived,
+    not passed): right for every layout whose rows follow each other, as a (batch, seqlen, width) buffer's do."""
+    def rows_derived(t):
+        return None if t is None else _read(t, (t.shape[1] * t.stride(1), *t.stride()[1:]), wrap_tokens=False)
+    x, dt, B, C, z = (rows_derived(t) for t in (x, dt, B, C, z))
     return _baseline_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
                           dt_limit, return_final_states, return_varlen_states)
 

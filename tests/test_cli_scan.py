@@ -537,18 +537,21 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
                                                                           "long"), 15),
     ("gate_only_with_d", lambda p: p["regime"] == "dt-extreme", 3),
     ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 9),
+    ("softplus_always_in_varlen", lambda p: p["regime"] == "aligned", 2),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
         "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks",
-        "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end"])
+        "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end",
+        "varlen-processed-dt"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
     groups, headdim past dstate, initial states of heads wider than their states, several rows of whole chunks,
     more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
     sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
-    batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D, a dt_limit without a lower end. The default
+    batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D, a dt_limit
+    without a lower end, packed sequences with dt processed already. The default
     preset has cases for each (and every
     other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")

@@ -103,6 +103,42 @@ def test_the_default_preset_fails_a_kernel_reading_long_s_cache_slice_or_d_wrong
     assert len(failed) == count and all(c["status"] == "fail" for c in failed), [c["id"] for c in failed]
 
 
+def test_conv_output_puts_x_b_c_channel_major_in_a_conv_buffer_and_z_dt_in_the_in_proj_buffer():
+    shape = _shape(seqlen=50)
+    inputs = REGIMES["conv-output"].generate(shape, torch.bfloat16, seed=16)
+    values = REGIMES["normal"].generate(shape, torch.bfloat16, seed=16)
+    width, channels = 2 * 32 + 2 * 8 + 2, 32 + 2 * 8
+    conv = {"x": (0, (channels * 50, 1, 16 * 50, 50)), "B": (32 * 50, (channels * 50, 1, 8 * 50, 50)),
+            "C": (40 * 50, (channels * 50, 1, 8 * 50, 50))}
+    in_proj = {"z": (0, (50 * width, width, 16, 1)), "dt": (80, (50 * width, width, 1))}
+    for names, storage in ((conv, inputs.x.untyped_storage()), (in_proj, inputs.z.untyped_storage())):
+        for name, (offset, strides) in names.items():
+            view = getattr(inputs, name)
+            assert view.untyped_storage().data_ptr() == storage.data_ptr(), name
+            assert (view.storage_offset(), view.stride()) == (offset, strides), name
+            assert torch.equal(view, getattr(values, name)), name  # normal's values, laid out anew
+    assert inputs.x.untyped_storage().data_ptr() != inputs.z.untyped_storage().data_ptr()
+    # The in_proj buffer's xBC columns: the values before the conv (x, B, C negated), every element finite.
+    before = whole_storage(inputs.z).view(2, 50, width)
+    assert torch.equal(before[..., 32:64].view(2, 50, 2, 16), -values.x) and bool(torch.isfinite(before).all())
+    moved = inputs.to("meta")
+    for name in ("x", "z", "B", "C", "dt"):
+        assert getattr(moved, name).stride() == getattr(inputs, name).stride()
+
+
+@pytest.mark.parametrize("kernel", ["z_read_with_x_strides", "channels_read_as_contiguous",
+                                    "rows_seqlen_tokens_apart"])
+def test_the_default_preset_fails_a_kernel_taking_one_inputs_strides_for_another_in_conv_output_only(kernel,
+                                                                                                     tmp_path):
+    """Each kernel reads an input with a stride it was not passed (z with x's, a channel stride of 1, rows
+    seqlen token strides apart): right wherever the inputs share one layout, so conv-output alone fails."""
+    result, report = invoke("scan", "--kernel", f"{LAYOUT}:{kernel}", "--preset", "default",
+                            json_path=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    failed = planted_bug_cases(report, lambda p: p["regime"] == "conv-output")
+    assert len(failed) == 1 and failed[0]["status"] == "fail", [c["id"] for c in failed]
+
+
 def test_mamba2_2_7b_token_offsets_pass_2_31_at_203053_tokens():
     """The README's figure: Mamba2-2.7B's in_proj rows are 10576 elements, so a token's row offset passes
     2**31 - 1 from token 203,053 on (and the last token of a row of that many tokens starts past it)."""

@@ -190,14 +190,19 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
-            boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT) -> ScanInputs:
+            boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT,
+            processed_dt: bool = False) -> ScanInputs:
     """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
-    no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel)."""
+    no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel).
+    `processed_dt`: dt passed as softplus(raw + dt_bias) already, with no dt_bias and dt_softplus False (the same
+    draws), as a caller that applies the softplus itself passes it."""
     g = _generator(seed)
     total = shape.batch * shape.seqlen
     cu = boundaries(g, shape.batch, total, shape.chunk_size)
     u = _unit_inputs(g, shape, 1, total)
     dt, dt_bias = _trained_dt(g, 1, total, shape.nheads)
+    if processed_dt:
+        dt, dt_bias = torch.nn.functional.softplus(dt.double() + dt_bias.double()).float(), None
     extra = {}
     if with_initial_states:
         extra["initial_states"] = _normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate))
@@ -209,9 +214,10 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
     note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
     note += ", D per channel under a gate z" if gated else ""
     note += f", dt clamped to {dt_limit}" if dt_limit != NO_DT_LIMIT else ""
+    note += ", dt processed (softplus applied, no dt_bias)" if processed_dt else ""
     return _finish(
         dtype, note, dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), cu_seqlens=cu,
-        dt_softplus=True, dt_limit=dt_limit, **u, **extra,
+        dt_softplus=not processed_dt, dt_limit=dt_limit, **u, **extra,
     )
 
 
@@ -223,7 +229,11 @@ def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    return _varlen(shape, dtype, seed, with_initial_states=False, boundaries=_aligned_cu_seqlens, gated=True)
+    """Packed sequences starting where chunks do, D per channel under a gate z, and dt processed already
+    (softplus applied, no dt_bias): the one varlen regime with dt_softplus False, so a kernel whose varlen path
+    applies the softplus (or dt_bias) whatever it is told fails here."""
+    return _varlen(shape, dtype, seed, with_initial_states=False, boundaries=_aligned_cu_seqlens, gated=True,
+                   processed_dt=True)
 
 
 def aligned_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
@@ -406,6 +416,19 @@ def in_proj_columns(shape: ScanShape) -> dict[str, int]:
     return {"z": d_inner, "x": d_inner, "B": groups, "C": groups, "dt": shape.nheads}
 
 
+def _placed_in_columns(buffer: torch.Tensor, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each of `values` (rows, seqlen, ...) copied into the next block of `buffer`'s last axis (rows, seqlen,
+    width), in order: the views, with the buffer's strides."""
+    views, start = {}, 0
+    for name, value in values.items():
+        width = math.prod(value.shape[2:])
+        view = buffer[..., start : start + width].unflatten(-1, value.shape[2:])
+        view.copy_(value)
+        views[name] = view
+        start += width
+    return views
+
+
 def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """normal's values, passed as serving engines pass them: z, x, B, C and dt are views into one
     (batch, seqlen, width) buffer laid out as Mamba2's fused in_proj output (`in_proj_columns`), so
@@ -413,7 +436,7 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
 
     In the models, x, B and C come out of the causal conv over the xBC columns: a conv that writes
     in place (or a fused one) leaves them in this buffer, one that does not puts them in a buffer of
-    width d_inner + 2 * ngroups * dstate. The in_proj buffer is the wider of the two, so its token
+    its own (`conv-output` passes them so). The in_proj buffer is the wider of the two, so its token
     offsets reach 2**31 first (README: the 2**31 offsets). dt is in the activations' dtype, as the
     projection returns it; A, D and dt_bias are parameters, contiguous.
     """
@@ -421,15 +444,37 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
     columns = in_proj_columns(shape)
     # Every column is written below: nothing of the buffer is left unset.
     buffer = torch.empty((shape.batch, shape.seqlen, sum(columns.values())), dtype=dtype)
-    views, start = {}, 0
-    for name, width in columns.items():
-        value = getattr(values, name)
-        view = buffer[..., start : start + width].unflatten(-1, value.shape[2:])
-        view.copy_(value)
-        views[name] = view
-        start += width
+    views = _placed_in_columns(buffer, {name: getattr(values, name) for name in columns})
     return replace(values, **views, note=f"{values.note}; x, z, B, C, dt: views into one in_proj buffer of "
                                          f"{buffer.shape[-1]} elements per token")
+
+
+def conv_output(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """normal's values, laid out as vLLM's Mamba2 mixer hands them to its prefill scan: z and dt are views into
+    the fused in_proj output (`in_proj_columns`), x, B and C views into the causal conv's output, which is
+    channel-major: (batch, d_inner + 2 * ngroups * dstate, seqlen), each channel's tokens contiguous.
+
+    (The mixer transposes its xBC view of the in_proj output for the conv, and the conv's output is
+    `torch.empty_like` of that view, which is not dense, so it comes out contiguous in the transposed shape;
+    transposed back, x's token stride is 1. vLLM's and mamba_ssm's chunk scans take x with either of its
+    last two axes contiguous.) So x and z have different strides, x's token stride is 1 and its channel stride
+    seqlen, and a row of x, B and C is not seqlen times their token stride on: a kernel that reads one
+    input with another's strides, takes a channel stride of 1, or derives a row's offset from seqlen fails
+    here, where every other regime's inputs share their layouts. The in_proj buffer's x, B and C columns hold
+    the values before the conv: here x, B and C negated, finite values a kernel reading them instead meets.
+    """
+    values = normal(shape, dtype, seed)
+    columns = in_proj_columns(shape)
+    conv_names = ("x", "B", "C")
+    # (batch, conv channels, seqlen) contiguous, seen as (batch, seqlen, conv channels): token stride 1.
+    conv = torch.empty((shape.batch, sum(columns[n] for n in conv_names), shape.seqlen), dtype=dtype)
+    views = _placed_in_columns(conv.transpose(1, 2), {name: getattr(values, name) for name in conv_names})
+    in_proj = torch.empty((shape.batch, shape.seqlen, sum(columns.values())), dtype=dtype)
+    before_conv = {name: -getattr(values, name) if name in conv_names else getattr(values, name) for name in columns}
+    views |= {name: view for name, view in _placed_in_columns(in_proj, before_conv).items() if name not in conv_names}
+    return replace(values, **views, note=f"{values.note}; z, dt: views into an in_proj buffer of "
+                                         f"{in_proj.shape[-1]} elements per token; x, B, C: views into a "
+                                         f"channel-major conv output of {conv.shape[1]} channels (token stride 1)")
 
 
 def large_output(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -461,8 +506,8 @@ REGIMES: dict[str, Regime] = {
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
                "sequences (batch 1: a lone sequence); dt limited above only, dt_limit (0, 0.02)", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
-               "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z",
-               aligned),
+               "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z; dt "
+               "passed processed (softplus applied, no dt_bias, dt_softplus False)", aligned),
         Regime("padded", "ragged's packed sequences with pad tokens (seq_idx -1) after each, as a serving "
                "engine's packed batch has them: they must change no state (kernels that take them)", padded,
                pad_tokens=True),
@@ -485,6 +530,9 @@ REGIMES: dict[str, Regime] = {
                "clamp tokens of every head", long, min_chunks=8),
         Regime("strided", "normal's values as serving passes them: x, z, B, C, dt are strided views into one "
                "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths)", strided),
+        Regime("conv-output", "normal's values as vLLM's mixer passes them: z, dt views into the in_proj buffer, "
+               "x, B, C views into the causal conv's channel-major output (token stride 1, channel stride seqlen)",
+               conv_output),
         Regime("large-output", "large-magnitude's growing states with C scaled so |y| peaks at 2x fp16's largest "
                "value: fp16 y is judged saturated to 65504, and inf there is non-finite", large_output),
     )
