@@ -182,3 +182,17 @@ def pads_continue_the_sequence(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bi
 
 
 pads_continue_the_sequence.pad_tokens = True
+
+
+def pads_drop_initial_states(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """Planted: its pad-aware path (taken where seq_idx holds -1) starts every sequence from zero, its initial
+    state dropped; right without pads, and with pads but no initial states."""
+    if seq_idx is not None and bool((seq_idx < 0).any()):
+        initial_states = None
+    return chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                               dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+pads_drop_initial_states.pad_tokens = True

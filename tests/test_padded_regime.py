@@ -63,6 +63,21 @@ def test_the_planted_kernel_is_right_without_pads():
     assert _case(f"{KERNELS}:pads_continue_the_sequence", regime=["ragged"])["status"] == "pass"
 
 
+def test_padded_initial_state_gives_each_padded_sequence_its_initial_state():
+    inputs = REGIMES["padded-initial-state"].generate(ScanShape(3, 40, 2, 8, 16, 1, 16), torch.float32, 12)
+    assert inputs.pad_after is not None and inputs.initial_states.shape == (3, 2, 8, 16)
+    assert bool((inputs.initial_states != 0).all()) and REGIMES["padded-initial-state"].pad_tokens
+    assert _case("builtin", regime=["padded-initial-state"])["status"] == "pass"
+
+
+def test_a_pad_path_that_drops_initial_states_fails_padded_initial_state_only():
+    kernel = f"{KERNELS}:pads_drop_initial_states"
+    for regime in ("padded", "initial-state"):
+        assert _case(kernel, regime=[regime])["status"] == "pass", regime
+    case = _case(kernel, regime=["padded-initial-state"])
+    assert case["status"] == "fail" and "state" in case["message"], case["message"]
+
+
 def test_a_kernel_that_does_not_declare_pad_tokens_is_skipped_with_the_reason():
     case = _case("torch")
     assert case["status"] == "skipped" and "takes no pad tokens" in case["message"]

@@ -243,12 +243,24 @@ def aligned_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
     return _varlen(shape, dtype, seed, with_initial_states=True, boundaries=_aligned_cu_seqlens)
 
 
-def padded(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    """ragged's sequences, each followed by 1..chunk_size pad tokens in the kernel's call (scan.padding)."""
-    inputs = _varlen(shape, dtype, seed, with_initial_states=False)
+def _padded(inputs: ScanInputs, shape: ScanShape, seed: int) -> ScanInputs:
+    """Packed `inputs`, each sequence followed by 1..chunk_size pad tokens in the kernel's call (scan.padding)."""
     pads = torch.randint(1, shape.chunk_size + 1, (shape.batch,), generator=_generator(seed + 1))
     shown = ", ".join(map(str, pads.tolist()[:8])) + (", ..." if shape.batch > 8 else "")
     return replace(inputs, pad_after=pads, note=f"{inputs.note}; each followed by {shown} pad tokens (seq_idx -1)")
+
+
+def padded(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """ragged's sequences, each followed by 1..chunk_size pad tokens in the kernel's call (scan.padding)."""
+    return _padded(_varlen(shape, dtype, seed, with_initial_states=False), shape, seed)
+
+
+def padded_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
+                         state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """initial-state's sequences, each from its initial state, each followed by pad tokens: a padded batch of
+    chunked-prefill continuations, where a kernel's pad-aware path (the one taken where seq_idx holds -1) must
+    still start every sequence from its initial state."""
+    return _padded(_varlen(shape, dtype, seed, with_initial_states=True), shape, seed)
 
 
 def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -511,6 +523,9 @@ REGIMES: dict[str, Regime] = {
         Regime("padded", "ragged's packed sequences with pad tokens (seq_idx -1) after each, as a serving "
                "engine's packed batch has them: they must change no state (kernels that take them)", padded,
                pad_tokens=True),
+        Regime("padded-initial-state", "padded's pad tokens after initial-state's sequences, each from its initial "
+               "state: chunked-prefill continuations in a padded batch (kernels that take pad tokens)",
+               padded_initial_state, pad_tokens=True),
         Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
                "(batch 1: a lone sequence)", initial_state),
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
