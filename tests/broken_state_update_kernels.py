@@ -394,6 +394,17 @@ def update_in_inputs_dtype(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return out
 
 
+def update_in_half_for_fp16_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                   rounding="nearest", seed=0):
+    """A branch for fp16 activations (an fp16-served model) forms dt*x*B in fp16, for packed half2 arithmetic; fp32
+    and bf16 activations take the fp32 path, right. Both rounding modes, as `_store` does."""
+    half = x.dtype == torch.float16
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                          update_dtype=torch.float16 if half else torch.float32)
+    _store(state, new, rounding, seed)
+    return out
+
+
 def contiguous_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                     rounding="nearest", seed=0):
     """Reads z at offsets computed from its shape, as if contiguous: right for a whole z and for the first row

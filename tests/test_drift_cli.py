@@ -119,11 +119,22 @@ def test_the_default_preset_catches_what_only_an_fp32_state_shows(kernel, tmp_pa
 @pytest.mark.parametrize("kernel", ["softplus_in_inputs_dtype", "update_in_inputs_dtype"])
 def test_the_default_preset_catches_arithmetic_in_the_inputs_dtype(kernel, tmp_path):
     """A state update that takes dt's softplus, or forms dt*x*B, in its inputs' dtype passes every float32-input
-    case (right there) and fails `bf16-inputs` (a bf16 model's activations) into an fp32 and an fp16 state."""
+    case (right there) and fails `bf16-inputs` (a bf16 model's activations) into an fp32 and an fp16 state, and
+    `fp16-inputs` (an fp16 model's) into an fp32 state."""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "i.json")
-    activations = planted_bug_cases(report, lambda p: p["regime"] == "bf16-inputs")
-    assert len(activations) == 3 and all(c["status"] == "fail" for c in activations)
-    assert {c["params"]["state_dtype"] for c in activations} == {"fp32", "fp16"}
+    activations = planted_bug_cases(report, lambda p: p["regime"] in ("bf16-inputs", "fp16-inputs"))
+    assert len(activations) == 4 and all(c["status"] == "fail" for c in activations)
+    assert {(c["params"]["regime"], c["params"]["state_dtype"]) for c in activations} == {
+        ("bf16-inputs", "fp32"), ("bf16-inputs", "fp16"), ("fp16-inputs", "fp32")}
+
+
+def test_the_default_preset_catches_a_branch_for_fp16_inputs_only(tmp_path):
+    """A state update whose branch for fp16 activations forms dt*x*B in fp16 passes every float32- and bf16-input
+    case and fails `fp16-inputs` (an fp16-served model's activations, into an fp32 state)."""
+    _, report = drift("--kernel", f"{BROKEN}:update_in_half_for_fp16_inputs", "--preset", "default",
+                      json_path=tmp_path / "h.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "fp16-inputs")
+    assert case["status"] == "fail" and case["params"]["state_dtype"] == "fp32", case["message"]
 
 
 def test_the_default_preset_catches_subnormals_flushed_or_rounded_as_normals(tmp_path):

@@ -42,7 +42,7 @@ def _truth(problem):
 
 def test_every_regime_is_named_and_explained_in_one_line():
     assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
-                                  "no-softplus", "bf16-inputs", "subnormal"}
+                                  "no-softplus", "bf16-inputs", "fp16-inputs", "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 
@@ -79,7 +79,7 @@ def test_inputs_have_mamba2_shapes_strides_and_replay(regime, shape, seed):
         assert (a.dt.stride(2) != 0) == (regime == "untied") or s.headdim == 1
         assert a.B.shape == a.C.shape == (s.batch, s.ngroups, s.dstate)
         for name in ("x", "dt", "B", "C"):
-            assert getattr(a, name).dtype == (ACTIVATIONS if regime == "bf16-inputs" else torch.float32)
+            assert getattr(a, name).dtype == ACTIVATIONS.get(regime, torch.float32)
             assert torch.equal(getattr(a, name), getattr(b, name))
     assert not torch.equal(first[0].x, first[1].x)  # a stream, not one step repeated
 

@@ -2,7 +2,7 @@
 
 A regime fixes the per-head parameters (A, D, dt_bias), the initial state and
 the distribution of every step's x, dt, B and C. Inputs are float32 (so the
-only rounding under test is the state's storage) but in `bf16-inputs`, drawn on the CPU from
+only rounding under test is the state's storage) but in `bf16-inputs` and `fp16-inputs`, drawn on the CPU from
 generators seeded with the case's seed (a case is the same on every device)
 and moved to the device. `DecodeProblem.steps()` replays the identical stream
 each time it is called, so every trial of a case sees the same inputs.
@@ -67,6 +67,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "bf16 model's activations (A, D and dt_bias stay float32 parameters); out is bf16 too. A kernel that computes "
     "in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of float32 fails here, plainest into an fp32 "
     "state",
+    "fp16-inputs": "bf16-inputs with fp16 activations, as an fp16-served model passes them (GPUs without bf16): a "
+    "kernel's branch for fp16 inputs (half-precision products, a cast meant for bf16) fails here and nowhere else",
 }
 
 # Regimes whose step inputs reach the kernel as views into one buffer per step (drift.lockstep.StepWindow): `strided`
@@ -76,7 +78,7 @@ FUSED_REGIMES = ("strided", "untied")
 # The layers of the state cache `strided`'s state is one layer's slice of (`_placed`).
 CACHE_LAYERS = 2
 LONG_STEPS_FACTOR = 4
-ACTIVATIONS = torch.bfloat16  # the step inputs' dtype in `bf16-inputs`
+ACTIVATIONS = {"bf16-inputs": torch.bfloat16, "fp16-inputs": torch.float16}  # the step inputs' dtype, where not fp32
 STEP_BLOCK = 256  # steps drawn at once, from one generator
 
 
@@ -93,7 +95,7 @@ class DecodeShape:
 class StepInputs:
     """The per-token arguments of one selective_state_update call."""
 
-    x: torch.Tensor  # (batch, nheads, headdim) float32 (ACTIVATIONS in `bf16-inputs`, as are dt, B and C)
+    x: torch.Tensor  # (batch, nheads, headdim) float32 (ACTIVATIONS' dtype in its regimes, as are dt, B and C)
     dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim (whole in `untied`)
     B: torch.Tensor  # (batch, ngroups, dstate) float32
     C: torch.Tensor  # (batch, ngroups, dstate) float32
@@ -314,17 +316,21 @@ def _no_softplus(shape, state_dtype, nsteps, generator):
     return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw), dt_softplus=False)
 
 
-def _bf16_inputs(shape, state_dtype, nsteps, generator):
-    """normal's draws, every step input rounded to ACTIVATIONS (dt before its stride-0 expansion over headdim, so
-    that it stays a view, as Mamba2 passes it)."""
-    params = _normal(shape, state_dtype, nsteps, generator)
+def _half_inputs(activations: torch.dtype) -> Callable:
+    """The builder of a regime of normal's draws with every step input rounded to `activations` (dt before its
+    stride-0 expansion over headdim, so that it stays a view, as Mamba2 passes it)."""
 
-    def draw_steps(g, n):
-        steps = params.draw_steps(g, n)
-        return replace(steps, x=steps.x.to(ACTIVATIONS), B=steps.B.to(ACTIVATIONS), C=steps.C.to(ACTIVATIONS),
-                       dt=steps.dt[..., :1].to(ACTIVATIONS).expand(steps.dt.shape))
+    def build(shape, state_dtype, nsteps, generator):
+        params = _normal(shape, state_dtype, nsteps, generator)
 
-    return replace(params, draw_steps=draw_steps)
+        def draw_steps(g, n):
+            steps = params.draw_steps(g, n)
+            return replace(steps, x=steps.x.to(activations), B=steps.B.to(activations), C=steps.C.to(activations),
+                           dt=steps.dt[..., :1].to(activations).expand(steps.dt.shape))
+
+        return replace(params, draw_steps=draw_steps)
+
+    return build
 
 
 # subnormal: the linear recurrence scales with its initial state and x, so normal's run times SUBNORMAL_SCALE is a
@@ -495,6 +501,6 @@ def _overflow(shape, state_dtype, nsteps, generator):
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
-             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "bf16-inputs": _bf16_inputs,
-             "subnormal": _subnormal}
+             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus,
+             **{regime: _half_inputs(dtype) for regime, dtype in ACTIVATIONS.items()}, "subnormal": _subnormal}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)
