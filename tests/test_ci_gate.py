@@ -60,7 +60,7 @@ def test_an_interrupted_sweep_keeps_its_finished_cases(tmp_path, sig, code, name
     records = _jsonl(lines)
     assert records[0]["type"] == "header" and records[-1]["type"] == "summary"
     assert records[-1]["interrupted_by"] == name
-    assert f"interrupted by {name} after {len(data['cases'])} of 12 cases" in stdout
+    assert f"interrupted by {name} after {len(data['cases'])} of 13 cases" in stdout
     assert "Traceback" not in stderr
     assert (tmp_path / "r.xml").read_text().count("<testcase") == len(data["cases"])
 
@@ -83,7 +83,7 @@ def test_timeouts_two_sigterms_keep_the_report_after_a_kernel_took_sigterm_over(
     data = json.loads(report.read_text())
     assert data["interrupted_by"] == "SIGTERM" and 2 <= len(data["cases"]) < 12
     assert all(c["status"] == "pass" for c in data["cases"]), [c["message"] for c in data["cases"]]
-    assert f"interrupted by SIGTERM after {len(data['cases'])} of 12 cases" in stdout
+    assert f"interrupted by SIGTERM after {len(data['cases'])} of 13 cases" in stdout
     assert "Traceback" not in stderr
 
 
@@ -111,7 +111,7 @@ def test_a_signal_while_stdout_is_put_back_after_a_kernel_call_keeps_the_summary
                            tmp_path / "r.json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 143, done.stderr
     cases = len(json.loads((tmp_path / "r.json").read_text())["cases"])
-    assert f"exit code 143 (interrupted by SIGTERM after {cases} of 12 cases)" in done.stdout, done.stdout
+    assert f"exit code 143 (interrupted by SIGTERM after {cases} of 13 cases)" in done.stdout, done.stdout
 
 
 def test_a_closed_stdout_stops_the_sweep_and_keeps_the_report(tmp_path):

@@ -30,15 +30,15 @@ def scan(*args, json_path=None):
 def test_torch_kernel_passes_the_smoke_preset(tmp_path):
     result, report = scan("--preset", "smoke", "--kernel", "torch", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert "12 cases: 12 pass" in result.stdout and "exit code 0" in result.stdout
+    assert "13 cases: 13 pass" in result.stdout and "exit code 0" in result.stdout
     assert f"device {runtime.environment().device}" in result.stdout and "torch" in result.stdout  # the environment, above the table
-    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 12
+    assert report["exit_code"] == 0 and report["summary"]["pass"] == len(report["cases"]) == 13
 
 
 def test_builtin_kernel_passes_the_smoke_preset():
     result, _ = scan("--preset", "smoke", "--quiet")
     assert result.exit_code == 0, result.output
-    assert "12 pass" in result.stdout
+    assert "13 pass" in result.stdout
     assert result.stdout.count("\n") == 1, result.stdout  # all pass: the summary line alone
 
 
@@ -345,7 +345,7 @@ def test_quiet_prints_only_the_summary():
     result, _ = scan("--kernel", "torch", "--preset", "smoke", "--quiet")
     assert result.exit_code == 0
     assert result.stdout.strip().splitlines() == [result.stdout.strip()]
-    assert result.stdout.startswith("12 cases: 12 pass") and result.stderr == ""
+    assert result.stdout.startswith("13 cases: 13 pass") and result.stderr == ""
 
 
 @pytest.mark.parametrize("args, named", [
@@ -413,7 +413,7 @@ def test_python_dash_m_runs_the_scan():
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
     )
     assert run.returncode == 0, run.stderr
-    assert "12 cases: 12 pass" in run.stdout
+    assert "13 cases: 13 pass" in run.stdout
 
 
 def test_cumsum_cancel_catches_an_unguarded_tree_order_cumsum_that_dyadic_regimes_miss(tmp_path):

@@ -196,7 +196,7 @@ def test_the_builtin_kernel_passing_the_smoke_preset_has_no_maps(tmp_path):
     result, report = invoke("scan", "--preset", "smoke", json_path=path)
     assert result.exit_code == 0, result.output
     page = render(tmp_path, path)
-    assert len(page.find("tr", cls="case")) == len(report["cases"]) == 12
+    assert len(page.find("tr", cls="case")) == len(report["cases"]) == 13
     assert not page.find("figure", cls="error-map") and not page.find(id="error-maps")
     assert len(page.find("figure", cls="chunk-drift")) == 1
 

@@ -57,7 +57,7 @@ def test_a_stable_kernel_passes_one_item_per_case(pytester):
     result = pytester.runpytest_subprocess("--ssmcheck-scan", "torch", "-rA")
     result.assert_outcomes(passed=len(SMOKE_IDS))
     assert outcomes_by_nodeid(result) == dict.fromkeys(scan_nodeids(SMOKE_IDS), "PASSED")
-    result.stdout.fnmatch_lines(["ssmcheck * scan | device * | kernel torch | preset smoke | 12 cases"])
+    result.stdout.fnmatch_lines(["ssmcheck * scan | device * | kernel torch | preset smoke | 13 cases"])
 
 
 def test_the_nan_kernel_fails_exactly_its_ragged_items(pytester):

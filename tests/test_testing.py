@@ -25,7 +25,7 @@ def nan_or_raise_on_long(x, *args, **kwargs):
 def test_a_stable_kernel_returns_its_report():
     report = assert_stable("torch")
     assert isinstance(report, Report)
-    assert report.summary["pass"] == len(report.cases) == 12
+    assert report.summary["pass"] == len(report.cases) == 13
 
 
 def test_a_stable_state_update_kernel_returns_its_report():
@@ -36,7 +36,7 @@ def test_an_unstable_kernel_raises_listing_its_cases_with_the_location():
     with pytest.raises(AssertionError) as excinfo:
         assert_stable(NAN_KERNEL, preset="smoke")
     headline, case, environment = str(excinfo.value).splitlines()
-    assert headline == "ssmcheck scan: 1 of 12 cases are not stable (1 nonfinite)"
+    assert headline == "ssmcheck scan: 1 of 13 cases are not stable (1 nonfinite)"
     assert case.startswith(f"  {RAGGED}: nonfinite: {LOCATION}")
     assert environment.startswith("ssmcheck ") and " scan | device " in environment
 
@@ -45,7 +45,7 @@ def test_the_headline_counts_each_status_most_severe_first():
     with pytest.raises(AssertionError) as excinfo:
         assert_stable(nan_or_raise_on_long)
     lines = str(excinfo.value).splitlines()
-    assert lines[0] == "ssmcheck scan: 2 of 12 cases are not stable (1 nonfinite, 1 error)"
+    assert lines[0] == "ssmcheck scan: 2 of 13 cases are not stable (1 nonfinite, 1 error)"
     assert [line.split(":")[:2] for line in lines[1:3]] == [
         [f"  {RAGGED}", " nonfinite"], ["  long-bf16-c16-L130-b1-h2x8n8g1", " error"]]
     assert "RuntimeError: out of resource: shared memory" in lines[2]

@@ -30,10 +30,10 @@ def test_two_workers_give_the_serial_scan_report_and_table(tmp_path):
     serial, one = invoke("scan", "--preset", "smoke", json_path=tmp_path / "serial.json")
     pooled, two = invoke("scan", "--preset", "smoke", "--workers", "2", json_path=tmp_path / "pooled.json")
     assert pooled.exit_code == serial.exit_code == 0, pooled.output
-    assert len(two["cases"]) == 12
+    assert len(two["cases"]) == 13
     assert without_timings(two) == without_timings(one)
     assert table_without_times(pooled.stdout) == table_without_times(serial.stdout)
-    assert len(table_without_times(serial.stdout)) == 12
+    assert len(table_without_times(serial.stdout)) == 13
 
 
 def test_two_workers_give_the_serial_drift_report(tmp_path):
