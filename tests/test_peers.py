@@ -236,7 +236,7 @@ def _judges_y_alone(p: dict) -> bool:
 def test_scan_kernel_vllm_runs_every_smoke_case_as_vllm_runs_it(fakes):
     fake = fakes(VARLEN_SCAN)
     report = api.scan(kernel="vllm", preset="smoke")
-    assert len(report.cases) == 12 and report.summary["error"] == report.summary["skipped"] == 0
+    assert len(report.cases) == 13 and report.summary["error"] == report.summary["skipped"] == 0
     # The baseline stores its states as vLLM returned them (bf16 here): a correct kernel passes.
     assert {c.status for c in report.cases} == {"pass"}
     assert {c.data["state_storage"] for c in report.cases} == {"bf16"}
@@ -307,7 +307,7 @@ def test_scan_kernel_mamba_ssm_passes_every_smoke_case(fakes, tmp_path):
     fake = fakes(MAMBA_SCAN)
     result, report = invoke("scan", "--kernel", "mamba_ssm", "--preset", "smoke", json_path=tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert report["summary"]["pass"] == 12 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
+    assert report["summary"]["pass"] == 13 and all(c["params"]["kernel"] == "mamba_ssm" for c in report["cases"])
     each_case = _calls_of_each_case(fake.CALLS, report["cases"])
     # ragged, aligned, initial-state and aligned-initial-state; their SSM-part calls ask for y alone, with seq_idx
     varlen = [call for call, _ in each_case if call["return_varlen_states"]]
