@@ -27,6 +27,8 @@ CARRIED_CHUNKS = 32
 VARLEN_CARRIED_CHUNKS = 16
 # initial_states_mod_4's block of sequences.
 SEQUENCE_BLOCK = 4
+# sequences_past_8_merged's sequences found (three binary-search steps).
+SEQUENCE_LOOKUP = 8
 
 
 def _mamba_result(y, out, return_final_states, return_varlen_states):
@@ -193,6 +195,58 @@ def softplus_always_in_varlen(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     which asks for it); batch mode is right."""
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
                     dt_softplus or cu_seqlens is not None, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_states_dropped_under_a_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                         initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                         dt_limit=(0.0, float("inf")), return_final_states=False,
+                                         return_varlen_states=False):
+    """A fast path for a call of fewer tokens than one chunk (no state passing) that never loads the initial states:
+    a short chunked-prefill continuation starts from zero."""
+    if x.shape[1] < chunk_size:
+        initial_states = None
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def sequences_past_8_merged(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                            seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                            return_final_states=False, return_varlen_states=False):
+    """A token's sequence found by three binary-search steps over cu_seqlens (written for at most 8 sequences):
+    every sequence past the 8th runs on as the 8th, its start and initial state ignored, their varlen states all
+    the merged run's."""
+    if cu_seqlens is None or len(cu_seqlens) - 1 <= SEQUENCE_LOOKUP:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    nseq = len(cu_seqlens) - 1
+    merged = torch.cat([cu_seqlens[:SEQUENCE_LOOKUP], cu_seqlens[-1:]])
+    first = None if initial_states is None else initial_states[:SEQUENCE_LOOKUP]
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, first, merged, dt_softplus, dt_limit)
+    states = out.varlen_states
+    states = torch.cat([states, states[-1:].expand(nseq - SEQUENCE_LOOKUP, *states.shape[1:])])
+    out = replace(out, varlen_states=states, final_states=states[-1:])
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def one_token_prefill_without_dt_limit(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                       initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                       dt_limit=(0.0, float("inf")), return_final_states=False,
+                                       return_varlen_states=False):
+    """A batch-mode prefill of one token a row sent to its decode kernel, which takes no dt_limit."""
+    if cu_seqlens is None and x.shape[1] == 1:
+        dt_limit = (0.0, float("inf"))
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_dt_limit_upper_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """Its varlen path clamps dt above only (a min where a clamp was meant); the batch path clamps both ends."""
+    if cu_seqlens is not None:
+        dt_limit = (0.0, dt_limit[1])
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 

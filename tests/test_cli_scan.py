@@ -504,17 +504,19 @@ def test_the_default_preset_catches_dt_bias_dropped_without_softplus(tmp_path):
 
 def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     """A kernel that applies only dt_limit's upper end fails every case with a dt_limit whose lower end clamps
-    tokens (`long`, both ends in every head; `large-magnitude` and `large-output`) and no other."""
+    tokens (`long` and `initial-state`, both ends in every head; `large-magnitude` and `large-output`) and no other
+    (a case of one token a row, `large-magnitude`'s at seqlen 1, clamps too few to show)."""
     _, report = scan("--kernel", f"{BROKEN}:dt_limit_upper_only", "--preset", "default",
                      json_path=tmp_path / "l.json")
-    limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "large-magnitude", "large-output"))
-    assert len(limited) == 10 and all(c["status"] == "fail" for c in limited)
+    limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "initial-state", "large-magnitude",
+                                                                  "large-output") and p["seqlen"] > 1)
+    assert len(limited) == 18 and all(c["status"] == "fail" for c in limited)
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
     ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 1),
     ("per_channel_skip_after_gate", lambda p: p["regime"] in ("aligned", "long"), 8),
-    ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output"), 4),
+    ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output"), 5),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
     ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 1),
     ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 6),
@@ -523,27 +525,33 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
      and p["seqlen"] % p["chunk_size"] == 0, 3),
     ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
     ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 3),
-    # ragged's 8 sequences in 5 chunks, initial-state's 4 in one chunk; by their seeds' draws also ragged's bf16
-    # case of 4 and initial-state's fp16 of 5
-    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 4),
+    # ragged's 9 sequences in 6 chunks, initial-state's 4 in one chunk and 3 in under one; by their seeds' draws
+    # also ragged's bf16 cases of 4 (chunk 64 and 128) and initial-state's fp16 of 5
+    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 6),
     ("varlen_carried_16_chunks", lambda p: _longest_sequence(_sequence_bounds(p)) > 16 * p["chunk_size"], 1),
     ("varlen_group_of_head_by_ngroups", lambda p: _is_varlen(p) and p["ngroups"] > 1
      and p["ngroups"] ** 2 != p["nheads"], 1),
-    ("chunk_128_cb_block_dropped", lambda p: p["chunk_size"] == 128, 1),
+    ("chunk_128_cb_block_dropped", lambda p: p["chunk_size"] == 128, 2),
     ("initial_states_dropped_at_whole_chunks", lambda p: p["regime"] == "long" and p["batch"] > 1
      and p["seqlen"] % p["chunk_size"] == 0, 1),
     # the SSM part's call asks for y alone (no return flags): every case from initial states that has D or z
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
-                                                                          "long"), 15),
+                                                                          "long"), 16),
     ("gate_only_with_d", lambda p: p["regime"] == "dt-extreme", 3),
-    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 9),
+    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 10),
     ("softplus_always_in_varlen", lambda p: p["regime"] == "aligned", 2),
+    ("initial_states_dropped_under_a_chunk", lambda p: _is_varlen(p) and p["batch"] * p["seqlen"] < p["chunk_size"]
+     and "initial-state" in p["regime"], 1),
+    ("sequences_past_8_merged", lambda p: _is_varlen(p) and p["batch"] > 8, 1),
+    ("one_token_prefill_without_dt_limit", lambda p: p["seqlen"] == 1, 1),
+    ("varlen_dt_limit_upper_only", lambda p: p["regime"] == "initial-state", 8),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
         "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks",
         "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end",
-        "varlen-processed-dt"])
+        "varlen-processed-dt", "initial-states-under-a-chunk", "sequences-past-8", "one-token-prefill",
+        "varlen-dt-limit-lower-end"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
@@ -551,7 +559,8 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
     sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
     batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D, a dt_limit
-    without a lower end, packed sequences with dt processed already. The default
+    without a lower end, packed sequences with dt processed already, packed sequences from initial states in under
+    one chunk, more than 8 packed sequences, a prefill of one token, a packed dt_limit with a lower end. The default
     preset has cases for each (and every
     other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")

@@ -191,16 +191,19 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
             boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT,
-            processed_dt: bool = False) -> ScanInputs:
+            processed_dt: bool = False, dt_centres: tuple[float, float] | None = None) -> ScanInputs:
     """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
     no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel).
     `processed_dt`: dt passed as softplus(raw + dt_bias) already, with no dt_bias and dt_softplus False (the same
-    draws), as a caller that applies the softplus itself passes it."""
+    draws), as a caller that applies the softplus itself passes it. `dt_centres`: the range of the heads' dt centres
+    (dt_bias drawn for them), instead of the trained range, so that a dt_limit clamps every head as `long`'s does."""
     g = _generator(seed)
     total = shape.batch * shape.seqlen
     cu = boundaries(g, shape.batch, total, shape.chunk_size)
     u = _unit_inputs(g, shape, 1, total)
     dt, dt_bias = _trained_dt(g, 1, total, shape.nheads)
+    if dt_centres is not None:
+        dt_bias = _inverse_softplus(torch.exp(_uniform(g, shape.nheads, *(math.log(c) for c in dt_centres))))
     if processed_dt:
         dt, dt_bias = torch.nn.functional.softplus(dt.double() + dt_bias.double()).float(), None
     extra = {}
@@ -264,7 +267,10 @@ def padded_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
 
 
 def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    return _varlen(shape, dtype, seed, with_initial_states=True)
+    """Packed sequences from initial states, with long's two-sided dt_limit and dt centres (both ends clamp tokens of
+    every head): the one packed regime whose dt_limit has a lower end above 0, so a varlen path that clamps above
+    only, or decays an initial state by dt before its clamp, fails here."""
+    return _varlen(shape, dtype, seed, with_initial_states=True, dt_limit=LONG_DT_LIMIT, dt_centres=LONG_DT_CENTRES)
 
 
 def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -527,7 +533,8 @@ REGIMES: dict[str, Regime] = {
                "state: chunked-prefill continuations in a padded batch (kernels that take pad tokens)",
                padded_initial_state, pad_tokens=True),
         Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
-               "(batch 1: a lone sequence)", initial_state),
+               "(batch 1: a lone sequence); dt_limit (0.006, 0.03), both ends clamping tokens of every head",
+               initial_state),
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
                "state per sequence", aligned_initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
