@@ -6,7 +6,8 @@ None takes a `rounding` keyword, so `--rounding` declares what each is supposed 
 the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_element), the random_bits_shared_by_* kernels,
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
-softplus_in_inputs_dtype, update_in_inputs_dtype, flushes_subnormals, random_bits_ignore_the_seed,
+softplus_in_inputs_dtype, update_in_inputs_dtype, update_in_half_for_fp16_inputs,
+channels_in_blocks_of_32_from_8_rows, flushes_subnormals, random_bits_ignore_the_seed,
 random_bits_from_the_global_generator,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
 softplus_regardless and bias_only_with_softplus, which implement both modes
@@ -22,6 +23,9 @@ import torch
 # fraction bits dropped by fp32 -> dtype for normal values, and the bits of the kept part
 _DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
 _FRACTION_BITS = {torch.float16: 10, torch.bfloat16: 7}
+# channels_in_blocks_of_32_from_8_rows' batch from which its other launch config runs, and that config's block
+LARGE_BATCH = 8
+CHANNEL_BLOCK = 32
 
 
 def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True, update_dtype=torch.float32):
@@ -401,6 +405,22 @@ def update_in_half_for_fp16_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bia
     half = x.dtype == torch.float16
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                           update_dtype=torch.float16 if half else torch.float32)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def channels_in_blocks_of_32_from_8_rows(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                         rounding="nearest", seed=0):
+    """A launch config picked by batch (as vLLM's by batch x heads): from LARGE_BATCH rows on, channels in blocks
+    of CHANNEL_BLOCK over a grid of headdim // CHANNEL_BLOCK (floor, not ceil), so the channels of a partial last
+    block are never advanced and their out stays as allocated (0). Right below LARGE_BATCH rows, and at any batch
+    where headdim is a multiple of the block (Mamba2's 64). Both rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if x.shape[0] >= LARGE_BATCH:
+        covered = x.shape[-1] // CHANNEL_BLOCK * CHANNEL_BLOCK
+        new[:, :, covered:] = state[:, :, covered:].float()
+        out = out.clone()
+        out[..., covered:] = 0
     _store(state, new, rounding, seed)
     return out
 

@@ -137,6 +137,15 @@ def test_the_default_preset_catches_a_branch_for_fp16_inputs_only(tmp_path):
     assert case["status"] == "fail" and case["params"]["state_dtype"] == "fp32", case["message"]
 
 
+def test_the_default_preset_catches_a_launch_config_of_large_batches_right_only_at_whole_channel_blocks(tmp_path):
+    """A state update that, from 8 rows on, tiles channels in blocks of 32 over a grid rounded down never advances a
+    partial last block: it passes every case of fewer rows and fails the 8-row case at 40 channels a head."""
+    _, report = drift("--kernel", f"{BROKEN}:channels_in_blocks_of_32_from_8_rows", "--preset", "default",
+                      json_path=tmp_path / "b.json")
+    (case,) = planted_bug_cases(report, lambda p: p["batch"] >= 8)
+    assert case["status"] == "fail" and case["params"]["headdim"] % 32, case["message"]
+
+
 def test_the_default_preset_catches_subnormals_flushed_or_rounded_as_normals(tmp_path):
     """A store that flushes fp16 subnormals to zero fails `subnormal`, and by name every fp16 case where at least a few
     stores have subnormal exact values (no rounding gives zero there), while the bf16 and fp32 cases pass; a
