@@ -505,7 +505,8 @@ def test_the_default_preset_catches_dt_bias_dropped_without_softplus(tmp_path):
 def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     """A kernel that applies only dt_limit's upper end fails every case with a dt_limit whose lower end clamps
     tokens (`long` and `initial-state`, both ends in every head; `large-magnitude` and `large-output`) and no other
-    (a case of one token a row, `large-magnitude`'s at seqlen 1, clamps too few to show)."""
+    (`large-magnitude`'s case of one token a row clamps no token at the lower end: its 8 values of dt + dt_bias
+    lie above it)."""
     _, report = scan("--kernel", f"{BROKEN}:dt_limit_upper_only", "--preset", "default",
                      json_path=tmp_path / "l.json")
     limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "initial-state", "large-magnitude",
