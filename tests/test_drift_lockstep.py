@@ -2,6 +2,7 @@
 that a CUDA graph run uses (here with a stand-in graph that replays the step eagerly)."""
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,36 @@ def test_a_window_drawn_in_several_threads_holds_the_streams_steps(monkeypatch, 
             window.counter.fill_(n)
             for name, t in window.inputs().given():
                 assert torch.equal(t, getattr(drawn, name)[n]), (name, n)
+
+
+@pytest.mark.parametrize("window_steps", [100, STEP_BLOCK, 300])
+def test_windows_going_through_a_run_draw_each_block_of_its_stream_once(monkeypatch, window_steps):
+    """Consecutive windows smaller than the run: the block a window ends in is kept for the next, not drawn again
+    (a 256-row case drew 2.2 times its steps so), and every step is the stream's."""
+    case, _ = _case(regime="normal", state_dtype="fp16", rounding="nearest", steps=3 * STEP_BLOCK + 20, headdim="6",
+                    dstate="10")
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    calls = []
+
+    def counted(generator, count):
+        calls.append(count)
+        return problem.draw_steps(generator, count)
+
+    counting = replace(problem, draw_steps=counted)
+    first = next(problem.host_steps())
+    stored = replace(first, dt=first.dt[..., 0])  # (the window keeps dt per head, without its stride-0 axis)
+    step_bytes = sum(t.numel() * t.element_size() for _, t in stored.given())
+    monkeypatch.setattr(lockstep, "WINDOW_BYTES", window_steps * step_bytes)
+    window = lockstep.StepWindow(counting)
+    assert window.size == window_steps
+    calls.clear()  # (the window's first step, drawn to lay out its buffers)
+    stream = problem.host_inputs(0, case.steps)
+    for step in range(1, case.steps + 1):
+        window.load(step)
+        if step in (1, window_steps, window_steps + 1, STEP_BLOCK + 1, case.steps):
+            for name, t in window.inputs().given():
+                assert torch.equal(t, getattr(stream, name)[step - 1]), (name, step)
+    assert calls == [STEP_BLOCK] * 3 + [20]
 
 
 @pytest.mark.parametrize("regime", ["normal", "bf16-inputs"])

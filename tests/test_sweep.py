@@ -93,6 +93,13 @@ def test_case_seed_depends_on_the_parameters():
     assert len(seeds) == 200
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 2**40), st.integers(0, 300))
+def test_step_seeds_are_case_seeds_of_each_step(seed, first, count):
+    assert sweep.step_seeds(seed, first, count) == [sweep.case_seed(seed, {"step": n})
+                                                    for n in range(first, first + count)]
+
+
 def test_presets_exist_for_both_commands():
     names = presets.preset_names()
     assert {"smoke", "default", "thorough"} <= set(names)

@@ -35,8 +35,12 @@ from ssmcheck.drift.measure import first_difference
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.stats import SignedErrorMoments
 
-# At most this many bytes of step inputs lie on the device at once (a window of steps).
-WINDOW_BYTES = 64 << 20
+# At most this many bytes of step inputs lie on the device at once (a window of steps). In windows of 64 MB the
+# default GPU drift's 256-row case (321 kB a step) took 10.4-10.9 s on an H100, most of it drawing on the host: a
+# window of 204 steps drew the one or two blocks of STEP_BLOCK steps it cut whole, in as many threads, each block
+# twice. A window of 256 MB takes three blocks or more, drawn at once, and keeps the one it ends in for the next
+# (`_kept`): 5.1 s (fiftieth session).
+WINDOW_BYTES = 256 << 20
 
 
 # A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt, then
@@ -81,6 +85,7 @@ class StepWindow:
         self.counter = torch.zeros(1, dtype=torch.int64, device=problem.device)
         self.start = -1  # the window holds steps start + 1 .. start + count (numbered from 1)
         self.count = 0
+        self._kept: dict = {}  # the stream's block the window ends in, drawn whole: the next window starts in it
 
     def _stored(self, steps: StepInputs) -> StepInputs:
         """`steps` as the window keeps them: a per-head dt without its stride-0 axis."""
@@ -100,7 +105,7 @@ class StepWindow:
             # Block by block, as many drawn at once as torch has CPU threads: a window of 8192 steps at the default
             # GPU widths took ~0.12 s drawn in one thread and joined, ~12 s of the default GPU drift in all (on a
             # 2-core AMD EPYC; 0.04 s so in 2 threads, forty-first session).
-            for at, part in self.problem.host_blocks(start, count, torch.get_num_threads()):
+            for at, part in self.problem.host_blocks(start, count, torch.get_num_threads(), self._kept):
                 for name, values in self._stored(part).given():
                     lo, hi, _ = self.columns[name]
                     rows = slice(at, at + values.shape[0])
@@ -208,7 +213,7 @@ class Lockstep:
         if not self.window.holds(n):
             self.window.load(n)
         if self.kernel.takes_seed_tensor and self._seeds_start != self.window.start:
-            host = [self.seed(self.window.start + 1 + i) for i in range(self.window.count)]
+            host = sweep.step_seeds(self.trial_seed, self.window.start + 1, self.window.count)  # self.seed's
             self.seeds[: self.window.count].copy_(torch.tensor(host, dtype=torch.int64))
             self._seeds_start = self.window.start
         return n

@@ -145,25 +145,30 @@ class DecodeProblem:
         parts = [part for _, part in self.host_blocks(start, count)]
         return parts[0].map(lambda name, _: torch.cat([getattr(part, name) for part in parts]))
 
-    def host_blocks(self, start: int, count: int, threads: int = 1) -> Iterator[tuple[int, StepInputs]]:
+    def host_blocks(self, start: int, count: int, threads: int = 1,
+                    kept: dict[int, StepInputs] | None = None) -> Iterator[tuple[int, StepInputs]]:
         """The same steps as `host_inputs`, a block at a time, in order: (where the block's first step lies among
         them, counted from 0; its steps stacked). Each block has a generator of its own, so with `threads` > 1 they
-        are drawn that many at once (torch lets go of the GIL while it draws): the same values."""
+        are drawn that many at once (torch lets go of the GIL while it draws): the same values. `kept`: whole blocks
+        drawn before, by index, taken from it instead of drawn again; once every block is yielded it holds the last
+        one alone, for a next run of steps that starts inside it (drift.lockstep.StepWindow's next window)."""
         first, last = start // STEP_BLOCK, (start + count - 1) // STEP_BLOCK
-        blocks = range(first, last + 1)
+        held = {} if kept is None else kept
+        missing = [k for k in range(first, last + 1) if k not in held]
 
         def part(k: int, block: StepInputs) -> tuple[int, StepInputs]:
             base = k * STEP_BLOCK
             lo, hi = max(start, base) - base, min(start + count, base + STEP_BLOCK) - base
             return base + lo - start, block.map(lambda _, t: t[lo:hi])
 
-        if threads <= 1 or len(blocks) == 1:
-            for k in blocks:
-                yield part(k, self._block(k))
-            return
-        with ThreadPoolExecutor(min(threads, len(blocks)), thread_name_prefix="ssmcheck-draw") as pool:
-            for k, block in zip(blocks, pool.map(self._block, blocks)):
+        with ThreadPoolExecutor(max(1, min(threads, len(missing))), thread_name_prefix="ssmcheck-draw") as pool:
+            drawn = pool.map(self._block, missing) if threads > 1 and len(missing) > 1 else map(self._block, missing)
+            for k in range(first, last + 1):
+                block = held[k] if k in held else next(drawn)
                 yield part(k, block)
+        if kept is not None:
+            kept.clear()
+            kept[last] = block
 
     def _block(self, k: int) -> StepInputs:
         generator = torch.Generator().manual_seed(sweep.case_seed(self.stream_seed, {"block": k}))

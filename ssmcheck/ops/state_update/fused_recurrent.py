@@ -379,8 +379,10 @@ def _sr_block(block, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_
                                    INTERPRET, GROUPS, BLOCK_P, BLOCK_N)
 
 
-# A new seed every step must not mean a new compilation.
-@triton.jit(do_not_specialize=["seed"])
+# A new seed every step must not mean a new compilation; nor a pad slot id of 0 (vLLM's null block, divisible by
+# 16 to Triton's specialisation) where it is -1: only compared with a row's slot, it gains nothing from it, and
+# a drift case's null-slot check compiled a variant of its own for it (fiftieth session).
+@triton.jit(do_not_specialize=["seed", "pad_slot_id"])
 def _state_update_kernel(
     state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, out_ptr, slots_ptr,
     seed, nheads, headdim, dstate, pad_slot_id,
