@@ -7,7 +7,7 @@ the step-counting kernels (skips_one_store, stores_every_step, inf_at_one_elemen
 whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_parameters,
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
 softplus_in_inputs_dtype, update_in_inputs_dtype, update_in_half_for_fp16_inputs,
-channels_in_blocks_of_32_from_8_rows, flushes_subnormals, random_bits_ignore_the_seed,
+channels_in_blocks_of_32_from_8_rows, softplus_only_with_a_bias, skip_term_from_x_without_D, flushes_subnormals, random_bits_ignore_the_seed,
 random_bits_from_the_global_generator,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
 softplus_regardless and bias_only_with_softplus, which implement both modes
@@ -421,6 +421,25 @@ def channels_in_blocks_of_32_from_8_rows(state, x, dt, A, B, C, D=None, z=None, 
         new[:, :, covered:] = state[:, :, covered:].float()
         out = out.clone()
         out[..., covered:] = 0
+    _store(state, new, rounding, seed)
+    return out
+
+
+def softplus_only_with_a_bias(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                              rounding="nearest", seed=0):
+    """Takes dt's softplus in its bias branch (`if dt_bias is not None: dt = softplus(dt + dt_bias)`): right
+    wherever a bias is passed, as serving engines pass one; without one the raw dt goes into the decay. Both
+    rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus and dt_bias is not None)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def skip_term_from_x_without_D(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                               rounding="nearest", seed=0):
+    """Passes x in D's place when D is None (a launcher's placeholder for an absent tensor) and forgets the flag
+    that says so: the skip term becomes x * x. Right wherever D is passed. Both rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, x if D is None else D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out
 

@@ -133,7 +133,7 @@ def test_a_large_cases_group_is_drawn_at_two_batch_rows(default_plan):
     start = time.perf_counter()
     group = ahead.compile_group(case)
     assert time.perf_counter() - start < 5.0  # the whole state: 168M elements
-    assert group[3] == 256 and group[6][1] == (ahead.GROUP_BATCH, 80, 64, 128)
+    assert group[3] == 256 and group[7][1] == (ahead.GROUP_BATCH, 80, 64, 128)
     assert group != ahead.compile_group(replace(case, batch=255))
 
 

@@ -137,6 +137,15 @@ def test_the_default_preset_catches_a_branch_for_fp16_inputs_only(tmp_path):
     assert case["status"] == "fail" and case["params"]["state_dtype"] == "fp32", case["message"]
 
 
+@pytest.mark.parametrize("kernel", ["softplus_only_with_a_bias", "skip_term_from_x_without_D"])
+def test_the_default_preset_catches_a_path_without_D_or_dt_bias(kernel, tmp_path):
+    """A state update that takes dt's softplus only with a bias, or reads its skip term from a placeholder where D
+    is None, passes every case given D and dt_bias (every regime but one) and fails `optional-none`'s."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "o.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "optional-none")
+    assert case["status"] in ("fail", "nonfinite"), case["message"]  # (a raw dt, mostly negative, grows the state)
+
+
 def test_the_default_preset_catches_a_launch_config_of_large_batches_right_only_at_whole_channel_blocks(tmp_path):
     """A state update that, from 8 rows on, tiles channels in blocks of 32 over a grid rounded down never advances a
     partial last block: it passes every case of fewer rows and fails the 8-row case at 40 channels a head."""

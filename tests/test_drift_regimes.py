@@ -42,7 +42,7 @@ def _truth(problem):
 
 def test_every_regime_is_named_and_explained_in_one_line():
     assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
-                                  "no-softplus", "bf16-inputs", "fp16-inputs", "subnormal"}
+                                  "no-softplus", "optional-none", "bf16-inputs", "fp16-inputs", "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 
@@ -104,6 +104,22 @@ def test_no_softplus_passes_dt_processed_but_for_its_bias(shape, seed):
         assert (step.dt > 0).all() and (dt >= 0.011 - 1e-6).all() and (dt <= 0.1 + 1e-6).all()
         # a softplus taken anyway would give 0.69 or more: seven times the largest dt
         assert (torch.nn.functional.softplus(dt) > 0.69).all()
+
+
+@settings(max_examples=5, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_optional_none_passes_no_D_nor_dt_bias_and_its_raw_dt_alone_is_normals(shape, seed):
+    problem = make_problem("optional-none", shape, torch.float16, 3, seed, "cpu")
+    passed = problem.parameters()
+    assert passed["D"] is None and passed["dt_bias"] is None and passed["A"] is problem.A
+    assert not problem.D.any() and not problem.dt_bias.any()  # what the float64 side computes with: nothing
+    assert all(make_problem(r, shape, torch.float16, 3, seed, "cpu").parameters()["D"] is not None
+               for r in DRIFT_REGIMES if r != "optional-none")
+    assert problem.dt_softplus
+    for step in problem.steps():
+        dt = torch.nn.functional.softplus(step.dt.double())
+        assert (dt >= 1e-3 - 1e-9).all() and (dt <= 0.1 + 1e-9).all()  # normal's range, from the raw dt alone
+        assert (step.dt < 0).all()  # a kernel that skips the softplus without a bias decays by exp(-|dt| A) > 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

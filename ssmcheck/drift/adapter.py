@@ -188,8 +188,9 @@ class DriftAdapter:
 
 
 def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor | None]:
-    """A step's tensor inputs by name (z only where there is one)."""
-    return {**dict(step.given()), "A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}
+    """A step's tensor inputs by name (z only where there is one; D and dt_bias None where the regime leaves them
+    out)."""
+    return {**dict(step.given()), **problem.parameters()}
 
 
 # selective_state_update's arguments after the state, in order, and those of them that are tensors (or None).

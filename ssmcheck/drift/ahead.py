@@ -61,20 +61,21 @@ def compile_group(case: DriftCase) -> tuple:
     """What picks the variants a case compiles: the float64 step's (drift.follow: its Triton kernel specialises on
     its flags and its arguments' dtypes and strides; torch.compile's step, its fallback, on their dtypes, shapes and
     strides too) and the state update's Triton variants (dtypes, strides divisible by 16 or not, constexprs). That
-    is the kernel, its pinned config, the rounding mode, the batch and the regime's flags, and the (dtype, shape,
-    stride) of the state, A, D, dt_bias and each step input, read off the case's problem drawn for one step on the
-    CPU (at most GROUP_BATCH batch rows). Cases of one group compile the same variants: a compiling helper takes a
-    group whole, so that no two compile them, and the sweep's front, which the helpers race, is spread among them
-    (core.isolation.CompilingHelpers). The default drift on a GPU has 27 groups, as torch.compile compiled 27 graphs
-    of its float64 step (benchmarks/RESULTS.md, fortieth session). Skipped cases compile nothing: one group, their
-    problems not drawn (a skip may be for a problem that cannot be drawn)."""
+    is the kernel, its pinned config, the rounding mode, the batch and the regime's flags (the parameters it leaves
+    out among them), and the (dtype, shape, stride) of the state, A, D, dt_bias and each step input, read off the
+    case's problem drawn for one step on the CPU (at most GROUP_BATCH batch rows). Cases of one group compile the
+    same variants: a compiling helper takes a group whole, so that no two compile them, and the sweep's front, which
+    the helpers race, is spread among them (core.isolation.CompilingHelpers). The default drift on a GPU has 27
+    groups, as torch.compile compiled 27 graphs of its float64 step (benchmarks/RESULTS.md, fortieth session).
+    Skipped cases compile nothing: one group, their problems not drawn (a skip may be for a problem that cannot be
+    drawn)."""
     if case.skip_reason is not None:
         return ("skipped",)
     shape = replace(case.shape(), batch=min(case.batch, GROUP_BATCH))
     problem = make_problem(case.regime, shape, case.dtype, 1, case.seed, "cpu")
     step = problem.host_inputs(0, 1)
     tensors = [problem.initial_state, problem.A, problem.D, problem.dt_bias]
-    return (case.kernel, case.config, case.rounding, case.batch, problem.dt_softplus, problem.fused,
+    return (case.kernel, case.config, case.rounding, case.batch, problem.dt_softplus, problem.fused, problem.absent,
             *map(_layout, tensors), *((name, _layout(value[0])) for name, value in step.given()))
 
 

@@ -153,8 +153,7 @@ def _steps(case: DriftCase, device: str) -> _Steps:
     for kind, shape in shapes.items():
         problem = make_problem(case.regime, shape, case.dtype, 1, seed, device)
         step = next(problem.steps())
-        given = {"state": problem.initial_state, **dict(step.given()), "A": problem.A, "D": problem.D,
-                 "dt_bias": problem.dt_bias}
+        given = {"state": problem.initial_state, **dict(step.given()), **problem.parameters()}
         for name in ("B", "C"):  # every group group 0's: twin heads read the same B and C, however heads map to groups
             given[name] = given[name][:, :1].expand(given[name].shape).contiguous()
         inputs = {name: None if t is None else copies[kind](t, name) for name, t in given.items()}

@@ -60,6 +60,9 @@ DRIFT_REGIMES: dict[str, str] = {
     "no-softplus": "normal's ranges with dt_softplus off: raw dt 1e-3..0.05 + dt_bias 0.01..0.05 is the step's dt, "
     "as a caller that takes its own softplus passes it; a kernel that takes a softplus "
     "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
+    "optional-none": "normal's values with D and dt_bias left out (None, as the signature's defaults allow; dt's "
+    "bias folded into dt itself) and dt_softplus on: a kernel whose path without them goes wrong (a softplus taken "
+    "only with a bias, a skip term read from a placeholder) fails here; every other regime passes both",
     "subnormal": "normal's dynamics with the state and x scaled by 2**-16, so an fp16 state lies mostly below its "
     "smallest normal (2**-14), in subnormals whose spacing is 2**-24: a store that flushes subnormals to zero, or a "
     "stochastic rounding that assumes a normal's 10 fraction bits, fails here (fp16 states only)",
@@ -80,6 +83,8 @@ CACHE_LAYERS = 2
 LONG_STEPS_FACTOR = 4
 ACTIVATIONS = {"bf16-inputs": torch.bfloat16, "fp16-inputs": torch.float16}  # the step inputs' dtype, where not fp32
 STEP_BLOCK = 256  # steps drawn at once, from one generator
+# The parameters a regime's kernel is passed as None, where the float64 side takes zeros (`DecodeProblem.parameters`).
+ABSENT = {"optional-none": ("D", "dt_bias")}
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,14 @@ class DecodeProblem:
     device: str
     # The kernel gets x, dt, B, C as views into one buffer per step (drift.lockstep.StepWindow), not whole tensors.
     fused: bool = False
+    # Of D and dt_bias, those the kernel is passed as None (ABSENT): they hold zeros, what their absence means.
+    absent: tuple[str, ...] = ()
+
+    def parameters(self) -> dict[str, torch.Tensor | None]:
+        """A, D and dt_bias as the kernel is passed them: None for those `absent` (the float64 side reads the
+        fields, zeros there, which compute the same)."""
+        given = {"A": self.A, "D": self.D, "dt_bias": self.dt_bias}
+        return {name: None if name in self.absent else t for name, t in given.items()}
 
     def steps(self) -> Iterator[StepInputs]:
         """The run's step inputs, on the device; the same stream on every call."""
@@ -201,6 +214,7 @@ def make_problem(
         stream_seed=seed + 1,
         device=device,
         fused=regime in FUSED_REGIMES,
+        absent=ABSENT.get(regime, ()),
     )
 
 
@@ -287,6 +301,17 @@ def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: flo
     initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
     dt_draw = _dt_stream(s, dt_bias_head, lambda g, n: _log_uniform(g, (n, s.batch, s.nheads), dt_lo, dt_hi))
     return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw))
+
+
+def _optional_none(shape, state_dtype, nsteps, generator):
+    """normal's draws with no D and no dt_bias (zeros here; None to the kernel, ABSENT): the raw dt alone is the
+    one whose softplus lies in normal's range."""
+    s = shape
+    params = _normal(s, state_dtype, nsteps, generator)
+    no_bias = torch.zeros_like(params.dt_bias)
+    dt_lo, dt_hi = 1e-3, 0.1  # as normal's
+    dt_draw = _dt_stream(s, no_bias, lambda g, n: _log_uniform(g, (n, s.batch, s.nheads), dt_lo, dt_hi))
+    return replace(params, D=torch.zeros_like(params.D), dt_bias=no_bias, draw_steps=_unit_steps(s, dt_draw))
 
 
 def _unit_steps(s: DecodeShape, dt_draw) -> Callable:
@@ -506,6 +531,6 @@ def _overflow(shape, state_dtype, nsteps, generator):
 
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
-             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus,
+             "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "optional-none": _optional_none,
              **{regime: _half_inputs(dtype) for regime, dtype in ACTIVATIONS.items()}, "subnormal": _subnormal}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)

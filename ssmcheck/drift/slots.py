@@ -93,8 +93,8 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
                            layout["seed"], device)
     step = next(problem.steps())
     rows = len(layout["slots"])
-    arguments = {"z": None, **dict(step.map(lambda _, t: _own_storage(t[:rows])).given()), "A": problem.A,
-                 "D": problem.D, "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
+    arguments = {"z": None, **dict(step.map(lambda _, t: _own_storage(t[:rows])).given()), **problem.parameters(),
+                 "dt_softplus": problem.dt_softplus}
     # The pool between two guard slots (a write at slot -1 or one past the end lands in one of them), each slot a
     # page longer than its state (core.pool.PagedPool).
     paged = paged_pool(torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]),
@@ -115,7 +115,9 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     # kernel left: one it allocated itself holds whatever it held.
     out = sent if kernel.takes_out else returned
     own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
-    return [_live(layout, paged.states_before[1:-1], pool, out, arguments, case, tolerance, kernel.takes_out, own),
+    # The float64 step reads D and dt_bias whole: zeros where the kernel was passed None (regimes.ABSENT).
+    reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
+    return [_live(layout, paged.states_before[1:-1], pool, out, reference, case, tolerance, kernel.takes_out, own),
             _untouched(layout, paged, out_buffer if kernel.takes_out else None),
             _pad_out(layout, out, kernel.takes_out)]
 

@@ -70,8 +70,7 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     contents[1:-1][sources] = problem.initial_state  # source (b, t) holds state row b * TOKENS + t
     paged = paged_pool(contents, layout["seed"])
     pool = paged.pool
-    arguments = {"z": None, **dict(step.given()), "A": problem.A, "D": problem.D,
-                 "dt_bias": problem.dt_bias, "dt_softplus": problem.dt_softplus}
+    arguments = {"z": None, **dict(step.given()), **problem.parameters(), "dt_softplus": problem.dt_softplus}
     out = nan_filled(tuple(arguments["x"].shape), arguments["x"])
     extra = {"state_batch_indices": _int32(layout["sources"], device),
              "dst_state_batch_indices": _int32(layout["destinations"], device),
@@ -86,7 +85,9 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
         out = kernel.fenced_update(pool, arguments, case.rounding, seed, "speculative check", transcript, extra)
     except KernelRaised as exc:
         return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
-    return [_drafts(layout, problem.initial_state, pool, out, arguments, case, tolerance),
+    # The float64 steps read D and dt_bias whole: zeros where the kernel was passed None (regimes.ABSENT).
+    reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
+    return [_drafts(layout, problem.initial_state, pool, out, reference, case, tolerance),
             _kept(layout, paged)], layout
 
 
