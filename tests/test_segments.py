@@ -121,6 +121,17 @@ def test_the_memory_estimate_and_the_refusal(monkeypatch):
     assert "1.0 GiB free" in api.plan_scan(seqlen="64").memory  # a small sweep fits
 
 
+def test_conv_output_is_counted_with_x_b_and_c_twice():
+    # Its x, B and C are views into the conv's output, and the in_proj buffer holds their columns too.
+    from ssmcheck import api
+
+    options = dict(model="Mamba2-2.7B", dtype="bf16", chunk_size="256", seqlen="65536", batch="1")
+    plain = memory.estimate(api.plan_scan(regime="normal", **options).cases[0])
+    conv = memory.estimate(api.plan_scan(regime="conv-output", **options).cases[0])
+    twice = 65536 * (80 * 64 + 2 * 1 * 128) * 2  # x, B and C in bf16 (one group)
+    assert conv.calls - plain.calls == conv.comparison - plain.comparison == twice
+
+
 @pytest.mark.cpu
 def test_the_cpu_has_no_free_memory_to_check():
     from ssmcheck import api

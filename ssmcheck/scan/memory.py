@@ -12,7 +12,8 @@ Two phases of a case hold memory at once:
 - with --invariance, the serving checks (scan.invariance): the inputs and the outputs, and whole, not
   by segment, the float64 reference's y and C·h (with the copy that stacks them) and the baseline's split
   runs in fp32; their kernel calls on parts of the batch need no more than the whole batch's.
-Every regime is counted with z (the largest inputs); the estimate is the largest phase.
+Every regime is counted with z (the largest inputs), `conv-output` with x, B and C twice (CONV_COPY_REGIMES); the
+estimate is the largest phase.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ INVARIANCE_BYTES_PER_ELEMENT = 40
 # The SSD form's per-block temporaries (naive._BLOCK_ELEMENTS float64 elements, a few of them at once).
 BLOCK_BYTES = 2**30
 GIB = 2**30
+# Regimes that hold x, B and C twice: the causal conv's output the kernel reads, and the in_proj buffer's columns
+# before the conv (scan.regimes.conv_output).
+CONV_COPY_REGIMES = ("conv-output",)
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,17 @@ def estimate(case, repeat: int = 1, invariance: bool = False) -> Estimate:
     y = ntok * heads * headdim * size
     states = case.batch * heads * headdim * dstate
     inputs = 2 * y + 2 * ntok * groups * dstate * size + ntok * heads * size + states * 4
+    held = inputs  # the inputs' buffers, which the kernel's arguments view (core.guard copies those views)
+    if case.regime in CONV_COPY_REGIMES:
+        held += y + 2 * ntok * groups * dstate * size
     nchunks = math.ceil(case.seqlen / chunk) * case.batch + case.batch  # varlen: a chunk more per sequence
     intermediates = (nchunks * heads * chunk * (4 + 8) + nchunks * heads * headdim * dstate * (4 + state)
                      + nchunks * groups * chunk * chunk * 4)
     outputs = (repeat + 1) * y + states * state
     elements = min(ntok, segment_tokens(heads, headdim)) * heads * headdim
     segment = elements * SEGMENT_BYTES_PER_ELEMENT + (BLOCK_BYTES if ntok * heads * headdim > SEGMENT_ELEMENTS else 0)
-    checks = inputs + outputs + ntok * heads * headdim * INVARIANCE_BYTES_PER_ELEMENT if invariance else 0
-    return Estimate(case.id, 2 * inputs + outputs + intermediates, inputs + outputs + segment, segment, checks)
+    checks = held + outputs + ntok * heads * headdim * INVARIANCE_BYTES_PER_ELEMENT if invariance else 0
+    return Estimate(case.id, held + inputs + outputs + intermediates, held + outputs + segment, segment, checks)
 
 
 def largest(cases: list, repeat: int = 1, invariance: bool = False) -> Estimate | None:
