@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,21 +69,24 @@ def check_writable(option: str, path: Path | None) -> None:
 
 
 class _Batched:
-    """A progress unit a call (a decode step of drift), passed on to the bar BATCH at a time: rich's advance took 3.2 s
-    of the default GPU drift's 712k decode steps under cProfile (fiftieth session), where the steps' CUDA graph
-    replays take 10-20 us each. A case's end sets the bar's count itself, dropping what is pending."""
+    """A progress unit a call (a decode step of drift), passed on to the bar at most every INTERVAL seconds: rich's
+    advance took 3.2 s of the default GPU drift's 712k decode steps under cProfile (fiftieth session), where the
+    steps' CUDA graph replays take 10-20 us each. A case's end sets the bar's count itself, dropping what is
+    pending."""
 
-    BATCH = 256
+    INTERVAL = 0.1  # rich redraws ten times a second
 
-    def __init__(self, advance: Callable[[int], None]):
-        self.advance = advance
+    def __init__(self, advance: Callable[[int], None], clock: Callable[[], float] = time.monotonic):
+        self.advance, self.clock = advance, clock
         self.pending = 0
+        self.told = clock()
 
     def __call__(self) -> None:
         self.pending += 1
-        if self.pending == self.BATCH:
-            self.pending = 0
-            self.advance(self.BATCH)
+        now = self.clock()
+        if now - self.told >= self.INTERVAL:
+            self.advance(self.pending)
+            self.pending, self.told = 0, now
 
 
 def run_sweep(plan, out: Console, files: Outputs, *, render: Callable, case_line: Callable, quiet: bool,
