@@ -102,10 +102,13 @@ def test_impossible_combinations_are_skipped_with_the_reason():
     assert all("fp32 state" in c.skip_reason for c in build_cases(settings, "torch"))
 
 
-def test_the_gpu_default_adds_a_serving_batch_and_keeps_the_normal_sub_sweeps():
-    # [drift.cuda.overrides.normal] replaces the plain tables on a GPU: it repeats them, and adds 256 rows.
+def test_the_gpu_default_adds_a_serving_batch_and_one_row_and_keeps_the_normal_sub_sweeps():
+    # [drift.cuda.overrides.normal] replaces the plain tables on a GPU: it repeats them, and adds 256 rows and one.
     cpu, cuda = (load_preset("default", "drift", device)["overrides"]["normal"] for device in ("cpu", "cuda"))
-    assert cuda[:-1] == cpu
-    assert cuda[-1] == {"batch": [256], "nheads": [1], "state_dtype": ["fp16"], "rounding": ["nearest"]}
+    assert cuda[:-2] == cpu
+    assert cuda[-2] == {"batch": [256], "nheads": [1], "state_dtype": ["fp16"], "rounding": ["nearest"]}
+    assert cuda[-1] == {"batch": [1], "state_dtype": ["fp16"], "rounding": ["nearest"]}
     cases = build_cases(resolve({}, load_preset("default", "drift", "cuda"), "default"), "builtin")
     assert [c.id for c in cases if c.batch == 256] == ["normal-fp16-nearest-b256-h1x64n128g1"]
+    # every other GPU case has 2 rows or more: a path for a single row is reached by this one alone
+    assert [c.id for c in cases if c.batch == 1] == ["normal-fp16-nearest-b1-h8x64n128g1"]
