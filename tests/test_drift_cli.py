@@ -22,6 +22,18 @@ def drift(*args, json_path=None):
     return invoke("drift", *args, json_path=json_path)
 
 
+def test_a_kernel_with_d_and_dt_bias_before_z_is_called_by_name_and_passes(tmp_path):
+    """vLLM's selective_state_update takes D and dt_bias before z, where mamba's takes D, z, dt_bias: given by
+    position in mamba's order, a correct kernel of vLLM's order read dt_bias as its gate. By name it passes every
+    case, with a gate (`untied`) and with D and dt_bias None (`optional-none`)."""
+    kernel = str(Path(__file__).with_name("signature_kernels.py")) + ":state_update_in_vllms_order"
+    result, report = drift("--kernel", kernel, "--regime", "normal,untied,no-softplus,optional-none",
+                           json_path=tmp_path / "v.json")
+    assert result.exit_code == 0, result.output
+    assert {c["params"]["regime"] for c in report["cases"] if c["status"] == "pass"} == {
+        "normal", "untied", "no-softplus", "optional-none"}
+
+
 def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp_path):
     """A state update that never touches the state columns of a partial last block of 16 passes every case
     whose dstate is a multiple of 16, and fails the default preset's cases of widths that fill no block."""

@@ -14,7 +14,9 @@ The adapter owns:
   For the built-in kernel, whether hardware stochastic rounding can run here. One that takes
   `state_batch_indices` runs on a state pool with a slot per row (drift.slots checks it), its pad
   rows marked with its `pad_slot_id` keyword's default (vLLM's wrapper: 0, its null block) or -1;
-- the call, with the mamba signature; a MODULE:FUNCTION kernel with an `out` keyword gets a NaN-filled
+- the call, with the mamba signature: state, x, dt, A, B, C by position, and D, z, dt_bias, dt_softplus by name
+  where the signature names them all (vLLM's takes D and dt_bias before z), else by position in mamba's order; a
+  MODULE:FUNCTION kernel with an `out` keyword gets a NaN-filled
   out every call, as engines pass one, and that out is judged whatever it returns (vLLM's convention:
   it may return nothing; one returning a tensor of its own with the given out unwritten is named;
   the runner seeds torch's generator at the
@@ -29,6 +31,7 @@ The adapter owns:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
@@ -102,6 +105,12 @@ class DriftAdapter:
     # The kernel's STOCHASTIC_UNAVAILABLE function, where it has one.
     stochastic_unavailable: Callable[[torch.dtype], str | None] | None = None
 
+    @functools.cached_property
+    def optional_by_name(self) -> bool:
+        """Whether the call passes D, z, dt_bias and dt_softplus by name: where the signature names them all, whatever
+        their order (mamba's D, z, dt_bias; vLLM's D, dt_bias, z), else in mamba's order by position."""
+        return set(_OPTIONAL) <= keywords(self.fn)
+
     def skip_reason(self, state_dtype: torch.dtype, rounding: str) -> str | None:
         """Why this kernel cannot run a case of `state_dtype` and `rounding` here, or None."""
         if rounding != "stochastic" or not self.takes_rounding or self.stochastic_unavailable is None:
@@ -171,7 +180,11 @@ class DriftAdapter:
             keywords["rounding"] = rounding
         if self.takes_seed:
             keywords["seed"] = seed
-        args = (state, *(arguments[name] for name in _ARGUMENTS))
+        if self.optional_by_name:
+            args = (state, *(arguments[name] for name in _ARGUMENTS if name not in _OPTIONAL))
+            keywords.update({name: arguments[name] for name in _OPTIONAL})
+        else:
+            args = (state, *(arguments[name] for name in _ARGUMENTS))
         try:
             out = guarded_call(self.fn, args, keywords, transcript)
         except KernelExit as exc:
@@ -196,6 +209,7 @@ def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor 
 # selective_state_update's arguments after the state, in order, and those of them that are tensors (or None).
 _ARGUMENTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
 _TENSOR_ARGUMENTS = _ARGUMENTS[:-1]
+_OPTIONAL = ("D", "z", "dt_bias", "dt_softplus")  # passed by name where the signature names them (optional_by_name)
 
 
 def _check_given_out_written(given: torch.Tensor, returned, where: str) -> None:
