@@ -23,6 +23,7 @@ The adapter owns:
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,7 @@ from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import guarded_call
 from ssmcheck.core.tensors import laid_out_as
+from ssmcheck.ops.naive import NO_DT_LIMIT
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.padding import PaddedCall, padded
 from ssmcheck.scan.regimes import REGIMES
@@ -61,6 +63,11 @@ PAD_TOKENS_ATTRIBUTE = "pad_tokens"
 CACHE_WRITE_KEYWORDS = ("final_states_out", "final_state_indices")
 # vLLM's chunk scan asserts a power-of-two chunk size.
 _POWERS_OF_TWO = tuple(2**k for k in range(17))
+
+
+def _unset(name: str, value) -> bool:
+    """Whether a keyword of the mamba signature carries nothing in a call: None, a flag off, no dt_limit."""
+    return value is None or value is False or (name == "dt_limit" and tuple(value) == NO_DT_LIMIT)
 
 
 class KernelOutputError(RuntimeError):
@@ -260,8 +267,16 @@ class ScanAdapter:
         called = sent.inputs if sent else inputs
         if seq_idx is None:
             seq_idx = sent.seq_idx if sent else inputs.seq_idx
+        named = {**called.kwargs(), "seq_idx": seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]}
         return ((called.x, called.dt, called.A, called.B, called.C, case.chunk_size),
-                {**called.kwargs(), "seq_idx": seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]})
+                {name: value for name, value in named.items() if name in self.named or not _unset(name, value)})
+
+    @functools.cached_property
+    def named(self) -> frozenset[str]:
+        """The keywords the kernel's signature names. One it does not name is passed only where the case sets it
+        (`_unset`): a kernel of an older signature (no cu_seqlens, no dt_limit, no return_varlen_states) runs
+        every case that needs none of them, and a case that does raises TypeError naming the keyword."""
+        return keywords(self.fn)
 
     def call_stages(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> dict:
         """The kernel's SSD stages on `inputs` (STAGE_NAMES, in the built-in kernel's layout; y on the case's
