@@ -19,3 +19,11 @@ def chunk_scan_before_varlen(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias
     or dt_limit keyword. Otherwise the plain PyTorch chunk scan, right."""
     return torch_kernel(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                         seq_idx=seq_idx, dt_softplus=dt_softplus, return_final_states=return_final_states)
+
+
+def state_update_without_a_gate(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, *, rounding="nearest",
+                                seed=0):
+    """A Mamba2-only state update: no z keyword (Mamba2 gates after the update, in its norm). Otherwise the plain
+    PyTorch step, right."""
+    return torch_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                              rounding=rounding, seed=seed)

@@ -34,6 +34,20 @@ def test_a_kernel_with_d_and_dt_bias_before_z_is_called_by_name_and_passes(tmp_p
         "normal", "untied", "no-softplus", "optional-none"}
 
 
+def test_a_kernel_without_a_gate_runs_every_case_without_one(tmp_path):
+    """A state update with no z keyword is not passed z=None: every regime but `untied` (Mamba1's call, gated)
+    passes, and `untied` is an error naming z."""
+    kernel = str(Path(__file__).with_name("signature_kernels.py")) + ":state_update_without_a_gate"
+    result, report = drift("--kernel", kernel, "--regime", "normal,untied,optional-none", "--rounding", "nearest",
+                           json_path=tmp_path / "g.json")
+    assert result.exit_code == 4, result.output
+    for case in report["cases"]:
+        if case["params"]["regime"] == "untied":
+            assert case["status"] == "error" and "unexpected keyword argument 'z'" in case["message"], case
+        else:
+            assert case["status"] == "pass", case
+
+
 def test_the_default_preset_catches_a_loop_bound_right_only_for_whole_blocks(tmp_path):
     """A state update that never touches the state columns of a partial last block of 16 passes every case
     whose dstate is a multiple of 16, and fails the default preset's cases of widths that fill no block."""

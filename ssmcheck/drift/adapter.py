@@ -15,8 +15,8 @@ The adapter owns:
   `state_batch_indices` runs on a state pool with a slot per row (drift.slots checks it), its pad
   rows marked with its `pad_slot_id` keyword's default (vLLM's wrapper: 0, its null block) or -1;
 - the call, with the mamba signature: state, x, dt, A, B, C by position, and D, z, dt_bias, dt_softplus by name
-  where the signature names them all (vLLM's takes D and dt_bias before z), else by position in mamba's order; a
-  MODULE:FUNCTION kernel with an `out` keyword gets a NaN-filled
+  where the signature names any of them (vLLM's takes D and dt_bias before z; one it does not name only where
+  the step sets it), else by position in mamba's order; a MODULE:FUNCTION kernel with an `out` keyword gets a NaN-filled
   out every call, as engines pass one, and that out is judged whatever it returns (vLLM's convention:
   it may return nothing; one returning a tensor of its own with the given out unwritten is named;
   the runner seeds torch's generator at the
@@ -106,10 +106,13 @@ class DriftAdapter:
     stochastic_unavailable: Callable[[torch.dtype], str | None] | None = None
 
     @functools.cached_property
-    def optional_by_name(self) -> bool:
-        """Whether the call passes D, z, dt_bias and dt_softplus by name: where the signature names them all, whatever
-        their order (mamba's D, z, dt_bias; vLLM's D, dt_bias, z), else in mamba's order by position."""
-        return set(_OPTIONAL) <= keywords(self.fn)
+    def named(self) -> frozenset[str]:
+        """Which of D, z, dt_bias and dt_softplus the kernel's signature names. Where it names any, the call passes
+        them by name, whatever their order (mamba's D, z, dt_bias; vLLM's D, dt_bias, z), and one it does not name
+        only where the step sets it (not None, not False: a kernel without a gate runs every case without one, a
+        case with one raises TypeError naming z); where it names none (no signature, a `*args` wrapper), all four
+        by position in mamba's order."""
+        return keywords(self.fn) & frozenset(_OPTIONAL)
 
     def skip_reason(self, state_dtype: torch.dtype, rounding: str) -> str | None:
         """Why this kernel cannot run a case of `state_dtype` and `rounding` here, or None."""
@@ -180,9 +183,10 @@ class DriftAdapter:
             keywords["rounding"] = rounding
         if self.takes_seed:
             keywords["seed"] = seed
-        if self.optional_by_name:
+        if self.named:
             args = (state, *(arguments[name] for name in _ARGUMENTS if name not in _OPTIONAL))
-            keywords.update({name: arguments[name] for name in _OPTIONAL})
+            keywords.update({name: arguments[name] for name in _OPTIONAL
+                             if name in self.named or _set(arguments[name])})
         else:
             args = (state, *(arguments[name] for name in _ARGUMENTS))
         try:
@@ -209,7 +213,12 @@ def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor 
 # selective_state_update's arguments after the state, in order, and those of them that are tensors (or None).
 _ARGUMENTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
 _TENSOR_ARGUMENTS = _ARGUMENTS[:-1]
-_OPTIONAL = ("D", "z", "dt_bias", "dt_softplus")  # passed by name where the signature names them (optional_by_name)
+_OPTIONAL = ("D", "z", "dt_bias", "dt_softplus")  # passed by name where the signature names any (DriftAdapter.named)
+
+
+def _set(value) -> bool:
+    """Whether an optional argument carries something (a tensor, dt_softplus on)."""
+    return value is not None and value is not False
 
 
 def _check_given_out_written(given: torch.Tensor, returned, where: str) -> None:
