@@ -38,17 +38,17 @@ def test_torch_kernel_passes_the_smoke_preset(tmp_path):
 def test_a_kernel_of_an_older_signature_runs_the_cases_that_need_none_of_its_missing_keywords(tmp_path):
     """A chunk scan without cu_seqlens, return_varlen_states and dt_limit (mamba's before packed sequences) is not
     passed them where a case leaves them unset: the batch cases without a dt_limit pass, and each case that sets one
-    is an error naming the keyword it passes."""
+    is skipped, naming the keyword."""
     kernel = str(Path(__file__).with_name("signature_kernels.py")) + ":chunk_scan_before_varlen"
     result, report = scan("--preset", "smoke", "--kernel", kernel, json_path=tmp_path / "o.json")
-    assert result.exit_code == 4, result.output
+    assert result.exit_code == 0, result.output
     by_regime = {c["params"]["regime"]: c for c in report["cases"]}
     varlen = {"ragged", "aligned", "initial-state", "aligned-initial-state"}
     limited = {"large-magnitude", "long", "large-output"}
     for regime, case in by_regime.items():
         if regime in varlen | limited:
             keyword = "cu_seqlens" if regime in varlen else "dt_limit"
-            assert case["status"] == "error" and f"unexpected keyword argument '{keyword}'" in case["message"], case
+            assert case["status"] == "skipped" and f"takes no {keyword}" in case["message"], case
         else:
             assert case["status"] == "pass", case
     assert len(by_regime) - len(varlen | limited) == 6

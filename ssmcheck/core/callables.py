@@ -84,6 +84,16 @@ def keywords(fn: Callable) -> frozenset[str]:
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
+def takes_any_keyword(fn: Callable) -> bool:
+    """Whether `fn` may take keywords its signature does not name: a `**kwargs` catch-all, or no signature to read
+    (builtins, some C extensions)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind == p.VAR_KEYWORD for p in parameters)
+
+
 def keyword_default(fn: Callable, name: str):
     """The default value of `fn`'s keyword `name` (inspect.Parameter.empty: it has none, or no such keyword)."""
     try:

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssmcheck.core.callables import kernel_name, keywords, load_callable
+from ssmcheck.core.callables import kernel_name, keywords, load_callable, takes_any_keyword
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import DTYPES, dtype_name
 from ssmcheck.core.guard import guarded_call
 from ssmcheck.core.tensors import laid_out_as
 from ssmcheck.ops.naive import NO_DT_LIMIT
-from ssmcheck.scan.inputs import ScanInputs
+from ssmcheck.scan.inputs import ScanInputs, ScanShape
 from ssmcheck.scan.padding import PaddedCall, padded
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.spec import ScanCase
@@ -63,6 +63,22 @@ PAD_TOKENS_ATTRIBUTE = "pad_tokens"
 CACHE_WRITE_KEYWORDS = ("final_states_out", "final_state_indices")
 # vLLM's chunk scan asserts a power-of-two chunk size.
 _POWERS_OF_TWO = tuple(2**k for k in range(17))
+
+
+# The keywords of mamba_chunk_scan_combined's signature after chunk_size, as ScanAdapter passes them.
+MAMBA_KEYWORDS = ("D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens", "dt_softplus", "dt_limit",
+                  "return_final_states", "return_varlen_states")
+
+
+@functools.lru_cache(maxsize=256)
+def _set_keywords(regime: str, shape: ScanShape, dtype: str) -> tuple[str, ...]:
+    """The MAMBA_KEYWORDS a case of `regime` at `shape` sets in its call (not `_unset`), read off its inputs drawn
+    at a few chunks a row: which ones a regime sets does not depend on the length or the seed."""
+    small = replace(shape, seqlen=shape.chunk_size * max(2, REGIMES[regime].min_chunks))
+    inputs = REGIMES[regime].generate(small, DTYPES[dtype], 0)
+    passed = {**inputs.kwargs(), "seq_idx": inputs.seq_idx, "return_final_states": not inputs.varlen,
+              "return_varlen_states": inputs.varlen}
+    return tuple(name for name in MAMBA_KEYWORDS if not _unset(name, passed[name]))
 
 
 def _unset(name: str, value) -> bool:
@@ -115,6 +131,10 @@ class ScanAdapter:
             return f"{self.chunk_size_rule}, not {case.chunk_size}"
         if REGIMES[case.regime].pad_tokens and not self.pad_tokens:
             return f"{self.name} takes no pad tokens: {self.no_pad_tokens}"
+        if missing := self._missing_keywords(case):
+            listed = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} or {missing[-1]}"
+            return (f"{self.name} takes no {listed} keyword, which {case.regime} cases pass (its signature names no "
+                    "such parameter)")
         if self.takes_state_options:
             return None
         if self.takes_state_dtype:
@@ -270,6 +290,13 @@ class ScanAdapter:
         named = {**called.kwargs(), "seq_idx": seq_idx, **flags, **self.options, **self._storage(inputs, case)[0]}
         return ((called.x, called.dt, called.A, called.B, called.C, case.chunk_size),
                 {name: value for name, value in named.items() if name in self.named or not _unset(name, value)})
+
+    def _missing_keywords(self, case: ScanCase) -> list[str]:
+        """The keywords of the mamba signature `case` sets in its call and the kernel's signature does not name (none
+        where it takes any keyword)."""
+        if set(MAMBA_KEYWORDS) <= self.named or takes_any_keyword(self.fn):
+            return []
+        return [name for name in _set_keywords(case.regime, case.shape(), case.dtype) if name not in self.named]
 
     @functools.cached_property
     def named(self) -> frozenset[str]:
