@@ -157,7 +157,7 @@ def _kernel_skip(case, under_test):
     """The drift case, skipped where the kernel says it cannot run it here (DriftAdapter.skip_reason)."""
     if case.skip_reason is not None:
         return case
-    reason = under_test.skip_reason(DTYPES[case.state_dtype], case.rounding)
+    reason = under_test.skip_reason(DTYPES[case.state_dtype], case.rounding, case.regime)
     return case if reason is None else replace(case, skip_reason=reason)
 
 

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable
+from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable, takes_any_keyword
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import dtype_name, saturate
 from ssmcheck.core.guard import KernelExit, describe, guarded_call
 from ssmcheck.core.pool import nan_filled, poisoned
-from ssmcheck.drift.regimes import DecodeProblem, StepInputs
+from ssmcheck.drift.regimes import DecodeProblem, DecodeShape, StepInputs, make_problem
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
 
@@ -114,8 +114,15 @@ class DriftAdapter:
         by position in mamba's order."""
         return keywords(self.fn) & frozenset(_OPTIONAL)
 
-    def skip_reason(self, state_dtype: torch.dtype, rounding: str) -> str | None:
-        """Why this kernel cannot run a case of `state_dtype` and `rounding` here, or None."""
+    def skip_reason(self, state_dtype: torch.dtype, rounding: str, regime: str | None = None) -> str | None:
+        """Why this kernel cannot run a case of `state_dtype`, `rounding` and `regime` here, or None: a keyword the
+        regime's steps set that the kernel's signature does not name (and no `**kwargs` takes), or stochastic
+        rounding it cannot do here."""
+        if regime is not None and 0 < len(self.named) < len(_OPTIONAL) and not takes_any_keyword(self.fn):
+            missing = [name for name in _set_arguments(regime) if name not in self.named]
+            if missing:
+                return (f"{self.name} takes no {' or '.join(missing)} keyword, which {regime} cases pass (its signature "
+                        "names no such parameter)")
         if rounding != "stochastic" or not self.takes_rounding or self.stochastic_unavailable is None:
             return None
         return self.stochastic_unavailable(state_dtype)
@@ -214,6 +221,14 @@ def _inputs(problem: DecodeProblem, step: StepInputs) -> dict[str, torch.Tensor 
 _ARGUMENTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
 _TENSOR_ARGUMENTS = _ARGUMENTS[:-1]
 _OPTIONAL = ("D", "z", "dt_bias", "dt_softplus")  # passed by name where the signature names any (DriftAdapter.named)
+
+
+@functools.lru_cache(maxsize=64)
+def _set_arguments(regime: str) -> tuple[str, ...]:
+    """Which of D, z, dt_bias and dt_softplus a step of `regime` sets (`_set`), read off one step drawn small."""
+    problem = make_problem(regime, DecodeShape(1, 1, 2, 2, 1), torch.float16, 1, 0, "cpu")
+    step = {**_inputs(problem, next(problem.host_steps())), "dt_softplus": problem.dt_softplus}
+    return tuple(name for name in _OPTIONAL if _set(step.get(name)))
 
 
 def _set(value) -> bool:
