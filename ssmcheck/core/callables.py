@@ -94,6 +94,12 @@ def takes_any_keyword(fn: Callable) -> bool:
     return any(p.kind == p.VAR_KEYWORD for p in parameters)
 
 
+def keywords_not_taken(kernel: str, missing: list[str], regime: str) -> str:
+    """The skip reason of a case whose regime passes keywords (`missing`) the kernel's signature does not name."""
+    listed = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} or {missing[-1]}"
+    return f"{kernel} takes no {listed} keyword, which {regime} cases pass (its signature names no such parameter)"
+
+
 def keyword_default(fn: Callable, name: str):
     """The default value of `fn`'s keyword `name` (inspect.Parameter.empty: it has none, or no such keyword)."""
     try:

@@ -37,7 +37,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssmcheck.core.callables import kernel_name, keyword_default, keywords, load_callable, takes_any_keyword
+from ssmcheck.core.callables import (
+    kernel_name,
+    keyword_default,
+    keywords,
+    keywords_not_taken,
+    load_callable,
+    takes_any_keyword,
+)
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import dtype_name, saturate
@@ -109,9 +116,9 @@ class DriftAdapter:
     def named(self) -> frozenset[str]:
         """Which of D, z, dt_bias and dt_softplus the kernel's signature names. Where it names any, the call passes
         them by name, whatever their order (mamba's D, z, dt_bias; vLLM's D, dt_bias, z), and one it does not name
-        only where the step sets it (not None, not False: a kernel without a gate runs every case without one, a
-        case with one raises TypeError naming z); where it names none (no signature, a `*args` wrapper), all four
-        by position in mamba's order."""
+        only where the step sets it (not None, not False: a kernel without a gate runs every case without one, and
+        a regime with one is skipped naming z, `skip_reason`); where it names none (no signature, a `*args`
+        wrapper), all four by position in mamba's order."""
         return keywords(self.fn) & frozenset(_OPTIONAL)
 
     def skip_reason(self, state_dtype: torch.dtype, rounding: str, regime: str | None = None) -> str | None:
@@ -121,8 +128,7 @@ class DriftAdapter:
         if regime is not None and 0 < len(self.named) < len(_OPTIONAL) and not takes_any_keyword(self.fn):
             missing = [name for name in _set_arguments(regime) if name not in self.named]
             if missing:
-                return (f"{self.name} takes no {' or '.join(missing)} keyword, which {regime} cases pass (its signature "
-                        "names no such parameter)")
+                return keywords_not_taken(self.name, missing, regime)
         if rounding != "stochastic" or not self.takes_rounding or self.stochastic_unavailable is None:
             return None
         return self.stochastic_unavailable(state_dtype)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssmcheck.core.callables import kernel_name, keywords, load_callable, takes_any_keyword
+from ssmcheck.core.callables import kernel_name, keywords, keywords_not_taken, load_callable, takes_any_keyword
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import DTYPES, dtype_name
@@ -132,9 +132,7 @@ class ScanAdapter:
         if REGIMES[case.regime].pad_tokens and not self.pad_tokens:
             return f"{self.name} takes no pad tokens: {self.no_pad_tokens}"
         if missing := self._missing_keywords(case):
-            listed = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} or {missing[-1]}"
-            return (f"{self.name} takes no {listed} keyword, which {case.regime} cases pass (its signature names no "
-                    "such parameter)")
+            return keywords_not_taken(self.name, missing, case.regime)
         if self.takes_state_options:
             return None
         if self.takes_state_dtype:
@@ -302,7 +300,7 @@ class ScanAdapter:
     def named(self) -> frozenset[str]:
         """The keywords the kernel's signature names. One it does not name is passed only where the case sets it
         (`_unset`): a kernel of an older signature (no cu_seqlens, no dt_limit, no return_varlen_states) runs
-        every case that needs none of them, and a case that does raises TypeError naming the keyword."""
+        every case that needs none of them, and a case that does is skipped naming the keyword (`skip_reason`)."""
         return keywords(self.fn)
 
     def call_stages(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> dict:
