@@ -140,8 +140,31 @@ def test_an_exception_without_a_message_is_described_by_where_it_was_raised(tmp_
     with pytest.raises(AssertionError) as raised:
         ops.scan(3)
     assert describe(raised.value) == "AssertionError at peerpkg/ops.py:2: assert n == 1"
-    assert describe(ValueError("bad shape\n")) == "ValueError: bad shape"
+    assert describe(ValueError("bad shape\n")) == "ValueError: bad shape"  # never raised: nowhere to name
     assert describe(KeyError()) == "KeyError"  # never raised: no traceback to name
+
+
+def test_an_exception_with_a_message_names_the_line_outside_torch_that_raised_it(tmp_path, monkeypatch):
+    """mamba_ssm 2.3.2's state update given no dt_bias raises "'NoneType' object has no attribute 'stride'"
+    from its own wrapper: the message says whose line. A failure inside a torch op is placed at the kernel's
+    line that called it, not in torch."""
+    from ssmcheck.core.guard import describe
+
+    package = tmp_path / "updatepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "update.py").write_text("import torch\n\n\ndef update(bias=None):\n    return bias.stride(-1)\n\n\n"
+                                       "def mismatched():\n    return torch.ones(2, 3) @ torch.ones(2, 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from updatepkg import update
+
+    with pytest.raises(AttributeError) as raised:
+        update.update()
+    assert describe(raised.value) == ("AttributeError: 'NoneType' object has no attribute 'stride' "
+                                      "(raised at updatepkg/update.py:5)")
+    with pytest.raises(RuntimeError) as raised:
+        update.mismatched()
+    assert describe(raised.value).endswith(" (raised at updatepkg/update.py:9)")
 
 
 def test_a_drift_case_our_side_fails_to_measure_is_that_case_error_and_the_sweep_goes_on(monkeypatch):
@@ -153,12 +176,13 @@ def test_a_drift_case_our_side_fails_to_measure_is_that_case_error_and_the_sweep
         return make_problem(regime, *args, **kwargs)
 
     monkeypatch.setattr(drift_run, "make_problem", failing_in_stagnation)
+    raising_line = failing_in_stagnation.__code__.co_firstlineno + 2
     report = api.drift(kernel="torch", preset="smoke")
     by_regime = {}
     for case in report.cases:
         by_regime.setdefault(case.params["regime"], set()).add((case.status, case.message))
     assert by_regime["stagnation"] == {("error", "measuring the case raised RuntimeError: a planted failure of "
-                                                 "ssmcheck's own")}
+                                                 f"ssmcheck's own (raised at test_guards.py:{raising_line})")}
     assert {status for status, _ in by_regime["normal"]} == {"pass"}
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import triton
 
 from ssmcheck.core.accesses import checked_accesses
 from ssmcheck.core.capture import Transcript, captured_stdout
@@ -38,14 +39,20 @@ class KernelOutsideMemory(KernelExit):
 
 
 def describe(exc: BaseException) -> str:
-    """'TypeName: message'; for an exception without a message (a bare `assert` in a peer's kernel),
-    where it was raised instead: 'AssertionError at mamba_ssm/ops/triton/ssd_combined.py:418:
-    assert initial_states.shape == ...', the file named from its import root. Either way followed by
-    the reason when a kernel needed CUDA where there is none (`_without_cuda`)."""
+    """'TypeName: message (raised at FILE:LINE)', the line being the innermost one outside torch and Triton
+    (mamba_ssm 2.3.2's state update given no dt_bias: "AttributeError: 'NoneType' object has no attribute
+    'stride' (raised at mamba_ssm/ops/triton/selective_state_update.py:199)", where the message alone does
+    not say whose code failed); for an exception without a message (a bare `assert` in a peer's kernel), where
+    it was raised instead: 'AssertionError at mamba_ssm/ops/triton/ssd_combined.py:418: assert
+    initial_states.shape == ...'. Files are named from their import root. Either way followed by the reason
+    when a kernel needed CUDA where there is none (`_without_cuda`)."""
     text = str(exc).strip()
     frames = traceback.extract_tb(exc.__traceback__)
     if text:
         said = f"{type(exc).__name__}: {text}"
+        if frames:
+            frame = _outside_libraries(frames)
+            said += f" (raised at {_importable(frame.filename)}:{frame.lineno})"
     elif not frames:
         return type(exc).__name__
     else:
@@ -53,6 +60,17 @@ def describe(exc: BaseException) -> str:
         said = f"{type(exc).__name__} at {_importable(frame.filename)}:{frame.lineno}" + (
             f": {frame.line.strip()}" if frame.line else "")
     return said + _without_cuda(frames)
+
+
+def _outside_libraries(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary:
+    """The innermost frame whose file lies outside torch's and Triton's packages (an error Triton raises while
+    compiling is placed at the kernel's launch), or the innermost frame where every one lies inside them."""
+    libraries = [Path(torch.__file__).resolve().parent, Path(triton.__file__).resolve().parent]
+    for frame in reversed(frames):
+        path = Path(frame.filename).resolve()
+        if not any(library in path.parents for library in libraries):
+            return frame
+    return frames[-1]
 
 
 def _without_cuda(frames: list[traceback.FrameSummary]) -> str:
