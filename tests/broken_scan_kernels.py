@@ -29,6 +29,12 @@ VARLEN_CARRIED_CHUNKS = 16
 SEQUENCE_BLOCK = 4
 # sequences_past_8_merged's sequences found (three binary-search steps).
 SEQUENCE_LOOKUP = 8
+# microbatches_share_a_gate's rows a micro-batch.
+MICROBATCH_ROWS = 2
+# group_of_head_within_block_of_32's block of heads.
+HEAD_BLOCK = 32
+# softplus's threshold, past which kernels take its linear branch.
+SOFTPLUS_THRESHOLD = 20.0
 
 
 def _mamba_result(y, out, return_final_states, return_varlen_states):
@@ -898,4 +904,73 @@ def y_alone_without_d(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, 
     returns = return_final_states or return_varlen_states
     out = _baseline(x, dt, A, B, C, chunk_size, D if returns else None, z, dt_bias, initial_states, cu_seqlens,
                     dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def training_forward_gate_before_skip(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                      seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                      return_final_states=False, return_varlen_states=False):
+    """Mamba2's training forward (batch mode, no initial states, no return flags, D and z) takes a fused epilogue
+    that adds D·x after the gate: y = C·h·silu(z) + D·x. Every call that asks for states, or has initial states,
+    or lacks D or z, is right."""
+    training = (cu_seqlens is None and initial_states is None and not (return_final_states or return_varlen_states)
+                and D is not None and z is not None)
+    if not training:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    ssm = _baseline(x, dt, A, B, C, chunk_size, None, None, dt_bias, None, None, dt_softplus, dt_limit).y
+    skip = D.float()[:, None] if D.dim() == 1 else D.float()
+    return (ssm.float() * torch.nn.functional.silu(z.float()) + x.float() * skip).to(x.dtype)
+
+
+def short_prefill_sigmoid_gate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                               return_final_states=False, return_varlen_states=False):
+    """A batch-mode prompt shorter than one chunk (1 < seqlen < chunk_size) takes a single-chunk path whose gate is
+    sigmoid(z), not silu(z). Right for one token, for whole chunks and more, and in varlen mode."""
+    short = cu_seqlens is None and 1 < x.shape[1] < chunk_size and z is not None
+    out = _baseline(x, dt, A, B, C, chunk_size, D, None if short else z, dt_bias, initial_states, cu_seqlens,
+                    dt_softplus, dt_limit)
+    y = (out.y.float() * torch.sigmoid(z.float())).to(x.dtype) if short else out.y
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def microbatches_share_a_gate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """Batch mode in micro-batches of MICROBATCH_ROWS rows, each slicing every input but z: rows past the first
+    micro-batch are gated with its rows' z. Right for up to two rows."""
+    if cu_seqlens is None and z is not None and x.shape[0] > MICROBATCH_ROWS:
+        z = z[torch.arange(x.shape[0], device=x.device) % MICROBATCH_ROWS]
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def group_of_head_within_block_of_32(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                     seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                     return_final_states=False, return_varlen_states=False):
+    """Programs of HEAD_BLOCK heads compute a head's group from its index within the block, (h % 32) // (nheads //
+    ngroups): heads past 32 read the first groups again. Right up to 32 heads, or with one group."""
+    nheads, ngroups = x.shape[2], B.shape[2]
+    if nheads > HEAD_BLOCK and ngroups > 1:
+        group = (torch.arange(nheads, device=x.device) % HEAD_BLOCK) // (nheads // ngroups)
+        B, C = B[:, :, group], C[:, :, group]  # a group per head: the heads' own B and C
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def dt_limit_skipped_past_softplus_threshold(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                             initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                             dt_limit=(0.0, float("inf")), return_final_states=False,
+                                             return_varlen_states=False):
+    """Clamps dt to dt_limit in softplus's nonlinear branch only: a raw dt + dt_bias past 20 (the linear branch)
+    goes unclamped. Right without a softplus or a dt_limit."""
+    if not dt_softplus or tuple(dt_limit) == (0.0, float("inf")):
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    raw = dt.float() + (0.0 if dt_bias is None else dt_bias.float())
+    clamped = torch.nn.functional.softplus(raw).clamp(*dt_limit)
+    processed = torch.where(raw <= SOFTPLUS_THRESHOLD, clamped, raw)
+    out = _baseline(x, processed, A, B, C, chunk_size, D, z, None, initial_states, cu_seqlens, False,
+                    (0.0, float("inf")))
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)

@@ -660,3 +660,64 @@ def random_bits_from_the_value(state, x, dt, A, B, C, D=None, z=None, dt_bias=No
     uniform = ((mixed ^ (mixed >> 12)) & 0xFFFFFF).float() / 2.0**24
     state.copy_(_stochastic(new, state.dtype, uniform))
     return out
+
+
+def sr_never_into_the_next_binade(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                  rounding="nearest", seed=0):
+    """Stochastic rounding into fp16 that drops a round-up carrying into the exponent (a guard against 65504
+    rounding to inf, applied at every power of two): a value in the last ulp below a power of two always rounds
+    down. Exact SR elsewhere; bf16 and round to nearest are right."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding != "stochastic" or state.dtype != torch.float16:
+        _store(state, new, rounding, seed)
+        return out
+    generator = torch.Generator(device=new.device).manual_seed(seed)
+    rounded = _stochastic(new, state.dtype, torch.rand(new.shape, device=new.device, generator=generator))
+    down = _round_magnitude_bits(new, state.dtype, torch.zeros_like(new, dtype=torch.int32))  # toward zero
+    exponent = 0x7C00  # fp16's exponent field
+    carried = (rounded.view(torch.int16) & exponent) != (down.view(torch.int16) & exponent)
+    state.copy_(torch.where(carried & torch.isfinite(new), down, rounded))
+    return out
+
+
+def _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed):
+    """The step through slot indices, the live rows' states rounded per `rounding`; pad rows get zeros in out."""
+    live = state_batch_indices != pad_slot_id
+    slots = state_batch_indices[live].long()
+    new, y_live = _fp32_step(state[slots], x[live], dt[live], A, B[live], C[live], D, None if z is None else z[live],
+                             dt_bias, dt_softplus)
+    rows = state[slots]
+    _store(rows, new, rounding, seed)
+    state[slots] = rows
+    y = torch.zeros_like(x)
+    y[live] = y_live
+    return y
+
+
+def slot_indices_clamped_in_place(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                  state_batch_indices=None, pad_slot_id=-1, *, rounding="nearest", seed=0):
+    """Right in every call, but clamps the caller's state_batch_indices in place once it has found the pad rows
+    (`clamp_(min=0)`, to gather with them): an engine passes one index tensor to every layer, whose next call then
+    updates slot 0 for the pad rows."""
+    if state_batch_indices is None:
+        new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        _store(state, new, rounding, seed)
+        return out
+    out = _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding,
+                     seed)
+    state_batch_indices.clamp_(min=0)
+    return out
+
+
+def nearest_in_padded_batches(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                              state_batch_indices=None, pad_slot_id=-1, *, rounding="nearest", seed=0):
+    """Right without slot indices and through them with no pad row; a batch holding a pad row (every CUDA-graph
+    decode batch an engine pads to a captured size) takes a masked path written before stochastic rounding came,
+    which rounds to nearest whatever `rounding` says."""
+    if state_batch_indices is None:
+        new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        _store(state, new, rounding, seed)
+        return out
+    padded = bool((state_batch_indices == pad_slot_id).any())
+    return _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                      "nearest" if padded else rounding, seed)

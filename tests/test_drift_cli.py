@@ -172,6 +172,40 @@ def test_the_default_preset_catches_a_path_without_D_or_dt_bias(kernel, tmp_path
     assert case["status"] in ("fail", "nonfinite"), case["message"]  # (a raw dt, mostly negative, grows the state)
 
 
+def test_the_default_preset_catches_a_stochastic_rounding_that_never_rounds_up_into_the_next_binade(tmp_path):
+    """A stochastic rounding into fp16 that drops every round-up carrying into the exponent holds the elements of
+    `stagnation` that start just below 2 there: its fp16 stochastic case is biased, and every other case passes."""
+    _, report = drift("--kernel", f"{BROKEN}:sr_never_into_the_next_binade", "--preset", "default",
+                      json_path=tmp_path / "n.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "stagnation" and p["state_dtype"] == "fp16"
+                                and p["rounding"] == "stochastic")
+    assert case["status"] == "fail" and case["message"].startswith("biased: mean rounding error -"), case["message"]
+
+
+def test_a_kernel_that_rewrites_its_slot_indices_is_an_error_of_every_case(tmp_path):
+    """A state update right in every call that clamps the caller's state_batch_indices in place (an engine passes
+    one index tensor to every layer) errs in every case's slot check, naming the input."""
+    result, report = drift("--kernel", f"{BROKEN}:slot_indices_clamped_in_place", "--preset", "default",
+                           json_path=tmp_path / "c.json")
+    assert result.exit_code == 4
+    assert {c["status"] for c in report["cases"]} == {"error"}
+    assert all("the kernel wrote into its input state_batch_indices" in c["message"] for c in report["cases"])
+
+
+def test_the_default_preset_catches_round_to_nearest_in_padded_batches(tmp_path):
+    """A state update whose path for a batch holding pad rows rounds to nearest whatever it is told passes every
+    round-to-nearest case and fails every stochastic one, in the independence check through slot indices and a pad
+    row, but `dt-extreme`'s (its check's step stores values the state dtype holds exactly: no draw moves them, and
+    the check cannot tell)."""
+    _, report = drift("--kernel", f"{BROKEN}:nearest_in_padded_batches", "--preset", "default",
+                      json_path=tmp_path / "p.json")
+    stochastic = planted_bug_cases(report, lambda p: p["rounding"] == "stochastic" and p["regime"] != "dt-extreme")
+    assert len(stochastic) > 10
+    for case in stochastic:
+        assert case["status"] == "fail" and case["independence"]["message"].startswith(
+            "random bits (called with a slot per row and a pad row, state_batch_indices): "), case["id"]
+
+
 def test_the_default_preset_catches_a_launch_config_of_large_batches_right_only_at_whole_channel_blocks(tmp_path):
     """A state update that, from 8 rows on, tiles channels in blocks of 32 over a grid rounded down never advances a
     partial last block: it passes every case of fewer rows and fails the 8-row case at 40 channels a head."""

@@ -158,7 +158,7 @@ def test_bits_shared_on_the_slot_path_alone_fail_through_slot_indices():
     for case in _stochastic_cases(f"{BROKEN}:slot_path_bits_shared_by_channels"):
         check = case["independence"]
         assert check["status"] == "fail" and all(f["differ"] == 0 for f in check["channels"]), check
-        assert check["message"].startswith("random bits (called with a slot per row, state_batch_indices): twin "
+        assert check["message"].startswith("random bits (called with a slot per row and a pad row, state_batch_indices): twin "
                                            "channels (given the same state and inputs) stored the same bits in "), \
             check["message"]
         assert "random bits do not depend on the channel" in check["message"]

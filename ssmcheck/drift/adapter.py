@@ -175,9 +175,14 @@ class DriftAdapter:
         """`update` on copies of the tensor arguments between fences (core.fences; NaN around those `nan_fences`
         names, None: all, 0 around the others): a read past one is NaN in the results, a write into or past one
         raises KernelRaised."""
-        # In the arguments' order: which input a violation names first.
-        fenced = Fenced({name: t for name, t in arguments.items() if name in _TENSOR_ARGUMENTS}, nan_fences)
-        out = self.update(state, {**arguments, **fenced.tensors}, rounding, seed, where, transcript, extra)
+        # In the arguments' order: which input a violation names first. The slot indices are an input too: an
+        # engine passes one index tensor to every layer's call, so a kernel that rewrites them (pad rows' -1
+        # clamped in place) sends the next layer's rows to other slots. Their fences are 0 (no integer NaN).
+        checked = {name: t for name, t in arguments.items() if name in _TENSOR_ARGUMENTS}
+        indices = {name: t for name, t in (extra or {}).items() if name == "state_batch_indices"}
+        fenced = Fenced({**checked, **indices}, checked.keys() if nan_fences is None else nan_fences)
+        out = self.update(state, {**arguments, **{name: fenced.tensors[name] for name in checked}}, rounding, seed,
+                          where, transcript, {**(extra or {}), **{name: fenced.tensors[name] for name in indices}})
         violation = fenced.violation()
         if violation is not None:
             raise KernelRaised(f"{violation} ({where})")

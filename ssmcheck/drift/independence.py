@@ -43,8 +43,8 @@ pairs fails: `elements 1792 apart in the state (row +0, head +1, channel -16, st
 the same state and inputs, stored the same bits in 6283 of 6400 pairs where independent draws agree in 5703 ± 34`.
 
 A kernel that takes slot indices runs every step of the check again through them, a slot per row (`state_batch_indices`,
-as serving engines call it), where it passes as it is: that path is another compiled variant, whose random offsets
-may come from the slot.
+as serving engines call it) and a pad row after them, where it passes as it is: that path is another compiled variant,
+whose random offsets may come from the slot, and a padded batch may take a path of its own.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ ALIKE_CHANNELS = 32
 
 def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Transcript) -> SlotCheck:
     """The verdict of `case` (a stochastic-rounding one) for `kernel`: its steps called as they are, and, for a
-    kernel that takes slot indices and passes that way, again with a slot per row (`state_batch_indices`, as serving
-    engines call it: a path of its own, where its random offsets may be computed from the slot)."""
+    kernel that takes slot indices and passes that way, again with a slot per row and a pad row (`state_batch_indices`, as
+    serving engines call it: a path of its own, where its random offsets may be computed from the slot)."""
     steps = _steps(case, device)
     plain = _check(steps, case, kernel, transcript, through_slots=False)
     # Compiling ahead (drift.ahead), nothing the kernel returns is computed: call both ways, whatever the verdict.
@@ -121,8 +121,8 @@ def run_check(case: DriftCase, kernel: DriftAdapter, device: str, transcript: Tr
     slotted = _check(steps, case, kernel, transcript, through_slots=True)
     if slotted.status is Status.PASS:
         return plain
-    return replace(slotted, message=slotted.message.replace(f"{TITLE}: ", f"{TITLE} (called with a slot per row, "
-                                                                          "state_batch_indices): ", 1))
+    return replace(slotted, message=slotted.message.replace(f"{TITLE}: ", f"{TITLE} (called with a slot per row and a "
+                                                                          "pad row, state_batch_indices): ", 1))
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,9 @@ def _steps(case: DriftCase, device: str) -> _Steps:
 def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
           transcript: Transcript, through_slots: bool) -> None:
     """One update of `state` in place: as it is, or through slot indices, the rows on the first slots of a pool
-    that are not the kernel's pad slot id (vLLM's is 0, its null block), its out NaN-filled."""
+    that are not the kernel's pad slot id (vLLM's is 0, its null block), then a pad row (a batch padded to a
+    captured size, as every CUDA-graph decode batch of an engine is: a kernel that rounds such a batch on a path of
+    its own, to nearest, fails here), its out NaN-filled."""
     if not through_slots:
         kernel.update(state, arguments, rounding, seed, where, transcript)
         return
@@ -175,9 +177,23 @@ def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: 
     pool = state[:1].repeat(slots[-1] + 1, *([1] * (state.dim() - 1)))
     index = torch.tensor(slots, dtype=torch.int32, device=state.device)
     pool[index.long()] = state
-    out = nan_filled(tuple(arguments["x"].shape), arguments["x"])
-    kernel.update_slots(pool, index, arguments, out, rounding, seed, where, transcript)
+    padded = {name: _with_a_pad_row(t) if name in _PER_ROW else t for name, t in arguments.items()}
+    out = nan_filled((rows + 1, *arguments["x"].shape[1:]), arguments["x"])
+    kernel.update_slots(pool, torch.cat([index, index.new_tensor([kernel.pad_slot_id])]), padded, out, rounding,
+                        seed, where, transcript)
     state.copy_(pool[index.long()])
+
+
+_PER_ROW = ("x", "dt", "B", "C", "z")  # the step's inputs with a batch axis
+
+
+def _with_a_pad_row(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t` (batch first) with its row 0 once more at the end, its stride-0 axes (dt's per head) kept so."""
+    if t is None:
+        return None
+    tied = [d for d in range(1, t.dim()) if t.stride(d) == 0]
+    base = t[tuple(slice(0, 1) if d in tied else slice(None) for d in range(t.dim()))]
+    return torch.cat([base, base[:1]]).expand(t.shape[0] + 1, *t.shape[1:])
 
 
 def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Transcript,

@@ -191,12 +191,15 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
             boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT,
-            processed_dt: bool = False, dt_centres: tuple[float, float] | None = None) -> ScanInputs:
+            processed_dt: bool = False, dt_centres: tuple[float, float] | None = None,
+            linear_softplus: float = 0.0) -> ScanInputs:
     """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
     no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel).
     `processed_dt`: dt passed as softplus(raw + dt_bias) already, with no dt_bias and dt_softplus False (the same
     draws), as a caller that applies the softplus itself passes it. `dt_centres`: the range of the heads' dt centres
-    (dt_bias drawn for them), instead of the trained range, so that a dt_limit clamps every head as `long`'s does."""
+    (dt_bias drawn for them), instead of the trained range, so that a dt_limit clamps every head as `long`'s does.
+    `linear_softplus`: the fraction of (token, head) whose raw dt + dt_bias is set to 21..40, where softplus is the
+    identity (kernels take its linear branch past 20), drawn last."""
     g = _generator(seed)
     total = shape.batch * shape.seqlen
     cu = boundaries(g, shape.batch, total, shape.chunk_size)
@@ -218,17 +221,25 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
     note += ", D per channel under a gate z" if gated else ""
     note += f", dt clamped to {dt_limit}" if dt_limit != NO_DT_LIMIT else ""
     note += ", dt processed (softplus applied, no dt_bias)" if processed_dt else ""
+    A = _trained_A(g, shape.nheads)
+    if linear_softplus:
+        linear = torch.rand(dt.shape, generator=g) < linear_softplus
+        dt = torch.where(linear, _uniform(g, dt.shape, 21.0, 40.0) - dt_bias, dt)
+        note += f", raw dt + dt_bias 21..40 (softplus's linear branch) at {int(linear.sum())} (token, head)"
     return _finish(
-        dtype, note, dt=dt, dt_bias=dt_bias, A=_trained_A(g, shape.nheads), cu_seqlens=cu,
-        dt_softplus=not processed_dt, dt_limit=dt_limit, **u, **extra,
+        dtype, note, dt=dt, dt_bias=dt_bias, A=A, cu_seqlens=cu, dt_softplus=not processed_dt, dt_limit=dt_limit,
+        **u, **extra,
     )
 
 
 def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """Packed sequences of uneven lengths, their dt limited above only (RAGGED_DT_LIMIT: no lower end, as a
     model's time_step_limit (0, max) is), which clamps 1% to half of a case's tokens (those of its heads with the
-    largest dt): a kernel that applies a dt_limit only when its lower end is above 0 fails here."""
-    return _varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT)
+    largest dt): a kernel that applies a dt_limit only when its lower end is above 0 fails here. And 2% of (token,
+    head) take softplus's linear branch (raw dt + dt_bias 21..40), clamped to the limit's 0.02 there too: a kernel
+    that clamps only what its softplus's other branch computed takes dt 21..40 at those tokens (since the fifty-first
+    session)."""
+    return _varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT, linear_softplus=0.02)
 
 
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -522,7 +533,8 @@ REGIMES: dict[str, Regime] = {
         Regime("normal", "trained-model ranges: A = -exp(U(log 1, log 16)), dt in [1e-3, 0.1] via dt_bias "
                "and softplus, unit-scale x/B/C, D and z", normal),
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
-               "sequences (batch 1: a lone sequence); dt limited above only, dt_limit (0, 0.02)", ragged),
+               "sequences (batch 1: a lone sequence); dt limited above only, dt_limit (0, 0.02), also where 2% of "
+               "raw dt + dt_bias lie past softplus's threshold of 20", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
                "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z; dt "
                "passed processed (softplus applied, no dt_bias, dt_softplus False)", aligned),

@@ -390,11 +390,15 @@ Y_ALONE_CALL = ("the call without the return flags (as a training forward, or a 
 def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
     """Whether a case of `dtype` on `inputs` also judges the call for y alone with D and z: where there are
     sequences or initial states, whose states the return flags ask for and the peers then handle on other paths
-    (mamba_ssm's varlen states in a kernel of their own); in bf16 cases, the dtype serving engines run, since
-    another path is wrong in any dtype and each such call costs a kernel call (in every case with D or z, it took
-    the default scan on a 2-core CPU from 39 s to 60 s; in these alone, to 46.5 s, 2026-12-05)."""
-    return ((inputs.D is not None or inputs.z is not None) and (inputs.varlen or inputs.initial_states is not None)
-            and dtype == "bf16")
+    (mamba_ssm's varlen states in a kernel of their own), and in batch-mode cases with both D and z and no initial
+    states, Mamba2's training forward as it is (a path of its own for that call that gates before adding the skip
+    term is right wherever the flags are asked for); in bf16 cases, the dtype serving engines run, since another
+    path is wrong in any dtype and each such call costs a kernel call (in every case with D or z, it took the
+    default scan on a 2-core CPU from 39 s to 60 s; in the sequences' and initial states' cases alone, to 46.5 s,
+    2026-12-05)."""
+    with_sequences = inputs.varlen or inputs.initial_states is not None
+    training_forward = inputs.D is not None and inputs.z is not None and not with_sequences
+    return (inputs.D is not None or inputs.z is not None) and (with_sequences or training_forward) and dtype == "bf16"
 
 
 def _judge_beside(result: ScanResult, call: tuple[str, str], outputs: tuple, timed: tuple) -> None:
