@@ -23,6 +23,8 @@ from ssmcheck.scan.spec import resolve as scan_settings
 from tests.misbehaving_kernels import BY_BATCH, ScriptedRunner
 
 KERNELS = Path(__file__).parent / "misbehaving_kernels.py"
+# ScriptedRunner's line that raises: a case's error names where it was raised (core.guard.describe).
+RAISING_LINE = next(n for n, line in enumerate(KERNELS.read_text().splitlines(), 1) if 'raise ValueError("a bug' in line)
 TINY_SCAN = {"regime": "normal", "dtype": "fp16", "chunk_size": "8", "seqlen": "12", "nheads": "2", "headdim": "4",
              "dstate": "4", "ngroups": "1"}
 TINY_DRIFT = {"regime": "normal", "state_dtype": "fp16", "rounding": "nearest", "steps": 8, "nheads": "1",
@@ -95,7 +97,8 @@ def test_a_failing_runner_is_one_line_and_the_worker_goes_on():
     results = list(run_isolated(ScriptedRunner(), cases, timeout=30, advance=lambda: None))
     assert results == [
         ("done", "ok"),
-        ("failed", "raise", "running the case raised ValueError: a bug over two lines"),
+        ("failed", "raise", "running the case raised ValueError: a bug over two lines (raised at "
+                            f"misbehaving_kernels.py:{RAISING_LINE})"),
         ("failed", "unpicklable", results[2][2]),
         ("done", "sigint"),
         ("done", "ok"),
