@@ -974,3 +974,21 @@ def dt_limit_skipped_past_softplus_threshold(x, dt, A, B, C, chunk_size, D=None,
     out = _baseline(x, processed, A, B, C, chunk_size, D, z, None, initial_states, cu_seqlens, False,
                     (0.0, float("inf")))
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def _read_as_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """What loads at t's shape-derived (contiguous) strides read from t's storage, from t's first element on."""
+    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    start = t.storage_offset()
+    return flat[start:start + t.numel()].view(t.shape).clone()
+
+
+def varlen_gate_read_as_contiguous(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                   seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                   return_final_states=False, return_varlen_states=False):
+    """Its varlen launcher passes z's strides as a contiguous z's (from its shape): a z that is a column slice of the
+    in_proj output, as vLLM's mixer passes it, is read from other columns. The batch-mode path takes z.stride()."""
+    if cu_seqlens is not None and z is not None and not z.is_contiguous():
+        z = _read_as_contiguous(z)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

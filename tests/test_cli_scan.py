@@ -575,6 +575,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("microbatches_share_a_gate", lambda p: not _is_varlen(p) and p["batch"] > 2 and p["regime"] == "normal", 2),
     ("group_of_head_within_block_of_32", lambda p: p["nheads"] > 32 and p["ngroups"] > 1, 1),
     ("dt_limit_skipped_past_softplus_threshold", lambda p: p["regime"] == "ragged", 10),
+    ("varlen_gate_read_as_contiguous", lambda p: p["regime"] == "conv-output-varlen", 1),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
@@ -582,7 +583,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end",
         "varlen-processed-dt", "initial-states-under-a-chunk", "sequences-past-8", "one-token-prefill",
         "varlen-dt-limit-lower-end", "training-forward", "prefill-under-a-chunk", "micro-batches",
-        "groups-past-32-heads", "dt-limit-in-softplus-linear-branch"])
+        "groups-past-32-heads", "dt-limit-in-softplus-linear-branch", "varlen-gate-from-in-proj"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
@@ -593,7 +594,8 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     without a lower end, packed sequences with dt processed already, packed sequences from initial states in under
     one chunk, more than 8 packed sequences, a prefill of one token, a packed dt_limit with a lower end, the training
     forward's call for y alone with D and z, a batch-mode prompt under one chunk, more than two batch rows, more than
-    32 heads in several groups, a raw dt past softplus's threshold under a dt_limit. The default preset has cases
+    32 heads in several groups, a raw dt past softplus's threshold under a dt_limit, packed sequences whose gate is a
+    view into the in_proj output. The default preset has cases
     for each (and every
     other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")

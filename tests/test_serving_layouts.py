@@ -126,17 +126,21 @@ def test_conv_output_puts_x_b_c_channel_major_in_a_conv_buffer_and_z_dt_in_the_i
         assert getattr(moved, name).stride() == getattr(inputs, name).stride()
 
 
-@pytest.mark.parametrize("kernel", ["z_read_with_x_strides", "channels_read_as_contiguous",
-                                    "rows_seqlen_tokens_apart"])
-def test_the_default_preset_fails_a_kernel_taking_one_inputs_strides_for_another_in_conv_output_only(kernel,
-                                                                                                     tmp_path):
+@pytest.mark.parametrize(("kernel", "regimes"), [
+    ("z_read_with_x_strides", {"conv-output", "conv-output-varlen"}),
+    ("channels_read_as_contiguous", {"conv-output", "conv-output-varlen"}),
+    ("rows_seqlen_tokens_apart", {"conv-output"}),  # packed sequences are one row
+])
+def test_the_default_preset_fails_a_kernel_taking_one_inputs_strides_for_another_in_conv_output_only(
+        kernel, regimes, tmp_path):
     """Each kernel reads an input with a stride it was not passed (z with x's, a channel stride of 1, rows
-    seqlen token strides apart): right wherever the inputs share one layout, so conv-output alone fails."""
+    seqlen token strides apart): right wherever the inputs share one layout, so conv-output's cases alone fail
+    (its batch-mode one, and the packed one where the bug is not about rows)."""
     result, report = invoke("scan", "--kernel", f"{LAYOUT}:{kernel}", "--preset", "default",
                             json_path=tmp_path / "r.json")
     assert result.exit_code == 1, result.output
-    failed = planted_bug_cases(report, lambda p: p["regime"] == "conv-output")
-    assert len(failed) == 1 and failed[0]["status"] == "fail", [c["id"] for c in failed]
+    failed = planted_bug_cases(report, lambda p: p["regime"] in regimes)
+    assert len(failed) == len(regimes) and all(c["status"] == "fail" for c in failed), [c["id"] for c in failed]
 
 
 def test_mamba2_2_7b_token_offsets_pass_2_31_at_203053_tokens():

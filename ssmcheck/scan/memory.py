@@ -12,7 +12,7 @@ Two phases of a case hold memory at once:
 - with --invariance, the serving checks (scan.invariance): the inputs and the outputs, and whole, not
   by segment, the float64 reference's y and C·h (with the copy that stacks them) and the baseline's split
   runs in fp32; their kernel calls on parts of the batch need no more than the whole batch's.
-Every regime is counted with z (the largest inputs), `conv-output` with x, B and C twice (CONV_COPY_REGIMES); the
+Every regime is counted with z (the largest inputs), `conv-output` and `conv-output-varlen` with x, B and C twice (CONV_COPY_REGIMES); the
 estimate is the largest phase.
 """
 
@@ -37,7 +37,7 @@ BLOCK_BYTES = 2**30
 GIB = 2**30
 # Regimes that hold x, B and C twice: the causal conv's output the kernel reads, and the in_proj buffer's columns
 # before the conv (scan.regimes.conv_output).
-CONV_COPY_REGIMES = ("conv-output",)
+CONV_COPY_REGIMES = ("conv-output", "conv-output-varlen")
 
 
 @dataclass(frozen=True)

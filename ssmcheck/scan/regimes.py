@@ -479,26 +479,40 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
 
 
 def conv_output(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    """normal's values, laid out as vLLM's Mamba2 mixer hands them to its prefill scan: z and dt are views into
-    the fused in_proj output (`in_proj_columns`), x, B and C views into the causal conv's output, which is
-    channel-major: (batch, d_inner + 2 * ngroups * dstate, seqlen), each channel's tokens contiguous.
+    """normal's values, laid out as vLLM's Mamba2 mixer hands them to its prefill scan (`_in_conv_output`)."""
+    return _in_conv_output(normal(shape, dtype, seed), shape, dtype)
+
+
+def conv_output_varlen(shape: ScanShape, dtype: torch.dtype, seed: int,
+                       state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """Packed sequences, each from an initial state (a prefill that continues cached prefixes), D per head and a
+    gate z, no dt_limit, laid out as conv-output's: the call vLLM's mixer makes, whose prefill scan is
+    always varlen. A varlen path that takes an input's strides from its shape (z or x assumed contiguous) reads
+    other columns here, where conv-output's batch-mode call runs another path."""
+    return _in_conv_output(_varlen(shape, dtype, seed, with_initial_states=True), shape, dtype)
+
+
+def _in_conv_output(values: ScanInputs, shape: ScanShape, dtype: torch.dtype) -> ScanInputs:
+    """`values` laid out as vLLM's Mamba2 mixer hands them to its prefill scan: z and dt are views into the fused
+    in_proj output (`in_proj_columns`), x, B and C views into the causal conv's output, which is channel-major:
+    (rows, d_inner + 2 * ngroups * dstate, tokens), each channel's tokens contiguous.
 
     (The mixer transposes its xBC view of the in_proj output for the conv, and the conv's output is
     `torch.empty_like` of that view, which is not dense, so it comes out contiguous in the transposed shape;
     transposed back, x's token stride is 1. vLLM's and mamba_ssm's chunk scans take x with either of its
     last two axes contiguous.) So x and z have different strides, x's token stride is 1 and its channel stride
-    seqlen, and a row of x, B and C is not seqlen times their token stride on: a kernel that reads one
-    input with another's strides, takes a channel stride of 1, or derives a row's offset from seqlen fails
+    the number of tokens, and a row of x, B and C is not seqlen times their token stride on: a kernel that reads
+    one input with another's strides, takes a channel stride of 1, or derives a row's offset from seqlen fails
     here, where every other regime's inputs share their layouts. The in_proj buffer's x, B and C columns hold
     the values before the conv: here x, B and C negated, finite values a kernel reading them instead meets.
     """
-    values = normal(shape, dtype, seed)
     columns = in_proj_columns(shape)
     conv_names = ("x", "B", "C")
-    # (batch, conv channels, seqlen) contiguous, seen as (batch, seqlen, conv channels): token stride 1.
-    conv = torch.empty((shape.batch, sum(columns[n] for n in conv_names), shape.seqlen), dtype=dtype)
+    rows, tokens = values.x.shape[:2]
+    # (rows, conv channels, tokens) contiguous, seen as (rows, tokens, conv channels): token stride 1.
+    conv = torch.empty((rows, sum(columns[n] for n in conv_names), tokens), dtype=dtype)
     views = _placed_in_columns(conv.transpose(1, 2), {name: getattr(values, name) for name in conv_names})
-    in_proj = torch.empty((shape.batch, shape.seqlen, sum(columns.values())), dtype=dtype)
+    in_proj = torch.empty((rows, tokens, sum(columns.values())), dtype=dtype)
     before_conv = {name: -getattr(values, name) if name in conv_names else getattr(values, name) for name in columns}
     views |= {name: view for name, view in _placed_in_columns(in_proj, before_conv).items() if name not in conv_names}
     return replace(values, **views, note=f"{values.note}; z, dt: views into an in_proj buffer of "
@@ -567,6 +581,9 @@ REGIMES: dict[str, Regime] = {
         Regime("conv-output", "normal's values as vLLM's mixer passes them: z, dt views into the in_proj buffer, "
                "x, B, C views into the causal conv's channel-major output (token stride 1, channel stride seqlen)",
                conv_output),
+        Regime("conv-output-varlen", "packed sequences from initial states laid out as conv-output's (vLLM's prefill "
+               "call, always varlen): z, dt views into the in_proj buffer, x, B, C into the channel-major conv output",
+               conv_output_varlen),
         Regime("large-output", "large-magnitude's growing states with C scaled so |y| peaks at 2x fp16's largest "
                "value: fp16 y is judged saturated to 65504, and inf there is non-finite", large_output),
     )
