@@ -558,7 +558,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
      and p["seqlen"] % p["chunk_size"] == 0, 1),
     # the SSM part's call asks for y alone (no return flags): every case from initial states that has D or z
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
-                                                                          "long"), 16),
+                                                                          "long", "conv-output-varlen"), 17),
     ("gate_only_with_d", lambda p: p["regime"] == "dt-extreme", 3),
     ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 10),
     ("softplus_always_in_varlen", lambda p: p["regime"] == "aligned", 2),
