@@ -44,8 +44,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "normal": "trained-model ranges: A = -exp(U(log 1, log 16)), dt after softplus in [1e-3, 0.1], "
     "x/B/C unit scale",
     "stagnation": "tiny updates (about 0.1 ulp of the state dtype per step) against a large, slowly "
-    "decaying positive state, half of it just below 2, a power of two it crosses: round-to-nearest loses them "
-    "all, stochastic rounding keeps them on average, also across the binade",
+    "decaying positive state, half of it just below 2, growing toward it: round-to-nearest loses them all, "
+    "stochastic rounding keeps them on average, also where a round-up carries into the next binade",
     "overflow": "a state growing toward the storage format's largest value (its largest element ends near "
     "0.77 of it, never above 0.9): a store that saturates or clamps below the largest value fails here",
     "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
@@ -467,9 +467,9 @@ def _stagnation(shape, state_dtype, nsteps, generator):
     dt_bias_head = _inverse_softplus(torch.full((s.nheads,), _STAGNATION_DT, dtype=torch.float64)).float()
     scale = math.sqrt(update / _STAGNATION_DT)  # of x and of B
     initial = 1.0 + _uniform(generator, (s.batch, s.nheads, s.headdim, s.dstate), 0.0, 0.125)
-    # Odd state indices start within two ulps below 2, which they cross while the case runs (about 0.04 ulp a step
-    # there, up to the equilibrium): a stochastic rounding that never rounds up into the next binade (an overflow
-    # guard applied at every power of two) holds them below it, a bias the other elements never meet.
+    # Odd state indices start within two ulps below 2, growing toward equilibria of 2.1..3.1 (the heads' A): a round
+    # up there carries into the exponent, and a stochastic rounding that never rounds up into the next binade (an
+    # overflow guard applied at every power of two) holds them below 2, a bias the other elements never meet.
     below_two = 2.0 - eps * _uniform(generator, initial.shape, 0.0, 2.0)
     initial[..., 1::2] = below_two[..., 1::2]
     dt_draw = _dt_stream(
