@@ -992,3 +992,14 @@ def varlen_gate_read_as_contiguous(x, dt, A, B, C, chunk_size, D=None, z=None, d
         z = _read_as_contiguous(z)
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def dt_bias_only_where_dt_is_processed(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                       seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                       return_final_states=False, return_varlen_states=False):
+    """Adds dt_bias in the branch that processes dt further (a softplus or a dt_limit's clamp): with neither, the
+    bias is dropped."""
+    if not dt_softplus and tuple(dt_limit) == (0.0, float("inf")):
+        dt_bias = None
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

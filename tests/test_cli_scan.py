@@ -515,12 +515,23 @@ def test_the_default_preset_catches_a_state_carried_through_32_chunks_at_most(tm
 
 def test_the_default_preset_catches_dt_bias_dropped_without_softplus(tmp_path):
     """A kernel that adds dt_bias only along with its softplus passes every case that asks for a softplus, and
-    fails `large-magnitude` and `large-output` (dt + dt_bias, no softplus) in every dtype they run."""
+    fails `large-magnitude` and `large-output` (dt + dt_bias, no softplus) in every dtype they run; in
+    `decay-extreme` (dt - 1 with a dt_bias of 1) its zero-dt tokens decay by exp(|A|): non-finite."""
     _, report = scan("--kernel", f"{BROKEN}:dt_bias_only_with_softplus", "--preset", "default",
                      json_path=tmp_path / "b.json")
-    raw = planted_bug_cases(report, lambda p: p["regime"] in ("large-magnitude", "large-output"))
+    raw = planted_bug_cases(report, lambda p: p["regime"] in ("large-magnitude", "large-output", "decay-extreme"))
     assert {c["params"]["dtype"] for c in raw} == {"fp32", "bf16", "fp16"}
-    assert all(c["status"] == "fail" for c in raw)
+    assert all(c["status"] == ("nonfinite" if c["params"]["regime"] == "decay-extreme" else "fail") for c in raw)
+
+
+def test_the_default_preset_catches_dt_bias_dropped_without_softplus_or_dt_limit(tmp_path):
+    """A kernel that adds dt_bias only where it also takes a softplus or clamps to a dt_limit passes every other
+    case and is non-finite in `decay-extreme`, the one regime with a bias and neither, in every dtype."""
+    _, report = scan("--kernel", f"{BROKEN}:dt_bias_only_where_dt_is_processed", "--preset", "default",
+                     json_path=tmp_path / "p.json")
+    bare = planted_bug_cases(report, lambda p: p["regime"] == "decay-extreme")
+    assert {c["params"]["dtype"] for c in bare} == {"fp32", "bf16", "fp16"}
+    assert all(c["status"] == "nonfinite" for c in bare)
 
 
 def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):

@@ -74,7 +74,8 @@ def test_ragged_and_initial_state_with_one_sequence_are_a_lone_varlen_sequence()
 @pytest.mark.parametrize("chunk", [64, 256])
 def test_decay_extreme_reaches_huge_exact_cumulative_decays_with_zero_dt_padding(dtype, chunk):
     inputs = REGIMES["decay-extreme"].generate(_shape(batch=3, seqlen=300, chunk_size=chunk), dtype, 5)
-    dt = inputs.dt.float()
+    assert inputs.dt_bias is not None and not inputs.dt_softplus and inputs.dt_limit == (0.0, float("inf"))
+    dt = process_dt(inputs.dt, inputs.dt_bias, False, inputs.dt_limit, torch.float32)  # dt + 1, exact
     assert bool((dt == 0).any()) and bool((dt[:, -1] == 0).any())  # scattered zeros and trailing padding
     dA = dt * inputs.A  # what a kernel computes in fp32
     chunks = torch.nn.functional.pad(dA, (0, 0, 0, -300 % chunk)).unflatten(1, (-1, chunk))

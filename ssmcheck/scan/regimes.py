@@ -285,7 +285,12 @@ def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
 
 
 def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    """|dt*A| per token is 0 or 2**e..4*2**e with e in [8, 20]: cumsums of 1e3..1e9, all exact in fp32."""
+    """|dt*A| per token is 0 or 2**e..4*2**e with e in [8, 20]: cumsums of 1e3..1e9, all exact in fp32.
+
+    The step's dt (0..4, integers) is passed as dt - 1 with a dt_bias of 1, no softplus and no dt_limit: exact in
+    every dtype, so the zero-dt tokens' dt + dt_bias is exactly 0. The one batch-mode regime with a bias and
+    neither a softplus nor a dt_limit: a kernel that adds dt_bias only where it processes dt further takes dt - 1,
+    and a zero-dt token's decay exp(|A|) overflows."""
     g = _generator(seed)
     rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
     u = _unit_inputs(g, shape, rows, seqlen)
@@ -299,8 +304,9 @@ def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
         if n:
             dt[row, seqlen - n:] = 0.0
     return _finish(
-        dtype, f"|A| = 2**e, e in 8..20; zero-dt padding of {padding.tolist()} tokens per row",
-        dt=dt, A=A, D=_normal(g, nheads), dt_softplus=False, **u,
+        dtype, f"|A| = 2**e, e in 8..20; zero-dt padding of {padding.tolist()} tokens per row; dt passed as dt - 1 "
+        "with a dt_bias of 1, no softplus", dt=dt - 1.0, dt_bias=torch.ones(nheads), A=A, D=_normal(g, nheads),
+        dt_softplus=False, **u,
     )
 
 
@@ -564,7 +570,8 @@ REGIMES: dict[str, Regime] = {
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
                "state per sequence", aligned_initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
-               "1e4..1e9, exact-zero dt padding", decay_extreme),
+               "1e4..1e9, exact-zero dt padding; dt passed as dt - 1 with a dt_bias of 1, no softplus, no dt_limit",
+               decay_extreme),
         Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
                "(88.7), or -40..-23, very negative (dt ~ 1e-10..1e-18); a gate z and no D", dt_extreme),
         Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "
