@@ -94,6 +94,12 @@ def takes_any_keyword(fn: Callable) -> bool:
     return any(p.kind == p.VAR_KEYWORD for p in parameters)
 
 
+def unset(value) -> bool:
+    """Whether an optional argument of a kernel's call carries nothing (None, or a flag off): one the kernel's
+    signature does not name is then left out of the call."""
+    return value is None or value is False
+
+
 def keywords_not_taken(kernel: str, missing: list[str], regime: str) -> str:
     """The skip reason of a case whose regime passes keywords (`missing`) the kernel's signature does not name."""
     listed = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} or {missing[-1]}"

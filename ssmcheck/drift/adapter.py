@@ -44,6 +44,7 @@ from ssmcheck.core.callables import (
     keywords_not_taken,
     load_callable,
     takes_any_keyword,
+    unset,
 )
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
@@ -204,7 +205,7 @@ class DriftAdapter:
         if self.named:
             args = (state, *(arguments[name] for name in _ARGUMENTS if name not in _OPTIONAL))
             keywords.update({name: arguments[name] for name in _OPTIONAL
-                             if name in self.named or _set(arguments[name])})
+                             if name in self.named or not unset(arguments[name])})
         else:
             args = (state, *(arguments[name] for name in _ARGUMENTS))
         try:
@@ -236,15 +237,10 @@ _OPTIONAL = ("D", "z", "dt_bias", "dt_softplus")  # passed by name where the sig
 
 @functools.lru_cache(maxsize=64)
 def _set_arguments(regime: str) -> tuple[str, ...]:
-    """Which of D, z, dt_bias and dt_softplus a step of `regime` sets (`_set`), read off one step drawn small."""
+    """Which of D, z, dt_bias and dt_softplus a step of `regime` sets (not `unset`), read off one step drawn small."""
     problem = make_problem(regime, DecodeShape(1, 1, 2, 2, 1), torch.float16, 1, 0, "cpu")
     step = {**_inputs(problem, next(problem.host_steps())), "dt_softplus": problem.dt_softplus}
-    return tuple(name for name in _OPTIONAL if _set(step.get(name)))
-
-
-def _set(value) -> bool:
-    """Whether an optional argument carries something (a tensor, dt_softplus on)."""
-    return value is not None and value is not False
+    return tuple(name for name in _OPTIONAL if not unset(step.get(name)))
 
 
 def _check_given_out_written(given: torch.Tensor, returned, where: str) -> None:

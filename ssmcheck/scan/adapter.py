@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssmcheck.core.callables import kernel_name, keywords, keywords_not_taken, load_callable, takes_any_keyword
+from ssmcheck.core.callables import kernel_name, keywords, keywords_not_taken, load_callable, takes_any_keyword, unset
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced, storages
 from ssmcheck.core.formats import DTYPES, dtype_name
@@ -82,8 +82,9 @@ def _set_keywords(regime: str, shape: ScanShape, dtype: str) -> tuple[str, ...]:
 
 
 def _unset(name: str, value) -> bool:
-    """Whether a keyword of the mamba signature carries nothing in a call: None, a flag off, no dt_limit."""
-    return value is None or value is False or (name == "dt_limit" and tuple(value) == NO_DT_LIMIT)
+    """Whether a keyword of the mamba signature carries nothing in a call: None, a flag off (core.callables.unset),
+    no dt_limit."""
+    return unset(value) or (name == "dt_limit" and tuple(value) == NO_DT_LIMIT)
 
 
 class KernelOutputError(RuntimeError):
