@@ -134,8 +134,13 @@ def plan_drift(kernel: str | Callable | None = None, preset: str | None = None, 
     runner.prefill()
     if not under_test.takes_rounding and "rounding" not in settings.spec.cli_axes:
         # A kernel without a rounding keyword stores its state one way only, which only the user can
-        # declare (--rounding); a preset's list of modes declares nothing about this kernel.
+        # declare (--rounding); a preset's list of modes declares nothing about this kernel, nor do the modes of
+        # its regimes' sub-sweeps (a stochastic-only one runs to nearest, or repeats a case and is dropped).
         settings.axes["rounding"] = ["nearest"]
+        for tables in settings.spec.overrides.values():
+            for override in tables:
+                if "rounding" in override:
+                    override["rounding"] = ["nearest"]
     cases, autotuned = _configs(settings, runner, [_kernel_skip(case, under_test) for case in cases(name)])
     tol = settings.tolerance
     return _sharded(shard, Plan(

@@ -4,13 +4,15 @@ Each wraps the same-precision baseline (a correct kernel) and breaks it the way
 real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:NAME`.
 """
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import torch
 
-from ssmcheck.ops.chunk_scan.baseline import scan_baseline
+from ssmcheck.ops.chunk_scan.baseline import TF32_BITS, scan_baseline
 from ssmcheck.ops.chunk_scan.naive import Arithmetic, scan_recurrent, scan_ssd
+from ssmcheck.ops.naive import process_dt
 
 # nan_in_partial_last_chunk poisons the last chunk from this offset into it, in this head.
 NAN_OFFSET = 2
@@ -35,6 +37,12 @@ MICROBATCH_ROWS = 2
 HEAD_BLOCK = 32
 # softplus's threshold, past which kernels take its linear branch.
 SOFTPLUS_THRESHOLD = 20.0
+# initial_state_only_in_its_start_block's block of a chunk's tokens (rows) a program.
+TOKEN_BLOCK = 64
+# fp32_state_blocks_stuck_at_the_first's block of state indices for fp32 inputs.
+FP32_DSTATE_BLOCK = 64
+# four_sequence_pieces_a_chunk's sequence pieces a chunk (its varlen metadata's table).
+SEQUENCE_PIECES = 4
 
 
 def _mamba_result(y, out, return_final_states, return_varlen_states):
@@ -508,10 +516,18 @@ def one_reset_per_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
         reset.append(not mid_chunk or start // chunk_size not in chunks_with_a_start)
         if mid_chunk:
             chunks_with_a_start.add(start // chunk_size)
+    out = _sequences_run_on(reset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                            dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def _sequences_run_on(reset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                      dt_limit):
+    """The varlen scan with each sequence s whose reset[s] is False run on as the sequence before it (its start and
+    initial state ignored): y the merged scan's, and each sequence's state the merged scan's after its last token."""
     if all(reset):
-        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
-                        dt_limit)
-        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+        return _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    bounds = cu_seqlens.tolist()
     kept = torch.tensor(reset, device=cu_seqlens.device)
     runs = torch.cat([cu_seqlens[:-1][kept], cu_seqlens[-1:]])  # the sequences as it runs them: merged
     first = None if initial_states is None else initial_states[kept]
@@ -526,8 +542,7 @@ def one_reset_per_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     run_of = kept.cumsum(0) - 1
     states = [out.varlen_states[run_of[s]] if s + 1 == len(reset) or reset[s + 1]
               else through(bounds[s + 1]).varlen_states[-1] for s in range(len(reset))]
-    out = replace(out, varlen_states=torch.stack(states))
-    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    return replace(out, varlen_states=torch.stack(states))
 
 
 def varlen_carried_16_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -1003,3 +1018,172 @@ def dt_bias_only_where_dt_is_processed(x, dt, A, B, C, chunk_size, D=None, z=Non
         dt_bias = None
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def dt_limit_only_with_a_finite_upper_end(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                          initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                          dt_limit=(0.0, float("inf")), return_final_states=False,
+                                          return_varlen_states=False):
+    """Clamps dt only where dt_limit's upper end is finite (`HAS_DT_LIMIT = dt_limit[1] < inf`, written for a model's
+    time_step_limit (0, max)): a limit with a lower end alone, (dt_min, inf), is taken as none. Right for no limit and
+    for limits with an upper end."""
+    if dt_limit[1] == float("inf"):
+        dt_limit = (0.0, float("inf"))
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def per_channel_d_read_per_head_without_a_gate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                               initial_states=None, seq_idx=None, cu_seqlens=None,
+                                               dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                               return_final_states=False, return_varlen_states=False):
+    """Batch mode compiles an epilogue per HAS_Z; the one without z (Mamba2 with its gated RMSNorm outside the scan)
+    was written for a per-head D and reads D at D_ptr + head: with a per-channel D (nheads, headdim) every channel of
+    head h takes D.flatten()[h]. Right for a per-head D, under a gate, and in varlen mode."""
+    if cu_seqlens is None and z is None and D is not None and D.dim() == 2:
+        D = D.flatten()[: x.shape[2]]
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_state_only_in_its_start_block(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                          initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                          dt_limit=(0.0, float("inf")), return_final_states=False,
+                                          return_varlen_states=False):
+    """In varlen mode its output kernel adds a mid-chunk sequence start's initial-state term C·decay·h0 only in the
+    program (block of TOKEN_BLOCK = 64 of the chunk's tokens) holding the sequence's first token: at chunk sizes
+    past 64, the sequence's tokens in the chunk's later blocks get y without it. The states are right; so is y at
+    chunk 64, and for sequences that start a chunk."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if cu_seqlens is None or initial_states is None or chunk_size <= TOKEN_BLOCK:
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    lost = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)  # tokens whose y lacks the term
+    for start, end in pairwise(cu_seqlens.tolist()):
+        offset = start % chunk_size
+        if offset:  # a mid-chunk start: its tokens in that chunk past the block holding it
+            t = torch.arange(start, min(end, start - offset + chunk_size), device=x.device)
+            lost[t[t % chunk_size // TOKEN_BLOCK > offset // TOKEN_BLOCK]] = True
+    without = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, torch.zeros_like(initial_states), cu_seqlens,
+                        dt_softplus, dt_limit).y  # y from zero initial states: the term left out
+    y = torch.where(lost[None, :, None, None], without, out.y)
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+@dataclass(frozen=True)
+class _StateBlocksStuckAtTheFirst(Arithmetic):
+    """C·stateᵀ (y's inter-chunk term) in blocks of FP32_DSTATE_BLOCK state indices whose state pointer is never
+    advanced with C's: every block of C meets the state's first block."""
+
+    nheads: int = 0
+    headdim: int = 0
+
+    def matmul(self, a, b):
+        # C (..., nheads, Q, dstate) by the state's transpose (..., nheads, dstate, headdim): the scan's other
+        # products have these shapes only where the chunk's Q tokens are as many as headdim or dstate.
+        dstate = a.shape[-1]
+        if dstate > FP32_DSTATE_BLOCK and a.shape[-3] == self.nheads and b.shape[-3:] == (self.nheads, dstate,
+                                                                                         self.headdim):
+            first = b[..., :FP32_DSTATE_BLOCK, :]
+            b = torch.cat([first] * -(-dstate // FP32_DSTATE_BLOCK), dim=-2)[..., :dstate, :]
+        return super().matmul(a, b)
+
+
+def fp32_state_blocks_stuck_at_the_first(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                         initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                         dt_limit=(0.0, float("inf")), return_final_states=False,
+                                         return_varlen_states=False):
+    """For fp32 inputs its launcher caps the block of state indices at FP32_DSTATE_BLOCK = 64 (fp32 tiles of 128
+    overflow shared memory), so past dstate 64 the output kernel loops over state blocks, advancing C's pointer but
+    not the passed state's: y's inter-chunk term pairs every block of C with the state's first block. 16-bit inputs
+    load the whole state in one block; the states are right."""
+    if x.dtype != torch.float32 or B.shape[-1] <= FP32_DSTATE_BLOCK:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    arith = _StateBlocksStuckAtTheFirst(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False,
+                                        nheads=x.shape[2], headdim=x.shape[3])
+    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith,
+                   y_dtype=x.dtype)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def training_forward_in_tf32(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """Mamba2's training forward (batch mode, no initial states, no return flags, D and z) takes a fused, autotuned
+    path whose tl.dot allows TF32: fp32 inputs get their matmul operands cut to TF32_BITS fraction bits there. Every
+    call that asks for states, or has initial states, or lacks D or z, is exact fp32."""
+    training = (cu_seqlens is None and initial_states is None and not (return_final_states or return_varlen_states)
+                and D is not None and z is not None)
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                        matmul_operand_bits=TF32_BITS if training else None)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def four_sequence_pieces_a_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                 return_final_states=False, return_varlen_states=False):
+    """Its varlen metadata holds SEQUENCE_PIECES = 4 sequence pieces a chunk (a table sized for chunked prefill with
+    a few requests a chunk): a sequence that starts in a chunk already holding 4 pieces is not reset but continues
+    the one before it (its initial state never loaded), in y and in the states stored. Right wherever no chunk
+    holds more than 4 sequences, and in batch mode."""
+    pieces, reset = Counter(), []  # the sequence pieces in each chunk so far; whether each sequence starts anew
+    for start, end in pairwise([] if cu_seqlens is None else cu_seqlens.tolist()):
+        reset.append(pieces[start // chunk_size] < SEQUENCE_PIECES)
+        pieces.update(range(start // chunk_size, -(-end // chunk_size)))
+    out = _sequences_run_on(reset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                            dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_state_head_offset_of_a_padded_headdim(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                                  initial_states=None, seq_idx=None, cu_seqlens=None,
+                                                  dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                                  return_final_states=False, return_varlen_states=False):
+    """It reads head h's initial state at h * BLOCK_P * dstate within each sequence's (row's) block, BLOCK_P the
+    channel block (headdim rounded up to a power of two) where headdim was meant: past head 0 a headdim that is no
+    power of two (24, 40, 80) reads a window shifted into the next heads' (zeros past the buffer's end). Right for
+    every power-of-two headdim, and without initial states."""
+    if initial_states is not None:
+        rows, nheads, headdim, dstate = initial_states.shape
+        padded = 1 << (headdim - 1).bit_length()
+        flat = torch.cat([initial_states.flatten(), initial_states.new_zeros(nheads * padded * dstate)])
+        starts = (torch.arange(rows)[:, None] * nheads * headdim * dstate
+                  + torch.arange(nheads)[None, :] * padded * dstate)
+        at = starts[..., None] + torch.arange(headdim * dstate)
+        initial_states = flat[at.to(flat.device)].reshape(rows, nheads, headdim, dstate)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_dt_limit_only_with_softplus(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                       initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                       dt_limit=(0.0, float("inf")), return_final_states=False,
+                                       return_varlen_states=False):
+    """Its varlen dt pre-pass (written for the serving engine's call, which always asks for the softplus) clamps dt
+    to dt_limit inside its softplus branch only: a packed call with dt processed already goes unclamped. Batch mode
+    is right."""
+    if cu_seqlens is not None and not dt_softplus:
+        dt_limit = (0.0, float("inf"))
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def last_token_chunk_undecayed_in_the_final_state(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                                  initial_states=None, seq_idx=None, cu_seqlens=None,
+                                                  dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                                  return_final_states=False, return_varlen_states=False):
+    """In batch mode its final-state store loads the last chunk's decay with the mask `offs < chunk_len - 1` (copied
+    from the decay-to-end load): where the last chunk is one token (seqlen = k * chunk_size + 1) the load reads 0,
+    and the state entering that chunk goes into the final state without the token's decay. y is right, and so is
+    every other seqlen."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    seqlen = x.shape[1]
+    if cu_seqlens is not None or seqlen == 1 or seqlen % chunk_size != 1:
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    entering = _baseline(x[:, :-1], dt[:, :-1], A, B[:, :-1], C[:, :-1], chunk_size, D,
+                         None if z is None else z[:, :-1], dt_bias, initial_states, None, dt_softplus,
+                         dt_limit).final_states
+    decay = torch.exp(process_dt(dt[:, -1], dt_bias, dt_softplus, dt_limit, torch.float32) * A.float())
+    undecayed = out.final_states + (1 - decay[..., None, None]) * entering  # decay * entering + update -> + entering
+    return _mamba_result(out.y, replace(out, final_states=undecayed), return_final_states, return_varlen_states)

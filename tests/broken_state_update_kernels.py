@@ -10,7 +10,9 @@ softplus_in_inputs_dtype, update_in_inputs_dtype, update_in_half_for_fp16_inputs
 channels_in_blocks_of_32_from_8_rows, softplus_only_with_a_bias, skip_term_from_x_without_D, flushes_subnormals, random_bits_ignore_the_seed,
 random_bits_from_the_global_generator,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
-softplus_regardless and bias_only_with_softplus, which implement both modes
+softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
+narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
+bf16_truncated_past_128_state_indices and skip_term_flag_from_dt_bias, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -26,6 +28,14 @@ _FRACTION_BITS = {torch.float16: 10, torch.bfloat16: 7}
 # channels_in_blocks_of_32_from_8_rows' batch from which its other launch config runs, and that config's block
 LARGE_BATCH = 8
 CHANNEL_BLOCK = 32
+# rows_in_tiles_of_16's tile of rows (from this many rows on) and heads_in_blocks_of_32's block of heads (past it)
+ROW_TILE = 16
+HEAD_BLOCK = 32
+# narrow_states_round_to_nearest's widest state of its own path (Mamba1's dstate)
+NARROW_DSTATE = 16
+# random_bits_from_the_row_in_a_block_of_4's block of rows and random_bits_from_the_head_mod_16's period of heads
+ROW_BLOCK = 4
+HEAD_PERIOD = 16
 
 
 def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True, update_dtype=torch.float32):
@@ -216,7 +226,7 @@ SKIPPED_STORE_STEP = 11
 INF_STEP, INF_BATCH, INF_HEAD, INF_CHANNEL, INF_STATE_INDEX = 7, 2, 1, 3, 5
 # whole_dstate_blocks' block of state columns.
 DSTATE_BLOCK = 16
-# dstate_capped_at_128's largest block of state columns.
+# dstate_capped_at_128's largest block of state columns, and bf16_truncated_past_128_state_indices' first block.
 DSTATE_CAP = 128
 
 
@@ -423,6 +433,120 @@ def channels_in_blocks_of_32_from_8_rows(state, x, dt, A, B, C, D=None, z=None, 
         out[..., covered:] = 0
     _store(state, new, rounding, seed)
     return out
+
+
+def rows_in_tiles_of_16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                        rounding="nearest", seed=0):
+    """A launch config for large batches: from ROW_TILE rows on, rows in tiles of ROW_TILE over a grid of
+    batch // ROW_TILE (floor, not ceil), so the rows of a partial last tile are never advanced and their out stays as
+    allocated (0). Right below ROW_TILE rows and at any multiple of it. Both rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if x.shape[0] >= ROW_TILE:
+        new, out = _never_launched(x.shape[0] // ROW_TILE * ROW_TILE, 0, state, new, out)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def heads_in_blocks_of_32(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                          rounding="nearest", seed=0):
+    """Past HEAD_BLOCK heads, heads in blocks of HEAD_BLOCK over a grid of nheads // HEAD_BLOCK (floor, not ceil), so
+    the heads of a partial last block are never advanced and their out stays as allocated (0). Right up to
+    HEAD_BLOCK heads and at any multiple of it (64, 128). Both rounding modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if state.shape[1] > HEAD_BLOCK:
+        new, out = _never_launched(state.shape[1] // HEAD_BLOCK * HEAD_BLOCK, 1, state, new, out)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def _never_launched(start, axis, state, new, out):
+    """`new` and `out` with the rows (axis 0) or heads (axis 1) from `start` on as no program touched them: the state
+    as it was, out 0."""
+    index = (slice(None),) * axis + (slice(start, None),)
+    new[index] = state[index].float()
+    out = out.clone()
+    out[index] = 0
+    return new, out
+
+
+def gate_of_head_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                   rounding="nearest", seed=0):
+    """Reads z at head 0's offset for every head (its pointer leaves out the head's stride): every head is gated by
+    head 0's z. Right with one head and wherever z is None (Mamba2 with its gated RMSNorm outside). Both rounding
+    modes, as `_store` does."""
+    if z is not None:
+        z = z[:, :1].expand_as(z)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def skip_term_flag_from_dt_bias(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                rounding="nearest", seed=0):
+    """Decides whether to add the skip term D * x by whether dt_bias was given (a launcher's HAS_D copied from the
+    line setting HAS_DT_BIAS): right wherever both are passed or both left out, and where dt_bias alone is passed
+    (there is no D to add); with D passed and dt_bias None the skip term is dropped. Both rounding modes, as
+    `_store` does."""
+    has_D = dt_bias is not None
+    new, out = _fp32_step(state, x, dt, A, B, C, D if has_D else None, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def narrow_states_round_to_nearest(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                   rounding="nearest", seed=0):
+    """A path of its own for states of NARROW_DSTATE state indices or fewer (Mamba1's: whole rows in registers),
+    written before stochastic rounding came, stores to nearest whatever `rounding` says. Right for every wider
+    state, and to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, "nearest" if state.shape[-1] <= NARROW_DSTATE else rounding, seed)
+    return out
+
+
+def bf16_truncated_past_128_state_indices(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                          rounding="nearest", seed=0):
+    """Its loop over blocks of state indices past the first DSTATE_CAP stores into bf16 with a plain cast that
+    truncates toward zero (as Triton's interpreter does), where the first block rounds as asked: a bf16 state's
+    indices DSTATE_CAP.. lose up to an ulp toward zero every step, in either mode. Right for fp16 and fp32 states and
+    up to dstate DSTATE_CAP."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    if state.dtype == torch.bfloat16 and state.shape[-1] > DSTATE_CAP:
+        tail = new[..., DSTATE_CAP:]
+        state[..., DSTATE_CAP:] = _round_magnitude_bits(tail, state.dtype, torch.zeros_like(tail, dtype=torch.int32))
+    return out
+
+
+def random_bits_from_the_row_in_a_block_of_4(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                             *, rounding="nearest", seed=0):
+    """Stochastic rounding whose random offset takes the row's index within its block of ROW_BLOCK rows where the
+    row's own index belongs: rows ROW_BLOCK apart round with the same bits (each element alone exact SR, rows of one
+    block independent). Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store_with_bits_repeating(0, ROW_BLOCK, state, new, rounding, seed)
+    return out
+
+
+def random_bits_from_the_head_mod_16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                     rounding="nearest", seed=0):
+    """Stochastic rounding whose random offset holds the head in a 4-bit field (head % HEAD_PERIOD): heads
+    HEAD_PERIOD apart round with the same bits (each element alone exact SR). Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store_with_bits_repeating(1, HEAD_PERIOD, state, new, rounding, seed)
+    return out
+
+
+def _store_with_bits_repeating(axis, period, state, new, rounding, seed):
+    """`_store`, except that the stochastic rounding's uniforms along `axis` repeat every `period` (index i takes
+    index i % period's)."""
+    if rounding != "stochastic" or state.dtype not in _DROPPED_BITS:
+        _store(state, new, rounding, seed)
+        return
+    drawn = [*new.shape[:axis], period, *new.shape[axis + 1:]]
+    generator = torch.Generator(device=new.device).manual_seed(seed)
+    uniform = torch.rand(drawn, device=new.device, generator=generator)
+    index = torch.arange(new.shape[axis], device=new.device) % period
+    state.copy_(_stochastic(new, state.dtype, uniform.index_select(axis, index)))
 
 
 def softplus_only_with_a_bias(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

@@ -4,6 +4,7 @@ Most runs use `--kernel torch` (the baseline as the kernel) or broken wrappers o
 (tests/broken_scan_kernels.py) at tiny widths; a few run the built-in Triton kernel.
 """
 
+import collections
 import itertools
 import re
 import subprocess
@@ -129,14 +130,14 @@ def test_an_error_compounding_from_chunk_to_chunk_names_the_earliest_chunk_over_
 
 def test_a_kernel_that_computes_y_alone_on_another_path_fails_where_that_call_is_judged(tmp_path):
     # The call for y alone with D and z (no return flags) is judged beside the case's own in bf16 cases with
-    # sequences or initial states, and in bf16 batch-mode ones with D and z (the training forward's call); the
-    # kernel's flagged call is right, so the fp32 cases pass.
+    # sequences or initial states, and in bf16 and fp32 batch-mode ones with D and z (the training forward's call);
+    # the kernel's flagged call is right, so the fp32 case with sequences passes.
     result, report = scan("--kernel", f"{BROKEN}:y_alone_without_d", "--regime", "ragged,normal", "--dtype",
                           "fp32,bf16", "--seqlen", "100", "--chunk-size", "32", "--batch", "3", *TINY,
                           json_path=tmp_path / "r.json")
     assert result.exit_code == 1, result.output
     status = {(c["params"]["regime"], c["params"]["dtype"]): c["status"] for c in report["cases"]}
-    assert status == {("ragged", "fp32"): "pass", ("ragged", "bf16"): "fail", ("normal", "fp32"): "pass",
+    assert status == {("ragged", "fp32"): "pass", ("ragged", "bf16"): "fail", ("normal", "fp32"): "fail",
                       ("normal", "bf16"): "fail"}, status
     failed = next(c for c in report["cases"] if c["status"] == "fail" and c["params"]["regime"] == "ragged")
     assert re.fullmatch(r"the call without the return flags \(as a training forward, or a prefill that keeps no "
@@ -536,31 +537,33 @@ def test_the_default_preset_catches_dt_bias_dropped_without_softplus_or_dt_limit
 
 def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     """A kernel that applies only dt_limit's upper end fails every case with a dt_limit whose lower end clamps
-    tokens (`long` and `initial-state`, both ends in every head; `large-magnitude` and `large-output`) and no other
-    (`large-magnitude`'s case of one token a row clamps no token at the lower end: its 8 values of dt + dt_bias
-    lie above it)."""
+    tokens (`long` and `initial-state`, both ends in every head; `aligned`, its lower end alone; `large-magnitude`
+    and `large-output`) and no other (`large-magnitude`'s case of one token a row clamps no token at the lower end:
+    its 8 values of dt + dt_bias lie above it)."""
     _, report = scan("--kernel", f"{BROKEN}:dt_limit_upper_only", "--preset", "default",
                      json_path=tmp_path / "l.json")
-    limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "initial-state", "large-magnitude",
-                                                                  "large-output") and p["seqlen"] > 1)
-    assert len(limited) == 18 and all(c["status"] == "fail" for c in limited)
+    limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "initial-state", "aligned",
+                                                                  "large-magnitude", "large-output")
+                                and p["seqlen"] > 1)
+    assert len(limited) == 21 and all(c["status"] == "fail" for c in limited)
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
     ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 1),
     ("per_channel_skip_after_gate", lambda p: p["regime"] in ("aligned", "long"), 8),
-    ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output"), 5),
+    ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output", "aligned"), 7),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
     ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 1),
-    ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 6),
-    ("initial_state_head_stride_squared", lambda p: p["headdim"] != p["dstate"] and "initial-state" in p["regime"], 6),
+    ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 9),
+    ("initial_state_head_stride_squared", lambda p: p["headdim"] != p["dstate"]
+     and ("initial-state" in p["regime"] or p["regime"] == "long"), 9),
     ("rows_joined_at_whole_chunks", lambda p: p["regime"] in ("normal", "long") and p["batch"] > 1
      and p["seqlen"] % p["chunk_size"] == 0, 3),
     ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
-    ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 3),
-    # ragged's 9 sequences in 6 chunks, initial-state's 4 in one chunk and 3 in under one; by their seeds' draws
-    # also ragged's bf16 cases of 4 (chunk 64 and 128) and initial-state's fp16 of 5
-    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 6),
+    ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 4),
+    # ragged's 9 sequences in 6 chunks and 16 in 2, initial-state's 4 in one chunk and 3 in under one; by their seeds'
+    # draws also ragged's bf16 cases of 4 (chunk 64 and 128) and initial-state's fp16 of 5 and bf16 of 5 at chunk 256
+    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 8),
     ("varlen_carried_16_chunks", lambda p: _longest_sequence(_sequence_bounds(p)) > 16 * p["chunk_size"], 1),
     ("varlen_group_of_head_by_ngroups", lambda p: _is_varlen(p) and p["ngroups"] > 1
      and p["ngroups"] ** 2 != p["nheads"], 1),
@@ -569,24 +572,47 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
      and p["seqlen"] % p["chunk_size"] == 0, 1),
     # the SSM part's call asks for y alone (no return flags): every case from initial states that has D or z
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
-                                                                          "long", "conv-output-varlen"), 17),
+                                                                          "long", "conv-output-varlen"), 18),
     ("gate_only_with_d", lambda p: p["regime"] == "dt-extreme", 3),
-    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 10),
+    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 11),
     ("softplus_always_in_varlen", lambda p: p["regime"] == "aligned", 2),
     ("initial_states_dropped_under_a_chunk", lambda p: _is_varlen(p) and p["batch"] * p["seqlen"] < p["chunk_size"]
      and "initial-state" in p["regime"], 1),
-    ("sequences_past_8_merged", lambda p: _is_varlen(p) and p["batch"] > 8, 1),
+    ("sequences_past_8_merged", lambda p: _is_varlen(p) and p["batch"] > 8, 2),
     ("one_token_prefill_without_dt_limit", lambda p: p["seqlen"] == 1, 1),
-    ("varlen_dt_limit_upper_only", lambda p: p["regime"] == "initial-state", 8),
-    # the call for y alone in bf16 batch-mode cases with D and z and no initial states (scan.run.judges_y_alone)
+    ("varlen_dt_limit_upper_only", lambda p: p["regime"] in ("initial-state", "aligned"), 11),
+    # the call for y alone in bf16 and fp32 batch-mode cases with D and z and no initial states
+    # (scan.run.judges_y_alone)
     ("training_forward_gate_before_skip", lambda p: p["regime"] in ("normal", "strided", "conv-output")
-     and p["dtype"] == "bf16", 11),
+     and p["dtype"] in ("bf16", "fp32"), 18),
     ("short_prefill_sigmoid_gate", lambda p: not _is_varlen(p) and 1 < p["seqlen"] < p["chunk_size"]
      and p["regime"] == "normal", 1),
     ("microbatches_share_a_gate", lambda p: not _is_varlen(p) and p["batch"] > 2 and p["regime"] == "normal", 2),
     ("group_of_head_within_block_of_32", lambda p: p["nheads"] > 32 and p["ngroups"] > 1, 1),
-    ("dt_limit_skipped_past_softplus_threshold", lambda p: p["regime"] == "ragged", 10),
+    ("dt_limit_skipped_past_softplus_threshold", lambda p: p["regime"] == "ragged", 11),
     ("varlen_gate_read_as_contiguous", lambda p: p["regime"] == "conv-output-varlen", 1),
+    # aligned's (0.008, inf): the one dt_limit without an upper end
+    ("dt_limit_only_with_a_finite_upper_end", lambda p: p["regime"] == "aligned", 2),
+    # decay-extreme: the one batch-mode regime with a per-channel D and no gate
+    ("per_channel_d_read_per_head_without_a_gate", lambda p: p["regime"] == "decay-extreme", 6),
+    # initial-state at chunk 256, the one case of mid-chunk starts from initial states at a chunk past 64 tokens:
+    # its sequence from token 41 has tokens 64..255 of chunk 0
+    ("initial_state_only_in_its_start_block", lambda p: p["regime"] == "initial-state" and p["chunk_size"] > 64, 1),
+    ("fp32_state_blocks_stuck_at_the_first", lambda p: p["dtype"] == "fp32" and p["dstate"] > 64, 1),
+    # the call for y alone in fp32 batch-mode cases with D and z and no initial states (scan.run.judges_y_alone)
+    ("training_forward_in_tf32", lambda p: p["regime"] in ("normal", "strided", "conv-output")
+     and p["dtype"] == "fp32", 7),
+    # ragged's 16 sequences in 2 chunks alone
+    ("four_sequence_pieces_a_chunk",
+     lambda p: _most_sequences_in_a_chunk(_sequence_bounds(p), p["chunk_size"]) > 4, 1),
+    # a headdim that is no power of two, from initial states: initial-state's 24 x 16 and long's two of 2 rows
+    ("initial_state_head_offset_of_a_padded_headdim", lambda p: p["headdim"] & (p["headdim"] - 1)
+     and case_inputs(p).initial_states is not None, 3),
+    # aligned: the one packed regime with dt processed already, under a dt_limit
+    ("varlen_dt_limit_only_with_softplus", lambda p: p["regime"] == "aligned", 2),
+    # normal's 193 tokens at chunk 64 and long's 1089 at chunk 16
+    ("last_token_chunk_undecayed_in_the_final_state", lambda p: p["seqlen"] % p["chunk_size"] == 1 and p["seqlen"] > 1
+     and not _is_varlen(p), 2),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
@@ -594,7 +620,10 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end",
         "varlen-processed-dt", "initial-states-under-a-chunk", "sequences-past-8", "one-token-prefill",
         "varlen-dt-limit-lower-end", "training-forward", "prefill-under-a-chunk", "micro-batches",
-        "groups-past-32-heads", "dt-limit-in-softplus-linear-branch", "varlen-gate-from-in-proj"])
+        "groups-past-32-heads", "dt-limit-in-softplus-linear-branch", "varlen-gate-from-in-proj",
+        "dt-limit-without-upper-end", "per-channel-D-without-a-gate", "initial-state-past-its-start-block",
+        "fp32-dstate-blocks", "training-forward-in-fp32", "sequences-past-4-in-a-chunk", "initial-state-padded-headdim",
+        "varlen-processed-dt-limit", "one-token-last-chunk-state"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
@@ -606,9 +635,11 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     one chunk, more than 8 packed sequences, a prefill of one token, a packed dt_limit with a lower end, the training
     forward's call for y alone with D and z, a batch-mode prompt under one chunk, more than two batch rows, more than
     32 heads in several groups, a raw dt past softplus's threshold under a dt_limit, packed sequences whose gate is a
-    view into the in_proj output. The default preset has cases
-    for each (and every
-    other case passes)."""
+    view into the in_proj output, a dt_limit without an upper end, a per-channel D without a gate in batch mode, a
+    sequence from an initial state starting mid-chunk at a chunk past 64 tokens, fp32 inputs past dstate 64, the
+    training forward's call for y alone in fp32, more than 4 packed sequences in a chunk, initial states at a headdim
+    that is no power of two, a packed dt_limit on dt processed already, a batch-mode final state whose last chunk is
+    one token. The default preset has cases for each (and every other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
@@ -629,6 +660,13 @@ def _two_mid_chunk_starts_in_a_chunk(bounds: list[int], chunk_size: int) -> bool
     return len(chunks) > len(set(chunks))
 
 
+def _most_sequences_in_a_chunk(bounds: list[int], chunk_size: int) -> int:
+    pieces = collections.Counter()  # sequences with tokens in each chunk
+    for start, end in itertools.pairwise(bounds):
+        pieces.update(range(start // chunk_size, -(-end // chunk_size)))
+    return max(pieces.values(), default=0)
+
+
 def _longest_sequence(bounds: list[int]) -> int:
     return max((end - start for start, end in itertools.pairwise(bounds)), default=0)
 
@@ -637,28 +675,28 @@ def test_the_default_preset_catches_varlen_states_stored_at_a_headdim_stride(tmp
     """A kernel that stores (sequence, head, channel, state) of its varlen states at a row stride of headdim, not
     dstate, into a buffer it allocates uninitialised passes every case of headdim == dstate and batch mode, and is
     non-finite (the rows' gaps) in every varlen case of heads wider than their states: `initial-state` at 32 x 16,
-    one sequence and five, in every dtype; where heads are narrower than their states (`ragged` at 64 x 128) the
-    rows overlap and leave the buffer's end unwritten, non-finite too."""
+    one sequence and five, in every dtype, and at 24 x 16, three sequences in bf16; where heads are narrower than
+    their states (`ragged` at 64 x 128) the rows overlap and leave the buffer's end unwritten, non-finite too."""
     _, report = scan("--kernel", f"{BROKEN}:varlen_states_stride_typo", "--preset", "default",
                      json_path=tmp_path / "v.json")
     wide = planted_bug_cases(report, lambda p: p["headdim"] != p["dstate"] and _sequence_bounds(p))
     gaps = [c for c in wide if c["params"]["headdim"] > c["params"]["dstate"]]
     overlaps = [c for c in wide if c["params"]["headdim"] < c["params"]["dstate"]]
     assert [(c["params"]["regime"], c["status"]) for c in overlaps] == [("ragged", "nonfinite")]
-    assert len(gaps) == 6 and {c["params"]["regime"] for c in gaps} == {"initial-state"}
+    assert len(gaps) == 7 and {c["params"]["regime"] for c in gaps} == {"initial-state"}
     for case in gaps:
         assert case["status"] == "nonfinite" and case["first_nonfinite"]["output"] == "final_states"
-        # row (0, 0, 0) is stored in place; (0, 0, 1) at 32 x 16's stride of 32 leaves channel 1 unwritten
+        # row (0, 0, 0) is stored in place; (0, 0, 1) at a stride of 32 (24) leaves channel 1 unwritten
         assert [case["first_nonfinite"][k] for k in ("sequence", "head", "channel", "state_index")] == [0, 0, 1, 0]
         assert case["error"]["y_max_rel"] == case["error"]["baseline_y_max_rel"]  # y is right
 
 
 def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tmp_path):
     """A kernel whose every block of 64 channels computes the first one passes every case of headdim <= 64, and
-    fails the default preset's 128-channel heads."""
+    fails the default preset's 128-channel heads, in bf16 and fp32."""
     _, report = scan("--kernel", f"{BROKEN}:one_headdim_block", "--preset", "default", json_path=tmp_path / "h.json")
     wide = planted_bug_cases(report, lambda p: p["headdim"] > 64)
-    assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
+    assert len(wide) == 2 and all(c["status"] == "fail" for c in wide)
 
 
 def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):

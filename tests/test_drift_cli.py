@@ -12,6 +12,7 @@ import pytest
 from cli_invoke import assert_usage_error, invoke, planted_bug_cases
 
 from ssmcheck.core import runtime
+from ssmcheck.drift.independence import LAG_EXCESS, LAG_Z
 from ssmcheck.drift.regimes import DRIFT_REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -110,12 +111,12 @@ def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(t
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
     ("interleaved_groups", lambda p: p["ngroups"] > 1 and p["nheads"] > p["ngroups"], 5),
     # h // ngroups is h's group where ngroups ** 2 == nheads (4 heads in 2), and group 0 where each head has its own
-    ("groups_by_ngroups", lambda p: p["ngroups"] > 1 and p["ngroups"] ** 2 != p["nheads"], 7),
+    ("groups_by_ngroups", lambda p: p["ngroups"] > 1 and p["ngroups"] ** 2 != p["nheads"], 9),
 ])
 def test_the_default_preset_catches_a_head_read_from_the_wrong_group(kernel, reached, count, tmp_path):
     """A state update that reads head h's B and C from group h % ngroups, or h // ngroups (not h // heads per
     group), passes every case with one group, and fails the default preset's cases of 6 heads in 3 groups and of
-    24 in 4; h // ngroups also the 2 heads in 2 groups of dstate 256."""
+    40 in 4; h // ngroups also the 2 heads in 2 groups of dstate 256 (fp16 and bf16)."""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "g.json")
     grouped = planted_bug_cases(report, reached)
     assert len(grouped) == count and all(c["status"] == "fail" for c in grouped)
@@ -123,7 +124,7 @@ def test_the_default_preset_catches_a_head_read_from_the_wrong_group(kernel, rea
 
 def test_the_default_preset_catches_parameters_read_for_blocks_of_8_heads(tmp_path):
     """A state update whose head h takes head h % 8's A, D and dt_bias passes every case of 8 heads or fewer, and
-    fails the default preset's case of 24 heads."""
+    fails the default preset's case of 40 heads."""
     _, report = drift("--kernel", f"{BROKEN}:parameters_of_head_mod_8", "--preset", "default",
                       json_path=tmp_path / "h.json")
     many = planted_bug_cases(report, lambda p: p["nheads"] > 8)
@@ -163,23 +164,33 @@ def test_the_default_preset_catches_a_branch_for_fp16_inputs_only(tmp_path):
     assert case["status"] == "fail" and case["params"]["state_dtype"] == "fp32", case["message"]
 
 
-@pytest.mark.parametrize("kernel", ["softplus_only_with_a_bias", "skip_term_from_x_without_D"])
-def test_the_default_preset_catches_a_path_without_D_or_dt_bias(kernel, tmp_path):
+@pytest.mark.parametrize(("kernel", "regimes", "count"), [
+    ("softplus_only_with_a_bias", ("optional-none", "dt-bias-none"), 2),  # the regimes without dt_bias
+    ("skip_term_from_x_without_D", ("optional-none",), 1),  # the regime without D
+])
+def test_the_default_preset_catches_a_path_without_D_or_dt_bias(kernel, regimes, count, tmp_path):
     """A state update that takes dt's softplus only with a bias, or reads its skip term from a placeholder where D
-    is None, passes every case given D and dt_bias (every regime but one) and fails `optional-none`'s."""
+    is None, passes every case given dt_bias, or D, and fails the cases of the regimes that leave it out:
+    `optional-none` (both) and `dt-bias-none` (dt_bias), or `optional-none` (D)."""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "o.json")
-    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "optional-none")
-    assert case["status"] in ("fail", "nonfinite"), case["message"]  # (a raw dt, mostly negative, grows the state)
+    cases = planted_bug_cases(report, lambda p: p["regime"] in regimes)
+    assert len(cases) == count and {c["params"]["regime"] for c in cases} == set(regimes)
+    for case in cases:
+        assert case["status"] in ("fail", "nonfinite"), case["message"]  # (a raw dt, mostly negative, grows the state)
 
 
 def test_the_default_preset_catches_a_stochastic_rounding_that_never_rounds_up_into_the_next_binade(tmp_path):
     """A stochastic rounding into fp16 that drops every round-up carrying into the exponent holds the elements of
-    `stagnation` that start just below 2 there: its fp16 stochastic case is biased, and every other case passes."""
+    `stagnation` that start just below 2 there: its fp16 stochastic cases (dstate 128 and 16) are biased, and every
+    other case passes."""
     _, report = drift("--kernel", f"{BROKEN}:sr_never_into_the_next_binade", "--preset", "default",
                       json_path=tmp_path / "n.json")
-    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "stagnation" and p["state_dtype"] == "fp16"
-                                and p["rounding"] == "stochastic")
-    assert case["status"] == "fail" and case["message"].startswith("biased: mean rounding error -"), case["message"]
+    cases = planted_bug_cases(report, lambda p: p["regime"] == "stagnation" and p["state_dtype"] == "fp16"
+                              and p["rounding"] == "stochastic")
+    assert len(cases) == 2
+    for case in cases:
+        assert case["status"] == "fail" and case["message"].startswith("biased: mean rounding error -"), \
+            case["message"]
 
 
 def test_a_kernel_that_rewrites_its_slot_indices_is_an_error_of_every_case(tmp_path):
@@ -208,11 +219,101 @@ def test_the_default_preset_catches_round_to_nearest_in_padded_batches(tmp_path)
 
 def test_the_default_preset_catches_a_launch_config_of_large_batches_right_only_at_whole_channel_blocks(tmp_path):
     """A state update that, from 8 rows on, tiles channels in blocks of 32 over a grid rounded down never advances a
-    partial last block: it passes every case of fewer rows and fails the 8-row case at 40 channels a head."""
+    partial last block: it passes every case of fewer rows and fails the 20-row case at 40 channels a head."""
     _, report = drift("--kernel", f"{BROKEN}:channels_in_blocks_of_32_from_8_rows", "--preset", "default",
                       json_path=tmp_path / "b.json")
     (case,) = planted_bug_cases(report, lambda p: p["batch"] >= 8)
     assert case["status"] == "fail" and case["params"]["headdim"] % 32, case["message"]
+
+
+@pytest.mark.parametrize(("kernel", "reached", "count"), [
+    ("rows_in_tiles_of_16", lambda p: p["batch"] > 16, 1),
+    # and the 6-head stochastic case into bf16, whose random-bits step has 36 heads (6 times 6: MIN_HEADS 32)
+    ("heads_in_blocks_of_32", lambda p: p["nheads"] > 32 or (p["nheads"] == 6 and p["rounding"] == "stochastic"
+                                                             and p["state_dtype"] == "bf16"), 2),
+])
+def test_the_default_preset_catches_a_grid_that_drops_a_partial_last_block_of_rows_or_heads(kernel, reached, count,
+                                                                                             tmp_path):
+    """A state update that takes rows in tiles of 16 (from 16 rows on), or heads in blocks of 32 (past 32), over a
+    grid rounded down never advances a partial last tile or block: it passes every case of fewer, and fails the
+    20-row case, or the case of 40 heads on its drift. The random-bits check's step of 36 heads (a 6-head case's)
+    leaves 4 heads where they were: into bf16 that shows as bits alike at a distance (into fp16 the unchanged heads
+    hold a third value, where the check cannot tell)."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "g.json")
+    cases = planted_bug_cases(report, reached)
+    assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
+    (case,) = [c for c in cases if c["params"]["rounding"] == "nearest"]
+    assert "state drift" in case["message"], case["message"]
+
+
+def test_the_default_preset_catches_a_gate_read_at_head_0s_offset(tmp_path):
+    """A state update that gates every head with head 0's z is right with one head and without a gate: it passes
+    every case but `untied`'s fp32 one (the preset's one gate over 2 heads), and fails that one on its output."""
+    _, report = drift("--kernel", f"{BROKEN}:gate_of_head_0", "--preset", "default", json_path=tmp_path / "z.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "untied" and p["nheads"] > 1)
+    assert case["status"] == "fail" and "output error" in case["message"], case["message"]
+    assert case["params"]["state_dtype"] == "fp32"
+
+
+def test_the_default_preset_catches_a_skip_term_flag_taken_from_dt_bias(tmp_path):
+    """A state update that adds D * x only where dt_bias is given is right wherever both are passed or both left out:
+    it fails `dt-bias-none` alone, on its output."""
+    _, report = drift("--kernel", f"{BROKEN}:skip_term_flag_from_dt_bias", "--preset", "default",
+                      json_path=tmp_path / "d.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "dt-bias-none")
+    assert case["status"] == "fail" and "output error" in case["message"], case["message"]
+
+
+def test_the_default_preset_catches_a_path_for_narrow_states_that_rounds_to_nearest(tmp_path):
+    """A state update whose path for dstate <= 16 rounds to nearest whatever it is asked passes every case of a wider
+    state and every one to nearest, and fails `stagnation`'s stochastic case of dstate 16 (fp16) as biased."""
+    _, report = drift("--kernel", f"{BROKEN}:narrow_states_round_to_nearest", "--preset", "default",
+                      json_path=tmp_path / "n.json")
+    (case,) = planted_bug_cases(report, lambda p: p["dstate"] <= 16 and p["rounding"] == "stochastic")
+    assert case["status"] == "fail" and case["message"].startswith("biased: mean rounding error -"), case["message"]
+
+
+def test_the_default_preset_catches_bf16_stores_truncated_past_128_state_indices(tmp_path):
+    """A state update whose loop past the first 128 state indices truncates its bf16 stores passes every fp16 case
+    and every one of dstate <= 128, and fails the bf16 cases of dstate 256 in both rounding modes."""
+    _, report = drift("--kernel", f"{BROKEN}:bf16_truncated_past_128_state_indices", "--preset", "default",
+                      json_path=tmp_path / "t.json")
+    wide = planted_bug_cases(report, lambda p: p["dstate"] > 128 and p["state_dtype"] == "bf16")
+    assert len(wide) == 2 and all(c["status"] == "fail" for c in wide), [c["message"] for c in wide]
+    assert {c["params"]["rounding"] for c in wide} == {"nearest", "stochastic"}
+
+
+def test_the_default_preset_catches_random_bits_from_the_row_in_a_block_of_4(tmp_path):
+    """A stochastic rounding whose offsets take the row within a block of 4 rounds rows 4 apart alike: every
+    stochastic case fails in the independence check's step with every element alike (5 rows), naming the distance."""
+    _, report = drift("--kernel", f"{BROKEN}:random_bits_from_the_row_in_a_block_of_4", "--preset", "default",
+                      json_path=tmp_path / "r.json")
+    stochastic = planted_bug_cases(report, lambda p: p["rounding"] == "stochastic")
+    assert len(stochastic) == 23
+    for case in stochastic:
+        assert case["status"] == "fail" and case["message"].startswith("random bits: elements "), case["message"]
+        assert "apart in the state (row +4, head +0, channel +0, state index +0)" in case["message"], case["message"]
+
+
+def test_the_default_preset_catches_random_bits_from_the_head_mod_16(tmp_path):
+    """A stochastic rounding whose offsets hold the head modulo 16 rounds heads 16 apart alike: stochastic cases fail
+    in the independence check's step with every element alike (32 heads at least: half of a row's heads have a twin
+    16 on, so pairs that far apart agree in excess of independent draws by (1 - a) / 2, a the draws' agreement),
+    naming the distance, 16 heads. All but one: `untied`'s fp16 step, whose draws agree in 97% of pairs (its exact
+    values lie 1.5% of the way between their neighbours), an excess of 1.5%, under LAG_EXCESS (z 53 all the same)."""
+    _, report = drift("--kernel", f"{BROKEN}:random_bits_from_the_head_mod_16", "--preset", "default",
+                      json_path=tmp_path / "h.json")
+    stochastic = planted_bug_cases(report, lambda p: p["rounding"] == "stochastic")
+    failed = [c for c in stochastic if c["status"] != "pass"]
+    assert len(stochastic) == 23 and len(failed) == 22, [c["id"] for c in stochastic if c not in failed]
+    for case in stochastic:
+        lags = case["independence"]["lags"]
+        _, _, channels, dstate = lags["widths"]
+        assert lags["distance"] == 16 * channels * dstate and lags["z"] > LAG_Z, lags
+        excess = (lags["agree"] - lags["expected"]) / lags["pairs"]
+        assert (case in failed) == (excess >= LAG_EXCESS), lags
+    for case in failed:
+        assert "apart in the state (row +0, head +16, channel +0, state index +0)" in case["message"], case["message"]
 
 
 def test_the_default_preset_catches_subnormals_flushed_or_rounded_as_normals(tmp_path):
@@ -475,6 +576,15 @@ def test_a_kernel_without_a_rounding_keyword_runs_only_what_is_declared(tmp_path
     # The built-in kernel implements both: the preset's modes run and are compared.
     result, report = drift("--preset", "smoke", json_path=tmp_path / "r3.json")
     assert report["settings"]["rounding"] == "implemented by the kernel" and "stochastic rounding:" in result.stdout
+
+
+def test_a_regimes_stochastic_only_sub_sweep_declares_nothing_either(tmp_path):
+    """The default preset's stagnation case of dstate 16 is listed stochastic only: a kernel without a rounding keyword
+    runs it to nearest (where it passes), not judged as a stochastic rounding it never claimed (a false alarm: biased)."""
+    _, report = drift("--kernel", f"{BROKEN}:plain_nearest", "--preset", "default", "--regime", "stagnation",
+                      json_path=tmp_path / "s.json")
+    assert {(c["params"]["rounding"], c["params"]["dstate"], c["status"]) for c in report["cases"]} == {
+        ("nearest", 128, "pass"), ("nearest", 16, "pass")}
 
 
 def test_configs_all_flags_the_one_autotune_config_with_the_bug(tmp_path):

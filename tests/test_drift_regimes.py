@@ -42,7 +42,8 @@ def _truth(problem):
 
 def test_every_regime_is_named_and_explained_in_one_line():
     assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
-                                  "no-softplus", "optional-none", "bf16-inputs", "fp16-inputs", "subnormal"}
+                                  "no-softplus", "optional-none", "dt-bias-none", "bf16-inputs", "fp16-inputs",
+                                  "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 
@@ -113,8 +114,11 @@ def test_optional_none_passes_no_D_nor_dt_bias_and_its_raw_dt_alone_is_normals(s
     passed = problem.parameters()
     assert passed["D"] is None and passed["dt_bias"] is None and passed["A"] is problem.A
     assert not problem.D.any() and not problem.dt_bias.any()  # what the float64 side computes with: nothing
-    assert all(make_problem(r, shape, torch.float16, 3, seed, "cpu").parameters()["D"] is not None
-               for r in DRIFT_REGIMES if r != "optional-none")
+    # The parameters each regime leaves out: optional-none both, dt-bias-none dt_bias; every other regime passes both.
+    left_out = {"optional-none": {"D", "dt_bias"}, "dt-bias-none": {"dt_bias"}}
+    for regime in DRIFT_REGIMES:
+        given = make_problem(regime, shape, torch.float16, 3, seed, "cpu").parameters()
+        assert {name for name in ("D", "dt_bias") if given[name] is None} == left_out.get(regime, set()), regime
     assert problem.dt_softplus
     for step in problem.steps():
         dt = torch.nn.functional.softplus(step.dt.double())

@@ -3,6 +3,7 @@ state and inputs) along each axis must be rounded with bits of their own."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -135,20 +136,20 @@ def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
 
 def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_alike():
     """Offsets that take dstate for headdim give channel c of head h and channel c - 16 of head h + 1 one uniform:
-    in the alike step's 2 x 10 x 32 x 16 state (2 heads times 5, 32 channels), elements 256 apart, where no twins
-    lie."""
+    in the alike step's 5 x 32 x 32 x 16 state (5 rows, 2 heads times 16, 32 channels), elements 256 apart, where no
+    twins lie."""
     for case in _stochastic_cases(f"{BROKEN}:random_offsets_with_dstate_for_headdim"):
         check = case["independence"]
         assert case["status"] == "fail" and check["status"] == "fail", case["message"]
         for axis in TWINS:  # the twins see nothing
             assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
         lags = check[LAGS]
-        assert lags["widths"] == [2, 10, 32, 16]
-        assert (lags["distance"], lags["pairs"], lags["fails"]) == (256, 9984, True), lags
+        assert lags["widths"] == [5, 32, 32, 16]
+        assert (lags["distance"], lags["pairs"], lags["fails"]) == (256, 81664, True), lags
         assert lags["z"] > LAG_Z and lags["agree"] > lags["expected"]
         assert check["message"] == (
             f"random bits: elements 256 apart in the state (row +0, head +0, channel +16, state index +0), every "
-            f"element given the same state and inputs, stored the same bits in {lags['agree']} of 9984 pairs where "
+            f"element given the same state and inputs, stored the same bits in {lags['agree']} of 81664 pairs where "
             f"independent draws agree in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random "
             "bits repeat at that distance (an offset computed with a wrong stride)")
 
@@ -166,9 +167,15 @@ def test_bits_shared_on_the_slot_path_alone_fail_through_slot_indices():
 
 @pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
 def test_a_correct_stochastic_rounding_agrees_at_every_distance_as_independent_draws_do(kernel):
+    """The worst distance's z is the largest of one per distance counted: for independent draws about sqrt(2 ln n)
+    over n distances (4.8 at the ~80k of a 5 x 32 x 32 x 16 step), and past t = sqrt(2 ln n) + 1 with a chance of at
+    most n P(Z > t) < exp(-sqrt(2 ln n) - 1/2) / (sqrt(2 pi) t) (under 0.001 there); far under LAG_Z (8), where a
+    distance fails. (LAG_Z / 2 before the fifty-second session's larger step, whose largest z over ~10k distances a
+    correct kernel kept under 2.8; at the larger step it reached 4.6.)"""
     for case in (c for c in _cases(kernel) if c["params"]["rounding"] == "stochastic"):
         lags = case["independence"][LAGS]
-        assert lags["stored_values"] == 2 and not lags["fails"] and lags["z"] < LAG_Z / 2, lags
+        largest_of_independent = math.sqrt(2 * math.log(math.prod(lags["widths"]))) + 1
+        assert lags["stored_values"] == 2 and not lags["fails"] and lags["z"] < largest_of_independent < LAG_Z, lags
 
 
 def test_the_lower_tail_bound_is_a_bound_and_fails_only_far_below_the_mean():

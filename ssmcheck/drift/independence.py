@@ -33,8 +33,8 @@ themselves are the decode's to judge, not this check's.
 
 Twins at a few distances cannot see bits shared at any other: a random offset computed with a wrong stride (a
 headdim where dstate belongs) gives the elements a fixed distance apart in the state's memory one counter, each of
-them still exact SR on its own. So one more step (LAGS), of MIN_HEADS heads at least (so that heads 8 apart show),
-gives every element the same state and inputs: all of them
+them still exact SR on its own. So one more step (LAGS), of ALIKE_ROWS rows and MIN_HEADS heads at least (so that
+rows 4 apart and heads 16 apart show), gives every element the same state and inputs: all of them
 round the same exact value, up with probability p, and any two agree with probability a = p² + (1 - p)². For every
 distance L in the flattened state (batch, heads, channels, state indices) the n - L pairs L apart are counted (an
 FFT's autocorrelation of the rounding decisions); a distance where they agree more often than a allows (z above
@@ -102,10 +102,14 @@ LAG_MIN_PAIRS = 64
 # fewer) channels a program, where a kernel whose offsets restart with each block repeats its bits.
 MIN_CHANNELS = 128
 # The step with every element alike has at least this many heads (the case's times a whole number, so that its groups
-# still divide them): distances of 8 heads, past a block of 8 heads a program or a grid axis, where offsets computed
-# from the head modulo 8 repeat. And heads of this many channels at least (wider than a small dstate, where a stride
-# of dstate taken for headdim's makes heads overlap), fewer than the twin step's to keep its cost.
-MIN_HEADS = 9
+# still divide them): distances of 16 heads, past a block of 16 heads a program or a grid axis, where offsets computed
+# from the head modulo 16 (a 4-bit field of the counter) repeat, in half of a row's heads at least (at 17, one pair a
+# row: an excess under LAG_EXCESS); and this many rows: distances of 4 rows, where offsets computed from the row within
+# a block of 4 repeat (9 heads and 2 rows before the fifty-second session). And
+# heads of this many channels at least (wider than a small dstate, where a stride of dstate taken for headdim's makes
+# heads overlap), fewer than the twin step's to keep its cost.
+MIN_HEADS = 32
+ALIKE_ROWS = 5
 ALIKE_CHANNELS = 32
 
 
@@ -143,9 +147,9 @@ class _Steps:
 def _steps(case: DriftCase, device: str) -> _Steps:
     seed = sweep.case_seed(case.seed, {"check": NAME})
     # The twin step at MIN_CHANNELS channels at least; the step with every element alike (its shape is free: every
-    # element is the same) at MIN_HEADS heads and ALIKE_CHANNELS channels at least.
+    # element is the same) at ALIKE_ROWS rows, MIN_HEADS heads and ALIKE_CHANNELS channels at least.
     shapes = {"twin": replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS)),
-              "alike": replace(case.shape(), batch=2, nheads=case.nheads * -(-MIN_HEADS // case.nheads),
+              "alike": replace(case.shape(), batch=ALIKE_ROWS, nheads=case.nheads * -(-MIN_HEADS // case.nheads),
                                headdim=max(case.headdim, ALIKE_CHANNELS))}
     copies = {"twin": lambda t, name: _twinned(t, _INPUT_AXES[name]),
               "alike": lambda t, name: _twinned(t, tuple(range(t.dim())), lambda size: 0)}

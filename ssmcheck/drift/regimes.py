@@ -63,7 +63,11 @@ DRIFT_REGIMES: dict[str, str] = {
     "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
     "optional-none": "normal's values with D and dt_bias left out (None, as the signature's defaults allow; dt's "
     "bias folded into dt itself) and dt_softplus on: a kernel whose path without them goes wrong (a softplus taken "
-    "only with a bias, a skip term read from a placeholder) fails here; every other regime passes both",
+    "only with a bias, a skip term read from a placeholder) fails here",
+    "dt-bias-none": "optional-none with D passed: dt_bias alone left out, so a kernel that decides whether to add "
+    "the skip term by whether it was given dt_bias (a flag copied from the line above) drops it here alone, and one "
+    "that decides whether to add dt_bias by whether it was given D reads a bias it was not given; every other regime "
+    "passes both",
     "subnormal": "normal's dynamics with the state and x scaled by 2**-16, so an fp16 state lies mostly below its "
     "smallest normal (2**-14), in subnormals whose spacing is 2**-24: a store that flushes subnormals to zero, or a "
     "stochastic rounding that assumes a normal's 10 fraction bits, fails here (fp16 states only)",
@@ -85,7 +89,7 @@ LONG_STEPS_FACTOR = 4
 ACTIVATIONS = {"bf16-inputs": torch.bfloat16, "fp16-inputs": torch.float16}  # the step inputs' dtype, where not fp32
 STEP_BLOCK = 256  # steps drawn at once, from one generator
 # The parameters a regime's kernel is passed as None, where the float64 side takes zeros (`DecodeProblem.parameters`).
-ABSENT = {"optional-none": ("D", "dt_bias")}
+ABSENT = {"optional-none": ("D", "dt_bias"), "dt-bias-none": ("dt_bias",)}
 
 
 @dataclass(frozen=True)
@@ -304,15 +308,21 @@ def _normal(shape: DecodeShape, state_dtype, nsteps, generator, decay_steps: flo
     return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw))
 
 
-def _optional_none(shape, state_dtype, nsteps, generator):
-    """normal's draws with no D and no dt_bias (zeros here; None to the kernel, ABSENT): the raw dt alone is the
-    one whose softplus lies in normal's range."""
+def _without_bias(shape, state_dtype, nsteps, generator):
+    """normal's draws with no dt_bias (zeros here; None to the kernel, ABSENT): the raw dt alone is the one whose
+    softplus lies in normal's range (`dt-bias-none`)."""
     s = shape
     params = _normal(s, state_dtype, nsteps, generator)
     no_bias = torch.zeros_like(params.dt_bias)
     dt_lo, dt_hi = 1e-3, 0.1  # as normal's
     dt_draw = _dt_stream(s, no_bias, lambda g, n: _log_uniform(g, (n, s.batch, s.nheads), dt_lo, dt_hi))
-    return replace(params, D=torch.zeros_like(params.D), dt_bias=no_bias, draw_steps=_unit_steps(s, dt_draw))
+    return replace(params, dt_bias=no_bias, draw_steps=_unit_steps(s, dt_draw))
+
+
+def _optional_none(shape, state_dtype, nsteps, generator):
+    """`_without_bias`'s draws with no D either (zeros here; None to the kernel)."""
+    params = _without_bias(shape, state_dtype, nsteps, generator)
+    return replace(params, D=torch.zeros_like(params.D))
 
 
 def _unit_steps(s: DecodeShape, dt_draw) -> Callable:
@@ -538,5 +548,6 @@ def _overflow(shape, state_dtype, nsteps, generator):
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
              "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "optional-none": _optional_none,
+             "dt-bias-none": _without_bias,
              **{regime: _half_inputs(dtype) for regime, dtype in ACTIVATIONS.items()}, "subnormal": _subnormal}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)

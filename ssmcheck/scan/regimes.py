@@ -245,9 +245,12 @@ def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """Packed sequences starting where chunks do, D per channel under a gate z, and dt processed already
     (softplus applied, no dt_bias): the one varlen regime with dt_softplus False, so a kernel whose varlen path
-    applies the softplus (or dt_bias) whatever it is told fails here."""
+    applies the softplus (or dt_bias) whatever it is told fails here. Clamped below only, dt_limit (0.008, inf),
+    with long's dt centres (every head has tokens below it): the one dt_limit without an upper end, so a kernel
+    that clamps only where the upper end is finite, or only in its softplus's branch, fails here (since the
+    fifty-second session)."""
     return _varlen(shape, dtype, seed, with_initial_states=False, boundaries=_aligned_cu_seqlens, gated=True,
-                   processed_dt=True)
+                   processed_dt=True, dt_limit=ALIGNED_DT_LIMIT, dt_centres=LONG_DT_CENTRES)
 
 
 def aligned_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
@@ -290,7 +293,11 @@ def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
     The step's dt (0..4, integers) is passed as dt - 1 with a dt_bias of 1, no softplus and no dt_limit: exact in
     every dtype, so the zero-dt tokens' dt + dt_bias is exactly 0. The one batch-mode regime with a bias and
     neither a softplus nor a dt_limit: a kernel that adds dt_bias only where it processes dt further takes dt - 1,
-    and a zero-dt token's decay exp(|A|) overflows."""
+    and a zero-dt token's decay exp(|A|) overflows.
+
+    D per channel and no gate (Mamba2 with D_has_hdim, its gated RMSNorm outside the scan): the one batch-mode regime
+    with both, so a batch-mode path that reads a per-channel D as per head where no z is passed fails here (since the
+    fifty-second session; D per head before)."""
     g = _generator(seed)
     rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
     u = _unit_inputs(g, shape, rows, seqlen)
@@ -305,7 +312,8 @@ def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
             dt[row, seqlen - n:] = 0.0
     return _finish(
         dtype, f"|A| = 2**e, e in 8..20; zero-dt padding of {padding.tolist()} tokens per row; dt passed as dt - 1 "
-        "with a dt_bias of 1, no softplus", dt=dt - 1.0, dt_bias=torch.ones(nheads), A=A, D=_normal(g, nheads),
+        "with a dt_bias of 1, no softplus; D per channel, no gate", dt=dt - 1.0, dt_bias=torch.ones(nheads), A=A,
+        D=_normal(g, (nheads, shape.headdim)),
         dt_softplus=False, **u,
     )
 
@@ -363,6 +371,7 @@ def cumsum_cancel(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
 
 LARGE_MAGNITUDE_DT_LIMIT = (0.0175, 0.0325)
 RAGGED_DT_LIMIT = (0.0, 0.02)
+ALIGNED_DT_LIMIT = (0.008, math.inf)
 
 
 def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -557,7 +566,8 @@ REGIMES: dict[str, Regime] = {
                "raw dt + dt_bias lie past softplus's threshold of 20", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
                "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z; dt "
-               "passed processed (softplus applied, no dt_bias, dt_softplus False)", aligned),
+               "passed processed (softplus applied, no dt_bias, dt_softplus False), clamped below only, dt_limit "
+               "(0.008, inf)", aligned),
         Regime("padded", "ragged's packed sequences with pad tokens (seq_idx -1) after each, as a serving "
                "engine's packed batch has them: they must change no state (kernels that take them)", padded,
                pad_tokens=True),
@@ -570,8 +580,8 @@ REGIMES: dict[str, Regime] = {
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
                "state per sequence", aligned_initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
-               "1e4..1e9, exact-zero dt padding; dt passed as dt - 1 with a dt_bias of 1, no softplus, no dt_limit",
-               decay_extreme),
+               "1e4..1e9, exact-zero dt padding; dt passed as dt - 1 with a dt_bias of 1, no softplus, no dt_limit; D per "
+               "channel, no gate", decay_extreme),
         Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
                "(88.7), or -40..-23, very negative (dt ~ 1e-10..1e-18); a gate z and no D", dt_extreme),
         Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "

@@ -395,10 +395,14 @@ def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
     term is right wherever the flags are asked for); in bf16 cases, the dtype serving engines run, since another
     path is wrong in any dtype and each such call costs a kernel call (in every case with D or z, it took the
     default scan on a 2-core CPU from 39 s to 60 s; in the sequences' and initial states' cases alone, to 46.5 s,
-    2026-12-05)."""
+    2026-12-05). The training forward also in fp32 cases, the other dtype training runs: a path of its own for that
+    call may differ with the inputs' dtype (TF32 products for fp32 inputs) where no other call reaches it (since the
+    fifty-second session)."""
     with_sequences = inputs.varlen or inputs.initial_states is not None
     training_forward = inputs.D is not None and inputs.z is not None and not with_sequences
-    return (inputs.D is not None or inputs.z is not None) and (with_sequences or training_forward) and dtype == "bf16"
+    if with_sequences:
+        return (inputs.D is not None or inputs.z is not None) and dtype == "bf16"
+    return training_forward and dtype in ("bf16", "fp32")
 
 
 def _judge_beside(result: ScanResult, call: tuple[str, str], outputs: tuple, timed: tuple) -> None:
