@@ -283,6 +283,20 @@ def test_the_default_preset_catches_bf16_stores_truncated_past_128_state_indices
     assert {c["params"]["rounding"] for c in wide} == {"nearest", "stochastic"}
 
 
+def test_the_default_preset_catches_an_output_stored_toward_zero(tmp_path):
+    """A state update that stores its bf16/fp16 output truncated toward zero errs by at most an ulp, within twice the
+    baseline's error here and there: its mean signed error, -1/2 ulp, fails every case of a narrow output (the
+    `bf16-inputs` and `fp16-inputs` cases), and only those."""
+    _, report = drift("--kernel", f"{BROKEN}:out_stored_toward_zero", "--preset", "default",
+                      json_path=tmp_path / "o.json")
+    narrow = planted_bug_cases(report, lambda p: p["regime"] in ("bf16-inputs", "fp16-inputs"))
+    assert len(narrow) == 4
+    for case in narrow:
+        assert case["status"] == "fail" and case["message"].startswith("output stored with a bias: mean signed error -0."), \
+            case["message"]
+        assert -0.6 < case["output_bias"]["mean_ulp"] < -0.4 and abs(case["baseline"]["output_bias"]["mean_ulp"]) < 0.1
+
+
 def test_the_default_preset_catches_random_bits_from_the_row_in_a_block_of_4(tmp_path):
     """A stochastic rounding whose offsets take the row within a block of 4 rounds rows 4 apart alike: every
     stochastic case fails in the independence check's step with every element alike (5 rows), naming the distance."""
@@ -469,7 +483,7 @@ def test_json_report_has_the_stable_keys(tmp_path):
     assert report["command"] == "drift" and report["exit_code"] == 0
     assert report["summary"] == {"pass": 3, "fail": 0, "nonfinite": 0, "error": 0, "skipped": 1}
     case_keys = {"id", "status", "message", "seconds", "params", "checkpoints", "growth_exponent", "bias_z",
-                 "baseline", "ratio", "first_nonfinite"}
+                 "baseline", "ratio", "first_nonfinite", "output_bias"}
     param_keys = {"kernel", "state_dtype", "rounding", "regime", "steps", "batch", "nheads", "headdim", "dstate",
                   "ngroups", "seed", "trials"}
     for case in report["cases"]:
@@ -478,8 +492,8 @@ def test_json_report_has_the_stable_keys(tmp_path):
     for case in ran:
         assert case["checkpoints"][0]["step"] == 1 and case["checkpoints"][-1]["step"] == 24
         assert all(set(p) == {"step", "state_rel", "out_rel", "bias"} for p in case["checkpoints"])
-        assert set(case["baseline"]) >= {"checkpoints", "growth_exponent"}
-        assert case["first_nonfinite"] is None
+        assert set(case["baseline"]) >= {"checkpoints", "growth_exponent", "output_bias"}
+        assert case["first_nonfinite"] is None and case["output_bias"] is None  # fp32 inputs: an fp32 output
     rn = next(c for c in ran if c["params"]["rounding"] == "nearest" and c["params"]["state_dtype"] == "fp16")
     sr = next(c for c in ran if c["params"]["rounding"] == "stochastic")
     assert rn["growth_exponent"] > 0.8 and sr["growth_exponent"] < 0.7  # stagnation vs noise

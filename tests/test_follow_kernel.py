@@ -50,11 +50,11 @@ def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, ro
         dt = dt.abs()
     B, C = (torch.randn((batch, ngroups, dstate), generator=g).to(input_dtype) for _ in range(2))
     # The kernel's results: its state a little off the exact update, its output the reference's, a few poisoned.
-    ref_out, _ = follow(ref=before.double().clone(), baseline=before.double().clone(), before=before,
-                       after=before.clone(), out=x.float(), x=x, dt=dt, z=z if gate else None, A=A, B=B, C=C, D=D,
-                       dt_bias=dt_bias, sums=torch.zeros((5, batch, nheads, headdim), dtype=torch.float64),
-                       tripped=torch.zeros((batch, nheads, headdim), dtype=torch.bool), uniform=None,
-                        dt_softplus=softplus, dtype=dtype, rounding="nearest")
+    ref_out, _, _ = follow(ref=before.double().clone(), baseline=before.double().clone(), before=before,
+                          after=before.clone(), out=x.float(), x=x, dt=dt, z=z if gate else None, A=A, B=B, C=C, D=D,
+                          dt_bias=dt_bias, sums=torch.zeros((5, batch, nheads, headdim), dtype=torch.float64),
+                          tripped=torch.zeros((batch, nheads, headdim), dtype=torch.bool), uniform=None,
+                          dt_softplus=softplus, dtype=dtype, rounding="nearest")
     after = (before.double() * 1.001).to(dtype)
     out = ref_out.to(x.dtype)
     if poison:

@@ -50,6 +50,21 @@ def test_planted_nan_reproduces_in_a_fresh_process(tmp_path):
     assert lines[-1].startswith("nonfinite: y non-finite from sequence 0 token"), run.stdout
 
 
+def test_y_stored_toward_zero_reproduces_on_its_bias(tmp_path):
+    """A case that fails on y's rounding bias alone fails the script too, on the bias."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:y_stored_toward_zero",
+                            "--regime", "normal", "--dtype", "bf16", "--seqlen", "64", "--chunk-size", "16",
+                            "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1",
+                            "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1 and case["message"].startswith("y stored with a bias"), result.output
+    run = _run_script(case["repro"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    last = run.stdout.splitlines()[-1]
+    assert last.startswith("fail: ") and "y stored with a bias: mean signed error -0." in last, run.stdout
+
+
 def test_config_only_bug_reproduces_with_its_config(tmp_path):
     out = tmp_path / "repros"
     result, report = invoke("scan", "--kernel", "tests.tuned_kernels.scan:chunk_scan", "--configs", "all",

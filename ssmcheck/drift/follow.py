@@ -36,10 +36,11 @@ AGREEMENT_RTOL = 1e-12
 
 
 def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, sums, tripped, uniform,
-           dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out), the latter
-    before its rounding to the kernel's out dtype (output_rounded, outside the compiled step: drift.run rounds it
-    where it measures it, at the checkpoints, not at every step).
+           dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of the float64 recurrences beside the kernel's; returns (reference out, baseline out, exact out):
+    the baseline's before its rounding to the kernel's out dtype (output_rounded, outside the compiled step:
+    drift.run rounds it where it measures it, at the checkpoints, not at every step), and the exact output of the
+    kernel's own previous state (what its out rounds, free of the drift before the step: core.output_bias).
 
     ref, baseline: float64 states, advanced in place (the baseline rounded into `dtype` per `rounding`,
     against `uniform`'s draws when stochastic); before, after: the kernel's state before and after its
@@ -59,7 +60,7 @@ def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, 
     exact, stored = new[2], after.double()
     sums.add_(store_sums(exact, stored, dtype))
     tripped |= nonfinite_mask(stored, new[0]).any(-1) | nonfinite_mask(out, outs[0])
-    return outs[0], outs[1]
+    return outs[0], outs[1], outs[2]
 
 
 def output_rounded(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -115,7 +116,7 @@ class Follower:
             return None
         return f"{self.kept or 'eager'}: {'; '.join(self.rejected)}"
 
-    def __call__(self, **arguments) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, **arguments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._pending:
             self._pending = False
             self._choose(arguments)
@@ -172,7 +173,7 @@ def _checked(make: Callable[[], Callable], arguments: dict, eager: dict,
     for name, value, expected in pairs:
         if not torch.allclose(value, expected, rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True):
             return None, f"ran, its {name} differs from the eager step's"
-    for name, value, expected in zip(("reference output", "baseline output"), outs, eager_outs):
+    for name, value, expected in zip(("reference output", "baseline output", "exact output"), outs, eager_outs):
         if not sums_agree(value, expected):
             return None, f"ran, its {name} differs from the eager step's"
     return step, None

@@ -4,7 +4,7 @@ torch.compile makes `follow` about 10 kernels a step, and costs every process a 
 compile group even where inductor's caches hold the code (20.7 s of the default GPU drift's 58.6 s warm;
 benchmarks/RESULTS.md, forty-second session); Triton's own disk cache loads a variant of this kernel in
 milliseconds. It computes what `follow` computes, element for element, from the same arguments: the three
-float64 recurrences (reference, baseline, the exact update of the kernel's previous state), their outputs, the
+float64 recurrences (reference, baseline, the exact update of the kernel's previous state), their three outputs, the
 baseline's rounding (round_to: to nearest through float32 rounded to odd; stochastic against the caller's
 `uniform` draws), the per-row store sums (stats.store_sums) and the non-finite flag. Arithmetic is left
 uncontracted (no FMA), as the eager references compute it. It shares no code with the references: a candidate
@@ -27,7 +27,7 @@ TILE = 1024
 
 
 def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, sums, tripped, uniform,
-                  dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+                  dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """drift.follow's step, its arguments and results alike (the state's leading axes: batch, heads)."""
     batch, nheads, headdim, dstate = ref.shape
     if ref.numel() >= 2**31:  # its offsets are int32 products (Follower then tries the next fast step)
@@ -36,6 +36,7 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
     fmt = FORMATS[dtype]
     ref_out = torch.empty((batch, nheads, headdim), dtype=torch.float64, device=ref.device)
     baseline_out = torch.empty_like(ref_out)
+    exact_out = torch.empty_like(ref_out)
     block_n = triton.next_power_of_2(dstate)
     block_p = min(triton.next_power_of_2(headdim), max(1, TILE // block_n))
     stochastic = rounding == "stochastic"
@@ -45,7 +46,7 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
     grid = (batch * nheads, triton.cdiv(headdim, block_p))
     _follow_kernel[grid](
         ref, baseline, before, after, out, x, dt, gate, A, B, C, D, dt_bias, sums, tripped, draws, ref_out,
-        baseline_out,
+        baseline_out, exact_out,
         *ref.stride(), *baseline.stride(), *before.stride(), *after.stride(), *out.stride(), *x.stride(),
         *dt.stride(), *gate.stride(), *A.stride(), *B.stride(), *C.stride(), *D.stride(),
         *dt_bias.stride(), *sums.stride(), *tripped.stride(), *draws.stride(),
@@ -54,7 +55,7 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
         EMIN=fmt.emin, MANTISSA_BITS=fmt.mantissa_bits, OVERFLOW=2.0 ** (fmt.emax + 1),
         SUBNORMALS=own_subnormals(dtype), SMALLEST=smallest, NORMAL=normal, INTERPRETED=interpreting(),
         BLOCK_P=block_p, BLOCK_N=block_n, enable_fp_fusion=False)
-    return ref_out, baseline_out
+    return ref_out, baseline_out, exact_out
 
 
 @triton.jit
@@ -114,7 +115,7 @@ def _store_spacing(exact, EMIN: tl.constexpr, MANTISSA_BITS: tl.constexpr):
 @triton.jit
 def _follow_kernel(
     ref_ptr, base_ptr, before_ptr, after_ptr, out_ptr, x_ptr, dt_ptr, z_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-    bias_ptr, sums_ptr, tripped_ptr, u_ptr, ref_out_ptr, base_out_ptr,
+    bias_ptr, sums_ptr, tripped_ptr, u_ptr, ref_out_ptr, base_out_ptr, exact_out_ptr,
     s_rb, s_rh, s_rp, s_rn, s_bb, s_bh, s_bp, s_bn, s_fb, s_fh, s_fp, s_fn, s_ab, s_ah, s_ap, s_an,
     s_ob, s_oh, s_op, s_xb, s_xh, s_xp, s_db, s_dh, s_dp, s_zb, s_zh, s_zp, s_Ah, s_Ap, s_An,
     s_Bb, s_Bg, s_Bn, s_Cb, s_Cg, s_Cn, s_Dh, s_Dp, s_qh, s_qp,
@@ -164,13 +165,16 @@ def _follow_kernel(
     skip = x * tl.load(D_ptr + h * s_Dh + p * s_Dp, mask=row, other=0.0)
     ref_y = tl.sum(tl.where(tile, new_ref * Ch[None, :], 0.0), 1) + skip
     base_y = tl.sum(tl.where(tile, new_base * Ch[None, :], 0.0), 1) + skip
+    exact_y = tl.sum(tl.where(tile, exact * Ch[None, :], 0.0), 1) + skip
     if HAS_Z:
         zv = tl.load(z_ptr + b * s_zb + h * s_zh + p * s_zp, mask=row, other=0.0).to(tl.float64)
         gate = zv / (1.0 + tl.exp(-zv))  # silu
         ref_y = ref_y * gate
         base_y = base_y * gate
+        exact_y = exact_y * gate
     tl.store(ref_out_ptr + bh * headdim + p, ref_y, mask=row)
     tl.store(base_out_ptr + bh * headdim + p, base_y, mask=row)
+    tl.store(exact_out_ptr + bh * headdim + p, exact_y, mask=row)
 
     tl.store(ref_ptr + b * s_rb + h * s_rh + pc * s_rp + nr * s_rn, new_ref, mask=tile)
     if STOCHASTIC:

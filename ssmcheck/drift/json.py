@@ -12,7 +12,10 @@ JSON case keys (always present; figures a case did not produce are null):
     subnormal_stores {subnormal, flushed}            an fp16 state's stores whose exact value lay in fp16's
                                                      subnormal range, and of them those stored as 0 (0 and 0
                                                      for other state dtypes; null: no steps ran),
-    baseline {checkpoints, growth_exponent}          the rounded float64 recurrence vs the reference,
+    output_bias {dtype, count, mean_ulp, z}          an fp16/bf16 output's mean signed rounding error (ulps of its
+                                                     dtype, along the exact output of the kernel's own state, over
+                                                     the checkpoints; core.output_bias); null for fp32,
+    baseline {checkpoints, growth_exponent, output_bias}   the rounded float64 recurrence vs the reference,
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,
     first_nonfinite {output, step, trial, batch, head, channel, state_index, reads_outside, unwritten},
@@ -41,6 +44,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from ssmcheck.core import outside
+from ssmcheck.core.output_bias import OutputBias
 from ssmcheck.drift.results import DriftResult, NonfiniteStep
 
 
@@ -57,11 +61,13 @@ def case_json(result: DriftResult) -> dict:
         "bias_z": v.bias_z,
         "store_bias_ulp": v.store_bias_ulp,
         "bias_resolution_ulp": v.bias_resolution_ulp,
+        "output_bias": _bias(run.output_bias) if run else None,
         "subnormal_stores": {"subnormal": run.store_errors.subnormal,
                              "flushed": run.store_errors.flushed} if run else None,
         "baseline": {
             "checkpoints": [asdict(c) for c in run.baseline],
             "growth_exponent": v.baseline_growth_exponent,
+            "output_bias": _bias(run.baseline_output_bias),
         } if run else None,
         "ratio": v.ratio,
         "crossing_step": v.crossing_step,
@@ -75,6 +81,10 @@ def case_json(result: DriftResult) -> dict:
                          **result.independence.figures} if result.independence else None,
         "stdout": result.stdout,
     }
+
+
+def _bias(bias: OutputBias | None) -> dict | None:
+    return None if bias is None else bias.as_dict()
 
 
 def _nonfinite(where: NonfiniteStep) -> dict:

@@ -178,7 +178,8 @@ class Lockstep:
         self.follow = Follower(device)  # the float64 side of every step (drift.follow)
         self.seeds = torch.empty(window.size, dtype=torch.int64, device=device)  # this trial's, per window step
         self.step = 0  # steps run
-        self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # out, ref_out, baseline_out
+        # out, ref_out, baseline_out and the exact out of the kernel's own previous state (drift.follow)
+        self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.graph = None  # a captured step, once try_graph found it faithful
         self.graph_note = "eager"  # how the steps ran: "graph", or why not
         window.load(1)  # the counter back at the first step (the window may hold it from an earlier trial)
@@ -238,13 +239,13 @@ class Lockstep:
         uniform = None
         if self.case.rounding == "stochastic":  # the baseline's draws, from a generator a CUDA graph advances
             uniform = torch.rand(self.state.shape, generator=self.bits, dtype=torch.float64, device=self.state.device)
-        ref_out, baseline_out = self.follow(
+        ref_out, baseline_out, exact_out = self.follow(
             ref=self.ref, baseline=self.baseline, before=before, after=self.state, out=out, x=step.x, dt=step.dt,
             z=step.z, A=self.A64, B=step.B, C=step.C, D=self.D64, dt_bias=self.dt_bias64,
             sums=self.store_errors.running(self.state.device, self.state.shape[:-1]), tripped=self.tripped,
             uniform=uniform, dt_softplus=self.problem.dt_softplus, dtype=self.case.dtype, rounding=self.case.rounding)
         self.window.counter.add_(1)
-        return out, ref_out, baseline_out
+        return out, ref_out, baseline_out, exact_out
 
     def reads_outside(self) -> list[tuple[str, ...]] | None:
         """For the step just run, non-finite: the inputs whose NaN fences its non-finite values came from

@@ -1,6 +1,8 @@
 """Measurements of one decode step against the float64 reference, computed on the state's device.
 
-- per-step figures (state drift, output error, bias), summed over trials at the checkpoints;
+- per-step figures (state drift, output error, bias), summed over trials at the checkpoints, and the output's
+  rounding errors against the exact output of the kernel's own previous state (core.output_bias), summed over
+  the checkpoints and trials;
 - the first non-finite element of the kernel's state or output where the reference is finite;
 - with --repeat, where a repeated step first differs from the first run, bit for bit.
 """
@@ -11,25 +13,35 @@ import math
 
 import torch
 
+from ssmcheck.core.output_bias import NARROW_OUTPUTS, OutputBias, moment_sums, output_bias, signed_ulp_errors
 from ssmcheck.core.pool import POISON_BITS, poisoned
 from ssmcheck.core.tensors import bits, nonfinite_mask
 from ssmcheck.drift.results import Checkpoint, NonfiniteStep
 
 
 class CheckpointSums:
-    """Per-step sums of (state_rel, out_rel, bias) over trials."""
+    """Per-step sums of (state_rel, out_rel, bias) over trials, and the output's rounding-error moments over every
+    checkpoint and trial (`figures`' last three)."""
 
     def __init__(self):
         self.sums: dict[int, list[float]] = {}
+        self.output_moments = [0.0, 0.0, 0.0]
+        self.output_dtype: torch.dtype | None = None
 
-    def add(self, step: int, figures: list[float]) -> None:
+    def add(self, step: int, figures: list[float], output_dtype: torch.dtype) -> None:
         entry = self.sums.setdefault(step, [0.0, 0.0, 0.0, 0])
-        for i, value in enumerate(figures):
+        for i, value in enumerate(figures[:3]):
             entry[i] += value
         entry[3] += 1
+        self.output_moments = [a + b for a, b in zip(self.output_moments, figures[3:])]
+        self.output_dtype = output_dtype
 
     def means(self) -> list[Checkpoint]:
         return [Checkpoint(step, s / n, o / n, b / n) for step, (s, o, b, n) in sorted(self.sums.items())]
+
+    def output_bias(self) -> OutputBias | None:
+        """The output's rounding bias over the checkpoints (None for an fp32 output, or before any)."""
+        return None if self.output_dtype is None else output_bias(self.output_moments, self.output_dtype)
 
 
 def _relative(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -37,11 +49,19 @@ def _relative(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den, torch.where(num == 0, 0.0, torch.inf).to(num))
 
 
-def figures(state64, out, ref, ref_out) -> list[float]:
-    """(state_rel, out_rel, bias) of a state and output against the reference, one transfer."""
+def figures(state64, out, ref, ref_out, exact_out, out_dtype: torch.dtype) -> list[float]:
+    """(state_rel, out_rel, bias) of a state and output against the reference, then the moment sums (count, total,
+    total of squares) of the output's signed rounding errors in ulps of `out_dtype` (the kernel's, where `out` may
+    be a float64 copy of values in it) against `exact_out`, the exact output of the step from the same state; one
+    transfer."""
     diff = state64 - ref
     bias = (torch.sign(ref) * diff).mean() / ref.square().mean().sqrt().clamp_min(torch.finfo(torch.float64).tiny)
-    return torch.stack([_relative(diff, ref), _relative(out.double() - ref_out, ref_out), bias]).tolist()
+    if out_dtype in NARROW_OUTPUTS:
+        rounding = moment_sums(signed_ulp_errors(out, exact_out, out_dtype))
+    else:  # an fp32 output's error is its arithmetic's, not a store's
+        rounding = torch.zeros(3, dtype=torch.float64, device=ref.device)
+    return torch.cat([torch.stack([_relative(diff, ref), _relative(out.double() - ref_out, ref_out), bias]),
+                      rounding]).tolist()
 
 
 def first_nonfinite(state, out, ref, ref_out, step: int, trial: int) -> NonfiniteStep | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ssmcheck.core.output_bias import OutputBias
 from ssmcheck.core.status import Status
 from ssmcheck.drift.spec import DriftCase
 
@@ -79,6 +80,10 @@ class DriftRun:
     repeat: RepeatDifference | None = None  # with --repeat K > 1
     # How the steps ran: "graph" (CUDA graph replays), "eager", or "eager: " and why no graph (drift.lockstep).
     decode_loop: str = "eager"
+    # The output's rounding bias at the checkpoints, against the exact output of the kernel's own previous state,
+    # and the baseline's against its own (core.output_bias); None for an fp32 output.
+    output_bias: OutputBias | None = None
+    baseline_output_bias: OutputBias | None = None
 
 
 @dataclass(frozen=True)

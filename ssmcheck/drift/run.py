@@ -150,7 +150,8 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
     repeated = None
     if repeat > 1:
         repeated = RepeatDifference(repeat, differs is None, max_abs, **(differs or {}))
-    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials, repeated, loop)
+    return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials, repeated, loop,
+                    kernel_sums.output_bias(), baseline_sums.output_bias())
 
 
 def _graph_plan(device: str, repeat: int, kernel: DriftAdapter) -> tuple[bool, str]:
@@ -207,16 +208,17 @@ def _localise(lock: Lockstep, saved, checkpoint: int, kernel_sums: CheckpointSum
 
 def _located(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: CheckpointSums) -> NonfiniteStep | None:
     """Where the step just run went non-finite, measured like a checkpoint."""
-    out, ref_out, _ = lock.outputs
+    out, ref_out = lock.outputs[:2]
     _measure(lock, kernel_sums, baseline_sums)
     found = first_nonfinite(lock.state.double(), out, lock.ref, ref_out, lock.step, lock.trial)
     return found and replace(found, reads_outside=lock.reads_outside())
 
 
 def _measure(lock: Lockstep, kernel_sums: CheckpointSums, baseline_sums: CheckpointSums) -> None:
-    out, ref_out, baseline_out = lock.outputs
-    kernel_sums.add(lock.step, figures(lock.state.double(), out, lock.ref, ref_out))
-    baseline_sums.add(lock.step, figures(lock.baseline, output_rounded(baseline_out, out.dtype), lock.ref, ref_out))
+    out, ref_out, baseline_out, exact_out = lock.outputs
+    kernel_sums.add(lock.step, figures(lock.state.double(), out, lock.ref, ref_out, exact_out, out.dtype), out.dtype)
+    baseline_sums.add(lock.step, figures(lock.baseline, output_rounded(baseline_out, out.dtype), lock.ref, ref_out,
+                                         baseline_out, out.dtype), out.dtype)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@
   exceeds the tolerance (tol_factor x the baseline's drift at that step + floor, or --rtol), or the output error
   pooled over the checkpoints exceeds the same rule against the baseline's, or,
   with stochastic rounding, the stores are biased (stats.is_biased; a bias whose stores err by more than
-  an ulp on average, rms, is named a computation error instead: no rounding errs that much);
+  an ulp on average, rms, is named a computation error instead: no rounding errs that much), or the fp16/bf16
+  output is stored with a bias (core.output_bias: its mean signed error at the checkpoints, against the exact
+  output of the kernel's own state, a quarter ulp or more from the baseline's);
 - pass otherwise.
 """
 
@@ -17,6 +19,8 @@ import math
 
 from ssmcheck.core import outside
 from ssmcheck.core.formats import DTYPES, subnormal_range
+from ssmcheck.core.output_bias import bias_message
+from ssmcheck.core.output_bias import is_biased as output_is_biased
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
@@ -109,6 +113,9 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
     if beyond:
         _, step, error, limit = max(beyond)
         problems.append(f"state drift {error:.2e} > limit {limit:.2e} at step {step}")
+    baseline_bias = run.baseline_output_bias.mean if run.baseline_output_bias is not None else 0.0
+    if output_is_biased(run.output_bias, baseline_bias):
+        problems.append(bias_message("output", run.output_bias, baseline_bias))
     out_error = _rms([c.out_rel for c in run.checkpoints])
     out_baseline = _rms([c.out_rel for c in run.baseline])
     if not within_tolerance(out_error, out_baseline, **rule):

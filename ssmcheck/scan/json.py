@@ -3,6 +3,9 @@
 Keys are always present; figures a case did not produce (skipped, error) are null.
 `y_max_rel` and `state_max_rel` are the norm-wise relative errors ||out - ref|| / ||ref||.
 `stdout` is what the kernel printed ("" when nothing).
+`error`'s `y_bias` and `baseline_y_bias` (null for fp32 y, and where a case measured none) are {"dtype", "count",
+"mean_ulp", "z"}: the mean signed error of y (the kernel's, the baseline's) in ulps of its dtype, negative toward
+zero, and its z statistic (core.output_bias).
 `stages` (with --stages, and for failing cases where the kernel offers its stages; else null) is {"first_wrong":
 null | {"stage", "label", "status", "sequence", "chunk", "head"}, "note", "figures": {stage: StageFigure's fields}}
 (scan.stages); `repro` the folder of the case's reproducer (--repro), else null.
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from ssmcheck.core import outside
-from ssmcheck.scan.results import ScanResult
+from ssmcheck.scan.results import Comparison, ScanResult
 
 
 def case_json(result: ScanResult) -> dict:
@@ -57,6 +60,8 @@ def case_json(result: ScanResult) -> dict:
             "ssm_rel": kernel.ssm.rel if kernel and kernel.ssm else None,
             "baseline_ssm_rel": base.ssm.rel if base and base.ssm else None,
             "ssm_ratio": result.ssm_ratio,
+            "y_bias": _bias(kernel),
+            "baseline_y_bias": _bias(base),
             "worst_ratio": result.worst_ratio,
             "precision": result.precision,
         },
@@ -72,6 +77,10 @@ def case_json(result: ScanResult) -> dict:
         "invariance": {c.name: {"status": c.status.value, "message": c.message, **c.figures}
                        for c in result.invariance} or None,
     }
+
+
+def _bias(comparison: Comparison | None) -> dict | None:
+    return comparison.y_bias.as_dict() if comparison and comparison.y_bias else None
 
 
 def _stages(result: ScanResult) -> dict | None:

@@ -6,10 +6,11 @@ Everything is vectorised in float64 and read back in one transfer per figure:
 - the first non-finite element (where the reference is finite) in token order,
   with how far it spread;
 - the relative error of y per chunk (by each sequence's own chunking) and a growth figure;
-- the same per (chunk, head), for the report's error maps.
+- the same per (chunk, head), for the report's error maps;
+- the rounding bias of y stored in fp16/bf16: its mean signed error in ulps (core.output_bias).
 
 Each figure of y also accumulates over segments of flattened tokens (batch*seqlen, in row order) fed
-in order (`ErrorSum`, `GroupSums`, `FirstNonfinite`): a long case is compared a segment at a time
+in order (`ErrorSum`, `GroupSums`, `FirstNonfinite`, `BiasSum`): a long case is compared a segment at a time
 (scan.streamed), with the figures of the whole-tensor functions here, which are one segment.
 Segments must not cut a chunk of any sequence (scan.segments), so each (sequence, chunk) group
 lies in one segment.
@@ -21,6 +22,7 @@ import math
 
 import torch
 
+from ssmcheck.core.output_bias import NARROW_OUTPUTS, OutputBias, moment_sums, output_bias, signed_ulp_errors
 from ssmcheck.core.tensors import bits, nonfinite_mask, same_bits
 from ssmcheck.scan.inputs import TokenMap
 from ssmcheck.scan.results import ErrorStats, NonfiniteToken, RepeatSpread, WorstGroup
@@ -93,6 +95,25 @@ def _unravel(flat: int, shape) -> tuple[int, ...]:
         index.append(flat % size)
         flat //= size
     return tuple(reversed(index))
+
+
+class BiasSum:
+    """The OutputBias of an output stored in `dtype` whose elements come segment by segment: the moment sums of
+    its signed ulp errors stay on the output's device, one float64 tensor, read back once by `bias`."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.sums = None
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor) -> BiasSum:
+        if self.dtype in NARROW_OUTPUTS:  # an fp32 output has no figure: nothing to compute
+            sums = moment_sums(signed_ulp_errors(out, ref, self.dtype))
+            self.sums = sums if self.sums is None else self.sums + sums
+        return self
+
+    def bias(self) -> OutputBias | None:
+        """None for an output that is not narrow, or of fewer than two finite errors."""
+        return None if self.sums is None else output_bias(self.sums.tolist(), self.dtype)
 
 
 class FirstNonfinite:

@@ -6,9 +6,9 @@ For each case that ends `fail`, `nonfinite` or `error`:
    dstate), each tried at smaller values, smallest first, keeping a value when the case, run again as
    the sweep ran it, keeps its status; at most SHRINK_RUNS runs;
 2. write DIR/CASE_ID/: `inputs.pt` (torch.save: the kernel call's arguments, the float64 reference's
-   y, states and C·h, the tolerance limits of the shrunk case, the token layout, the autotune configs the
-   case pinned) and `repro.py` (scan/repro_script.py: it re-runs the call and prints the verdict,
-   importing the kernel but not ssmcheck).
+   y, states and C·h, the tolerance limits of the shrunk case, the rule for y's rounding bias with the
+   baseline's mean, the token layout, the autotune configs the case pinned) and `repro.py`
+   (scan/repro_script.py: it re-runs the call and prints the verdict, importing the kernel but not ssmcheck).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ssmcheck.core.formats import DTYPES
+from ssmcheck.core.output_bias import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import tolerance_limit
 from ssmcheck.scan import spec
@@ -134,6 +135,7 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
                    "states": _limit(runner, base.states.rel if base else None),
                    "group": _limit(runner, outcome.worst_group.baseline_rel if outcome.worst_group else None),
                    "ssm": _limit(runner, base.ssm.rel if base is not None and base.ssm is not None else None)},
+        "bias": _bias(base),
         "sequence": tokens.sequence.cpu(), "position": tokens.position.cpu(),
         "expected": {"status": outcome.status.value, "message": outcome.message},
         "pins": [{"module": t.module, "name": t.name, "index": i, "config": _config_text(t, i)}
@@ -152,6 +154,13 @@ def _limit(runner, baseline_error: float | None) -> float:
         return float("inf")
     tolerance = runner.tolerance
     return tolerance_limit(baseline_error, tolerance.tol_factor, tolerance.floor, tolerance.rtol)
+
+
+def _bias(baseline) -> dict | None:
+    """What the script judges y's rounding bias by (core.output_bias); None where there is none (fp32 y)."""
+    if baseline is None or baseline.y_bias is None:
+        return None
+    return {"baseline_mean": baseline.y_bias.mean, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
 
 
 def _config_text(tuned, index: int) -> str:

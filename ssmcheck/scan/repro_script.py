@@ -107,6 +107,32 @@ def first_nonfinite(y, ref, sequence, position):
             f"channel {channel}; {int(bad.sum())} elements")
 
 
+def y_bias(y, ref):
+    """(mean, z) of y's signed errors in ulps of its dtype (fp16, bf16) at each reference value, negative toward zero,
+    each clipped to one ulp: ssmcheck's core.output_bias."""
+    info = torch.finfo(y.dtype)
+    emin, fraction_bits = round(math.log2(info.tiny)), round(-math.log2(info.eps))
+    _, exponent = torch.frexp(ref.abs())
+    exponent = torch.where(ref == 0, emin, torch.clamp(exponent.long() - 1, min=emin))
+    ulp = torch.ldexp(torch.ones_like(ref), exponent - fraction_bits)
+    errors = torch.sign(ref) * (y.double() - ref) / ulp
+    errors = errors[torch.isfinite(errors)].clamp(-1, 1)
+    mean, error = float(errors.mean()), float(errors.std() / math.sqrt(errors.numel()))
+    return mean, (mean / error if error > 0 else math.copysign(math.inf, mean) if mean else 0.0)
+
+
+def bias_clauses(bias, y, ref):
+    """The clause naming y's rounding bias where its mean lies past the floor from the baseline's, at |z| past the
+    limit (`bias`: those three, saved; None for fp32 y)."""
+    if bias is None:
+        return []
+    mean, z = y_bias(y, ref)
+    if abs(mean - bias["baseline_mean"]) > bias["floor"] and abs(z) > bias["z_limit"]:
+        return [f"y stored with a bias: mean signed error {mean:+.3f} ulp (z {z:.1f}; the same-precision baseline's "
+                f"{bias['baseline_mean']:+.3f})"]
+    return []
+
+
 def verdict(case, y, states, y_ssm):
     """(status, message) as ssmcheck judges the case, from the saved reference and limits."""
     ref, limits = case["reference"], case["limits"]
@@ -124,6 +150,7 @@ def verdict(case, y, states, y_ssm):
         judged.append(("SSM part C·h", relative(y_ssm.cpu(), ref["y_ssm"]), limits["ssm"]))
     failed = [f"{name} error {err:.3g} > limit {limit:.3g}" for name, err, limit in judged
               if not err <= limit]
+    failed += bias_clauses(case.get("bias"), y.cpu(), ref["y"])
     if failed:
         return "fail", "; ".join(failed)
     return "pass", ", ".join(f"{name} error {err:.3g} <= {limit:.3g}" for name, err, limit in judged)

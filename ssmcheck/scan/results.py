@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ssmcheck.core.output_bias import OutputBias
 from ssmcheck.core.status import Status
 from ssmcheck.scan.spec import ScanCase
 
@@ -54,6 +55,7 @@ class Comparison:
     y: ErrorStats
     states: ErrorStats
     ssm: ErrorStats | None = None  # the SSM part C·h alone (y without D·x and the z gate), when those exist
+    y_bias: OutputBias | None = None  # the rounding bias of y stored in fp16/bf16 (core.output_bias); None for fp32
 
 
 # The kernel call whose y is judged as the SSM part C·h alone (scan.adapter.ScanAdapter.call_y), as messages name it.
@@ -122,6 +124,7 @@ class ScanVerdict:
     status: Status
     message: str = ""
     limits: tuple[float, float] | None = None  # the largest accepted (y, states) errors
+    over_limit: bool = False  # a figure over its tolerance (not y's rounding bias alone): a question of precision
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ssmcheck.core.formats import saturate
+from ssmcheck.core.output_bias import OutputBias
 from ssmcheck.scan import measure
 from ssmcheck.scan.inputs import ScanInputs
 
@@ -67,7 +68,8 @@ class Recorded:
 @dataclass
 class Streamed:
     """What one pass over the segments measured: the kernel's y and SSM-part figures, the first
-    baseline's, each baseline's group sums, the reference's states."""
+    baseline's, each baseline's group sums, the reference's states, the rounding bias of the kernel's y and the
+    first baseline's (None for fp32 y)."""
 
     kernel_y: measure.ErrorStats
     kernel_ssm: measure.ErrorStats | None
@@ -79,6 +81,8 @@ class Streamed:
     first_nonfinite_ssm: measure.FirstNonfinite | None  # in the SSM part (the call without D, z and the return flags)
     reference_states: torch.Tensor
     baseline_states: torch.Tensor
+    kernel_y_bias: OutputBias | None
+    baseline_y_bias: OutputBias | None
 
 
 def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]], reference, kernel_y: torch.Tensor,
@@ -91,6 +95,7 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
     flat_y = kernel_y.flatten(0, 1)  # a view for any contiguous output
     flat_ssm = None if kernel_ssm is None else kernel_ssm.flatten(0, 1)
     k_y, b_y, k_ssm, b_ssm = (measure.ErrorSum(shape) for _ in range(4))
+    k_bias, b_bias = measure.BiasSum(dtype), measure.BiasSum(dtype)
     k_groups = measure.GroupSums(tokens, chunk_size, shape[2])
     b_groups = [measure.GroupSums(tokens, chunk_size, shape[2]) for _ in baselines]
     nonfinite = measure.FirstNonfinite(shape[1], chunk_size)
@@ -100,6 +105,7 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
         where, offset = tokens.segment(f0, f1), f0 * per_token
         y = flat_y[f0:f1]
         k_y.add(y, ref_y, offset)
+        k_bias.add(y, ref_y)
         k_groups.add(y, ref_y, where)
         nonfinite.add(y, ref_y, where, f0)
         if flat_ssm is not None:
@@ -110,12 +116,13 @@ def compare(inputs: ScanInputs, chunk_size: int, segments: list[tuple[int, int]]
             b_groups[k].add(base_y, ref_y, where)
             if k == 0:
                 b_y.add(base_y, ref_y, offset)
+                b_bias.add(base_y, ref_y)
                 if flat_ssm is not None:  # C·h in x's dtype, as a kernel called without D and z returns it
                     b_ssm.add(saturate(base_ssm, dtype).to(dtype), ref_ssm, offset)
     has_ssm = flat_ssm is not None
     return Streamed(k_y.stats(), k_ssm.stats() if has_ssm else None, b_y.stats(), b_ssm.stats() if has_ssm else None,
                     k_groups, b_groups, nonfinite, nonfinite_ssm, states(reference, inputs),
-                    states(baselines[0], inputs))
+                    states(baselines[0], inputs), k_bias.bias(), b_bias.bias())
 
 
 def relative_errors(inputs: ScanInputs, segments: list[tuple[int, int]], reference, streams: dict,

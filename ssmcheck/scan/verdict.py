@@ -9,11 +9,15 @@
   and the return flags, so initial states used only when states are asked for fail there too). One
   global figure averages a local error away: a 2% error in a partial last chunk, or a 1% error in
   C·h under the larger D·x, passes bf16 cases that way;
+- fail also (beside any of the above clauses) where y, stored in fp16 or bf16, is biased: its mean signed error
+  more than a quarter ulp from the baseline's at |z| > 8 (core.output_bias). A store toward zero errs by at most
+  one ulp per element, within 2 x the baseline's half ulp, and the norm-wise rule sees it only by chance;
 - pass otherwise.
 """
 
 from __future__ import annotations
 
+from ssmcheck.core.output_bias import bias_message, is_biased
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.scan.results import SSM_PART_CALL, Comparison, NonfiniteToken, RepeatSpread, ScanVerdict, WorstGroup
@@ -47,9 +51,19 @@ def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteTo
         for name, err, base in outputs + extra
         if not within_tolerance(err, base, *rule)
     ]
-    if failed:
-        return ScanVerdict(Status.FAIL, "; ".join(failed) + f" ({tolerance_rule(tolerance)})", limits)
+    clauses = ["; ".join(failed) + f" ({tolerance_rule(tolerance)})"] if failed else []
+    clauses += _bias_clauses(kernel, baseline)
+    if clauses:
+        return ScanVerdict(Status.FAIL, "; ".join(clauses), limits, over_limit=bool(failed))
     return ScanVerdict(Status.PASS, "", limits)
+
+
+def _bias_clauses(kernel: Comparison, baseline: Comparison) -> list[str]:
+    """The clause naming y's rounding bias against the baseline's, where y is biased; none for fp32 y."""
+    baseline_mean = baseline.y_bias.mean if baseline.y_bias else 0.0
+    if not is_biased(kernel.y_bias, baseline_mean):
+        return []
+    return [bias_message("y", kernel.y_bias, baseline_mean)]
 
 
 def _states_where(kernel: Comparison) -> str:

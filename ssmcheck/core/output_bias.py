@@ -1,0 +1,90 @@
+"""The rounding bias of an output stored in fp16 or bf16: its mean signed error, in ulps of the output's dtype.
+
+An output computed in float32 and stored to nearest errs, element by element, by up to half an ulp either way,
+as much up as down: its mean signed error (signed along the exact value, so that a store toward zero counts
+negative whatever the value's sign) is zero to within its standard error. A store toward zero (a truncating
+conversion, a hand-written bf16 pack that drops the low half) averages -1/2 ulp, one away from zero +1/2, at
+an error per element no larger than twice the nearest store's: the norm-wise tolerance rule (2 x the baseline)
+sees it only by chance. Its mean is a test of its own.
+
+Errors come from the output's own arithmetic too (a kernel's bf16 operands in the chunk scan, float32 sums that
+cancel), unbiased for any rounding to nearest: each element's error is clipped to CLIP_ULPS, so that a few
+large ones do not swamp the mean's standard error. Pure functions of tensors and numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ssmcheck.core.formats import dtype_name, ulp
+from ssmcheck.core.tensors import finite
+
+# Only the stores into these are rounded from a wider computation (an fp32 output's error is its arithmetic's).
+NARROW_OUTPUTS = (torch.float16, torch.bfloat16)
+# Each element's signed error is clipped to this many ulps: a store errs by at most one.
+CLIP_ULPS = 1.0
+# An output is biased when its mean signed error differs from its baseline's by more than BIAS_FLOOR_ULP (no
+# rounding to nearest of a value computed in float32 comes near: a quarter ulp of bf16 is 2**-10 of the value)
+# with |z| above BIAS_Z_LIMIT; a store toward zero averages -1/2 ulp.
+BIAS_FLOOR_ULP = 0.25
+BIAS_Z_LIMIT = 8.0
+
+
+def signed_ulp_errors(stored: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(stored - exact) in ulps of `dtype` at each exact value, signed along it (negative: toward zero), clipped to
+    +-CLIP_ULPS; float64, NaN where either is non-finite (moment_sums leaves those out: a non-finite output is
+    judged as such, not as a rounding)."""
+    exact = exact.double()
+    errors = torch.sign(exact) * (stored.double() - exact) / ulp(exact, dtype)
+    return torch.where(finite(errors), errors.clamp(-CLIP_ULPS, CLIP_ULPS), math.nan)
+
+
+def moment_sums(errors: torch.Tensor) -> torch.Tensor:
+    """(count, total, total of squares) of the finite values of `errors`, as one float64 tensor of 3."""
+    errors = errors.double()
+    counted = finite(errors)
+    kept = torch.where(counted, errors, 0.0)
+    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
+
+
+@dataclass(frozen=True)
+class OutputBias:
+    """An output's mean signed error in ulps of its dtype over `count` elements, and the mean's z statistic."""
+
+    dtype: str  # fp16 or bf16
+    count: int
+    mean: float
+    z: float
+
+    def as_dict(self) -> dict:
+        return {"dtype": self.dtype, "count": self.count, "mean_ulp": self.mean, "z": self.z}
+
+
+def output_bias(sums, dtype: torch.dtype) -> OutputBias | None:
+    """The OutputBias of moment_sums' (count, total, total of squares) (added up over parts), None with fewer than
+    two elements or for an output dtype that is not narrow."""
+    count, total, total_sq = (float(v) for v in sums)
+    if dtype not in NARROW_OUTPUTS or count < 2:
+        return None
+    mean = total / count
+    variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
+    error = math.sqrt(variance / count)
+    z = (0.0 if mean == 0.0 else math.copysign(math.inf, mean)) if error == 0.0 else mean / error
+    return OutputBias(dtype_name(dtype), int(count), mean, z)
+
+
+def is_biased(bias: OutputBias | None, baseline_mean: float = 0.0) -> bool:
+    """Whether the output's stores are biased: its mean signed error BIAS_FLOOR_ULP or more away from the
+    baseline's (a correct computation of the same precision: 0 where none is measured), at |z| > BIAS_Z_LIMIT."""
+    return bias is not None and abs(bias.mean - baseline_mean) > BIAS_FLOOR_ULP and abs(bias.z) > BIAS_Z_LIMIT
+
+
+def bias_message(output: str, bias: OutputBias, baseline_mean: float | None = None) -> str:
+    """One clause naming the bias and what rounds that way."""
+    direction = "toward zero" if bias.mean < 0 else "away from zero"
+    beside = "" if baseline_mean is None else f"; the same-precision baseline's {baseline_mean:+.3f}"
+    return (f"{output} stored with a bias: mean signed error {bias.mean:+.3f} ulp of {bias.dtype} over "
+            f"{bias.count} elements (z {bias.z:.1f}{beside}): rounded {direction}, not to nearest")

@@ -1,0 +1,160 @@
+"""The rounding bias of an output stored in fp16/bf16 (core.output_bias), accumulated over segments
+(scan.measure.BiasSum) and judged in a scan case (scan.verdict)."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from cli_invoke import invoke
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssmcheck.core.formats import ulp
+from ssmcheck.core.output_bias import OutputBias, bias_message, is_biased, moment_sums, output_bias, signed_ulp_errors
+from ssmcheck.core.status import Status
+from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.ops.rounding.naive import round_to
+from ssmcheck.scan import measure
+from ssmcheck.scan.results import Comparison, ErrorStats
+from ssmcheck.scan.verdict import judge
+
+NARROW = [torch.bfloat16, torch.float16]
+ELEMENTS = 4096
+BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
+
+
+def _exact(seed: int, count: int = ELEMENTS) -> torch.Tensor:
+    """Fresh float64 values of either sign, magnitudes in [2**-8, 2**8] (normal in fp16 and bf16), never zero."""
+    g = torch.Generator().manual_seed(seed)
+    magnitude = torch.exp2(torch.empty(count, dtype=torch.float64).uniform_(-8, 8, generator=g))
+    return torch.where(torch.rand(count, generator=g) < 0.5, -magnitude, magnitude)
+
+
+def _stored(exact: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
+    """`exact` stored in `dtype` to nearest, toward zero or away from zero."""
+    nearest = round_to(exact, dtype, "nearest")
+    moved = nearest.double().abs() - exact.abs()  # > 0: to nearest went away from zero
+    if rounding == "toward zero":
+        return torch.where(moved > 0, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest)
+    if rounding == "away from zero":
+        away = torch.full_like(nearest, math.inf).copysign(nearest)
+        return torch.where(moved < 0, torch.nextafter(nearest, away), nearest)
+    return nearest
+
+
+def _bias(exact: torch.Tensor, dtype: torch.dtype, rounding: str) -> OutputBias:
+    stored = _stored(exact, dtype, rounding)
+    return output_bias(moment_sums(signed_ulp_errors(stored, exact, dtype)), dtype)
+
+
+def test_signed_errors_count_toward_zero_negative_for_either_sign_and_are_clipped():
+    eps = ulp(torch.tensor([1.0], dtype=torch.float64), torch.bfloat16).item()
+    # below 1 the ulp is eps / 2: 1 - eps / 8 stored as 1 is a quarter ulp away from zero
+    exact = torch.tensor([1 + eps / 4, -1 - eps / 4, 1 - eps / 8, 1.0, 0.0, 1.0], dtype=torch.float64)
+    stored = torch.tensor([1.0, -1.0, 1.0, 1 + 3 * eps, 0.0, math.nan])
+    errors = signed_ulp_errors(stored, exact, torch.bfloat16)
+    assert errors[:5].tolist() == [-0.25, -0.25, 0.25, 1.0, 0.0] and math.isnan(errors[5])
+
+
+def test_moment_sums_skip_non_finite_errors():
+    sums = moment_sums(torch.tensor([0.5, -1.0, math.nan, 0.25]))
+    assert sums.dtype == torch.float64 and sums.tolist() == [3.0, -0.25, 0.25 + 1.0 + 0.0625]
+
+
+def test_output_bias_mean_and_z():
+    bias = output_bias(moment_sums(torch.tensor([-1.0, 0.0])), torch.float16)
+    # mean -0.5; sample variance 0.5; standard error sqrt(0.5 / 2) = 0.5
+    assert (bias.dtype, bias.count, bias.mean, bias.z) == ("fp16", 2, -0.5, pytest.approx(-1.0))
+    assert bias.as_dict() == {"dtype": "fp16", "count": 2, "mean_ulp": -0.5, "z": bias.z}
+    constant = output_bias(moment_sums(torch.full((4,), -0.5)), torch.bfloat16)
+    assert constant.z == -math.inf and output_bias(moment_sums(torch.zeros(4)), torch.bfloat16).z == 0.0
+
+
+def test_an_fp32_output_or_a_single_element_has_no_bias():
+    assert output_bias(moment_sums(torch.tensor([-1.0, 0.0])), torch.float32) is None
+    assert output_bias(moment_sums(torch.tensor([-1.0, math.nan])), torch.bfloat16) is None
+    assert not is_biased(None)
+
+
+def test_is_biased_needs_both_the_quarter_ulp_floor_and_z():
+    assert is_biased(OutputBias("bf16", 1000, -0.3, -20.0))
+    assert not is_biased(OutputBias("bf16", 1000, -0.3, -20.0), baseline_mean=-0.1)  # 0.2 from the baseline's
+    assert not is_biased(OutputBias("bf16", 10, -0.3, -7.9))
+    assert not is_biased(OutputBias("bf16", 10**6, -0.2, -200.0))
+
+
+def test_bias_message_names_the_direction_and_the_baseline():
+    toward = bias_message("y", OutputBias("bf16", 100, -0.5, -30.0), 0.001)
+    assert toward.startswith("y stored with a bias: mean signed error -0.500 ulp of bf16 over 100 elements")
+    assert "baseline's +0.001" in toward and "rounded toward zero" in toward
+    away = bias_message("y", OutputBias("fp16", 100, 0.5, 30.0))
+    assert "rounded away from zero" in away and "baseline" not in away
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(NARROW), st.integers(0, 2**31 - 1))
+def test_stores_to_nearest_are_unbiased_and_stores_toward_or_away_from_zero_biased(dtype, seed):
+    exact = _exact(seed)
+    nearest = _bias(exact, dtype, "nearest")
+    assert abs(nearest.mean) < 0.05 and not is_biased(nearest)
+    toward, away = _bias(exact, dtype, "toward zero"), _bias(exact, dtype, "away from zero")
+    assert toward.mean == pytest.approx(-0.5, abs=0.05) and is_biased(toward, nearest.mean)
+    assert away.mean == pytest.approx(0.5, abs=0.05) and is_biased(away, nearest.mean)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(NARROW), st.integers(0, 2**31 - 1), st.lists(st.integers(1, ELEMENTS - 1), max_size=5))
+def test_bias_sum_over_segments_equals_one_pass(dtype, seed, cuts):
+    exact = _exact(seed)
+    stored = _stored(exact, dtype, "toward zero")
+    bounds = [0, *sorted(set(cuts)), ELEMENTS]
+    segments = measure.BiasSum(dtype)
+    for start, end in zip(bounds, bounds[1:]):
+        segments.add(stored[start:end], exact[start:end])
+    whole = measure.BiasSum(dtype).add(stored, exact).bias()
+    assert segments.sums.dtype == torch.float64 and segments.sums.device == stored.device
+    split = segments.bias()
+    assert (split.dtype, split.count) == (whole.dtype, whole.count)
+    assert split.mean == pytest.approx(whole.mean, rel=1e-12) and split.z == pytest.approx(whole.z, rel=1e-9)
+
+
+def test_bias_sum_of_an_fp32_output_is_none():
+    exact = _exact(0)
+    assert measure.BiasSum(torch.float32).add(exact.float(), exact).bias() is None
+
+
+def _comparison(y_bias: OutputBias | None, rel: float = 1e-3) -> Comparison:
+    stats = ErrorStats(rel, rel, (0, 0, 0, 0))
+    return Comparison(stats, stats, y_bias=y_bias)
+
+
+TOWARD = OutputBias("bf16", 25600, -0.47, -180.0)
+NEAREST = OutputBias("bf16", 25600, 0.002, 0.6)
+
+
+def test_judge_fails_a_biased_y_within_tolerance_and_adds_the_clause_to_failed_ones():
+    tolerance = Tolerance()
+    alone = judge(_comparison(TOWARD), _comparison(NEAREST), None, tolerance)
+    assert alone.status is Status.FAIL and alone.message == bias_message("y", TOWARD, NEAREST.mean)
+    assert not alone.over_limit  # no question of precision: the run names no reduced precision for it
+    both = judge(_comparison(TOWARD, rel=1e-2), _comparison(NEAREST), None, tolerance)
+    assert both.message.startswith("y error") and both.message.endswith("; " + alone.message) and both.over_limit
+    assert judge(_comparison(NEAREST), _comparison(NEAREST), None, tolerance).status is Status.PASS
+    assert judge(_comparison(None), _comparison(None), None, tolerance).status is Status.PASS  # fp32 y
+
+
+def test_a_kernel_storing_y_toward_zero_fails_on_its_bias_alone(tmp_path):
+    """At tiny widths the planted kernel's bf16 and fp16 y pass the norm-wise rule and fail on their bias; its fp32 y,
+    stored as computed, passes."""
+    _, report = invoke("scan", "--kernel", f"{BROKEN}:y_stored_toward_zero", "--regime", "normal",
+                       "--dtype", "fp32,bf16,fp16", "--seqlen", "64", "--chunk-size", "16", "--batch", "2",
+                       "--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1",
+                       json_path=tmp_path / "b.json")
+    by_dtype = {c["params"]["dtype"]: c for c in report["cases"]}
+    assert by_dtype["fp32"]["status"] == "pass" and by_dtype["fp32"]["error"]["y_bias"] is None
+    for dtype in ("bf16", "fp16"):
+        case = by_dtype[dtype]
+        assert case["status"] == "fail" and case["message"].startswith("y stored with a bias"), case["message"]
+        assert case["error"]["y_bias"]["mean_ulp"] < -0.25 and abs(case["error"]["baseline_y_bias"]["mean_ulp"]) < 0.1
+        assert "closest to" not in case["message"] and case["error"]["precision"] is None  # a bias, not a precision
