@@ -27,7 +27,8 @@ TILE = 1024
 
 
 def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, sums, tripped, uniform,
-                  dt_softplus: bool, dtype: torch.dtype, rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  dt_softplus: bool, dtype: torch.dtype,
+                  rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """drift.follow's step, its arguments and results alike (the state's leading axes: batch, heads)."""
     batch, nheads, headdim, dstate = ref.shape
     if ref.numel() >= 2**31:  # its offsets are int32 products (Follower then tries the next fast step)
