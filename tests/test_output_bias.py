@@ -48,25 +48,25 @@ def _bias(exact: torch.Tensor, dtype: torch.dtype, rounding: str) -> OutputBias:
     return output_bias(moment_sums(signed_ulp_errors(stored, exact, dtype)), dtype)
 
 
-def test_signed_errors_count_toward_zero_negative_for_either_sign_and_are_clipped():
+def test_signed_errors_count_toward_zero_negative_for_either_sign():
     eps = ulp(torch.tensor([1.0], dtype=torch.float64), torch.bfloat16).item()
     # below 1 the ulp is eps / 2: 1 - eps / 8 stored as 1 is a quarter ulp away from zero
     exact = torch.tensor([1 + eps / 4, -1 - eps / 4, 1 - eps / 8, 1.0, 0.0, 1.0], dtype=torch.float64)
     stored = torch.tensor([1.0, -1.0, 1.0, 1 + 3 * eps, 0.0, math.nan])
     errors = signed_ulp_errors(stored, exact, torch.bfloat16)
-    assert errors[:5].tolist() == [-0.25, -0.25, 0.25, 1.0, 0.0] and math.isnan(errors[5])
+    assert errors[:5].tolist() == [-0.25, -0.25, 0.25, 3.0, 0.0] and math.isnan(errors[5])
 
 
-def test_moment_sums_skip_non_finite_errors():
-    sums = moment_sums(torch.tensor([0.5, -1.0, math.nan, 0.25]))
-    assert sums.dtype == torch.float64 and sums.tolist() == [3.0, -0.25, 0.25 + 1.0 + 0.0625]
+def test_moment_sums_skip_non_finite_errors_and_clip_and_count_those_past_an_ulp():
+    sums = moment_sums(torch.tensor([0.5, -1.0, math.nan, 0.25, 3.0]))
+    assert sums.dtype == torch.float64 and sums.tolist() == [4.0, 0.75, 0.25 + 1.0 + 0.0625 + 1.0, 1.0]
 
 
 def test_output_bias_mean_and_z():
     bias = output_bias(moment_sums(torch.tensor([-1.0, 0.0])), torch.float16)
     # mean -0.5; sample variance 0.5; standard error sqrt(0.5 / 2) = 0.5
     assert (bias.dtype, bias.count, bias.mean, bias.z) == ("fp16", 2, -0.5, pytest.approx(-1.0))
-    assert bias.as_dict() == {"dtype": "fp16", "count": 2, "mean_ulp": -0.5, "z": bias.z}
+    assert bias.as_dict() == {"dtype": "fp16", "count": 2, "mean_ulp": -0.5, "z": bias.z, "beyond": 0}
     constant = output_bias(moment_sums(torch.full((4,), -0.5)), torch.bfloat16)
     assert constant.z == -math.inf and output_bias(moment_sums(torch.zeros(4)), torch.bfloat16).z == 0.0
 
@@ -85,10 +85,17 @@ def test_is_biased_needs_both_the_quarter_ulp_floor_and_z():
 
 
 def test_bias_message_names_the_direction_and_the_baseline():
-    toward = bias_message("y", OutputBias("bf16", 100, -0.5, -30.0), 0.001)
+    toward = bias_message("y", OutputBias("bf16", 100, -0.5, -30.0, 12), OutputBias("bf16", 100, 0.001, 0.1, 3))
     assert toward.startswith("y stored with a bias: mean signed error -0.500 ulp of bf16 over 100 elements")
     assert "baseline's +0.001" in toward and "rounded toward zero" in toward
     away = bias_message("y", OutputBias("fp16", 100, 0.5, 30.0))
+    # errors of a few ulps one way, clipped to about 1: no rounding averages that, the computation errs; and where
+    # half of y errs so (a scale off in some chunks), its mean may be a rounding's but its share past an ulp is not
+    baseline = OutputBias("bf16", 100, -0.01, -0.5, 4)
+    scaled = bias_message("y", OutputBias("bf16", 100, 0.98, 300.0, 97), baseline)
+    assert scaled.startswith("y errs one way: mean signed error +0.980") and "computation errs away from zero" in scaled
+    half = bias_message("y", OutputBias("bf16", 100, 0.46, 40.0, 47), baseline)
+    assert half.startswith("y errs one way") and "47% of them by more than an ulp (the baseline's 4%)" in half
     assert "rounded away from zero" in away and "baseline" not in away
 
 
@@ -136,7 +143,7 @@ NEAREST = OutputBias("bf16", 25600, 0.002, 0.6)
 def test_judge_fails_a_biased_y_within_tolerance_and_adds_the_clause_to_failed_ones():
     tolerance = Tolerance()
     alone = judge(_comparison(TOWARD), _comparison(NEAREST), None, tolerance)
-    assert alone.status is Status.FAIL and alone.message == bias_message("y", TOWARD, NEAREST.mean)
+    assert alone.status is Status.FAIL and alone.message == bias_message("y", TOWARD, NEAREST)
     assert not alone.over_limit  # no question of precision: the run names no reduced precision for it
     both = judge(_comparison(TOWARD, rel=1e-2), _comparison(NEAREST), None, tolerance)
     assert both.message.startswith("y error") and both.message.endswith("; " + alone.message) and both.over_limit

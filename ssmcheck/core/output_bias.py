@@ -9,7 +9,9 @@ sees it only by chance. Its mean is a test of its own.
 
 Errors come from the output's own arithmetic too (a kernel's bf16 operands in the chunk scan, float32 sums that
 cancel), unbiased for any rounding to nearest: each element's error is clipped to CLIP_ULPS, so that a few
-large ones do not swamp the mean's standard error. Pure functions of tensors and numbers.
+large ones do not swamp the mean's standard error, and the elements past it are counted: where many more err by
+over an ulp than the baseline's do, the bias is the computation's (a scale off by a few ulps), not a store's, and
+the message says so. Pure functions of tensors and numbers.
 """
 
 from __future__ import annotations
@@ -31,23 +33,33 @@ CLIP_ULPS = 1.0
 # with |z| above BIAS_Z_LIMIT; a store toward zero averages -1/2 ulp.
 BIAS_FLOOR_ULP = 0.25
 BIAS_Z_LIMIT = 8.0
+# No rounding of a value computed right averages more than 1/2 ulp one way (a directed one averages 1/2; the clip and
+# the arithmetic's noise only pull that toward 0), nor takes many more elements past an ulp than the baseline's noise
+# does (a store toward zero on the baseline's noise: about a tenth more): a mean further than ROUNDING_MEAN_ULP from the
+# baseline's, or a share of elements past an ulp BEYOND_SHARE above the baseline's, is the computation erring one way
+# (a scale off by a few ulps in some of the output), not its store, and the message says so.
+ROUNDING_MEAN_ULP = 0.6
+BEYOND_SHARE = 0.25
 
 
 def signed_ulp_errors(stored: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(stored - exact) in ulps of `dtype` at each exact value, signed along it (negative: toward zero), clipped to
-    +-CLIP_ULPS; float64, NaN where either is non-finite (moment_sums leaves those out: a non-finite output is
-    judged as such, not as a rounding)."""
+    """(stored - exact) in ulps of `dtype` at each exact value, signed along it (negative: toward zero); float64,
+    NaN where either is non-finite (moment_sums leaves those out: a non-finite output is judged as such, not as a
+    rounding)."""
     exact = exact.double()
     errors = torch.sign(exact) * (stored.double() - exact) / ulp(exact, dtype)
-    return torch.where(finite(errors), errors.clamp(-CLIP_ULPS, CLIP_ULPS), math.nan)
+    return torch.where(finite(errors), errors, math.nan)
 
 
 def moment_sums(errors: torch.Tensor) -> torch.Tensor:
-    """(count, total, total of squares) of the finite values of `errors`, as one float64 tensor of 3."""
+    """(count, total, total of squares, count past CLIP_ULPS) of the finite values of `errors`, each clipped to
+    +-CLIP_ULPS, as one float64 tensor of 4."""
     errors = errors.double()
     counted = finite(errors)
     kept = torch.where(counted, errors, 0.0)
-    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum()])
+    beyond = kept.abs() > CLIP_ULPS
+    kept = kept.clamp(-CLIP_ULPS, CLIP_ULPS)
+    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum(), beyond.sum().double()])
 
 
 @dataclass(frozen=True)
@@ -58,22 +70,27 @@ class OutputBias:
     count: int
     mean: float
     z: float
+    beyond: int = 0  # elements that err by more than CLIP_ULPS (no store does)
 
     def as_dict(self) -> dict:
-        return {"dtype": self.dtype, "count": self.count, "mean_ulp": self.mean, "z": self.z}
+        return {"dtype": self.dtype, "count": self.count, "mean_ulp": self.mean, "z": self.z, "beyond": self.beyond}
+
+    @property
+    def beyond_share(self) -> float:
+        return self.beyond / self.count
 
 
 def output_bias(sums, dtype: torch.dtype) -> OutputBias | None:
-    """The OutputBias of moment_sums' (count, total, total of squares) (added up over parts), None with fewer than
-    two elements or for an output dtype that is not narrow."""
-    count, total, total_sq = (float(v) for v in sums)
+    """The OutputBias of moment_sums' (count, total, total of squares, count past an ulp) (added up over parts), None
+    with fewer than two elements or for an output dtype that is not narrow."""
+    count, total, total_sq, beyond = (float(v) for v in sums)
     if dtype not in NARROW_OUTPUTS or count < 2:
         return None
     mean = total / count
     variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
     error = math.sqrt(variance / count)
     z = (0.0 if mean == 0.0 else math.copysign(math.inf, mean)) if error == 0.0 else mean / error
-    return OutputBias(dtype_name(dtype), int(count), mean, z)
+    return OutputBias(dtype_name(dtype), int(count), mean, z, int(beyond))
 
 
 def is_biased(bias: OutputBias | None, baseline_mean: float = 0.0) -> bool:
@@ -82,9 +99,15 @@ def is_biased(bias: OutputBias | None, baseline_mean: float = 0.0) -> bool:
     return bias is not None and abs(bias.mean - baseline_mean) > BIAS_FLOOR_ULP and abs(bias.z) > BIAS_Z_LIMIT
 
 
-def bias_message(output: str, bias: OutputBias, baseline_mean: float | None = None) -> str:
-    """One clause naming the bias and what rounds that way."""
+def bias_message(output: str, bias: OutputBias, baseline: OutputBias | None = None) -> str:
+    """One clause naming the bias and what rounds that way; or, where no rounding explains it (ROUNDING_MEAN_ULP,
+    BEYOND_SHARE against the baseline's), the computation that errs one way."""
     direction = "toward zero" if bias.mean < 0 else "away from zero"
-    beside = "" if baseline_mean is None else f"; the same-precision baseline's {baseline_mean:+.3f}"
-    return (f"{output} stored with a bias: mean signed error {bias.mean:+.3f} ulp of {bias.dtype} over "
-            f"{bias.count} elements (z {bias.z:.1f}{beside}): rounded {direction}, not to nearest")
+    base_mean, base_share = (0.0, 0.0) if baseline is None else (baseline.mean, baseline.beyond_share)
+    beside = "" if baseline is None else f"; the same-precision baseline's {base_mean:+.3f}"
+    figures = (f"mean signed error {bias.mean:+.3f} ulp of {bias.dtype} over {bias.count} elements "
+               f"(z {bias.z:.1f}{beside})")
+    if abs(bias.mean - base_mean) > ROUNDING_MEAN_ULP or bias.beyond_share - base_share > BEYOND_SHARE:
+        return (f"{output} errs one way: {figures}, {bias.beyond_share:.0%} of them by more than an ulp (the "
+                f"baseline's {base_share:.0%}): no rounding does that, the computation errs {direction}")
+    return f"{output} stored with a bias: {figures}: rounded {direction}, not to nearest"

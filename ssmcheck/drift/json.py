@@ -12,7 +12,7 @@ JSON case keys (always present; figures a case did not produce are null):
     subnormal_stores {subnormal, flushed}            an fp16 state's stores whose exact value lay in fp16's
                                                      subnormal range, and of them those stored as 0 (0 and 0
                                                      for other state dtypes; null: no steps ran),
-    output_bias {dtype, count, mean_ulp, z}          an fp16/bf16 output's mean signed rounding error (ulps of its
+    output_bias {dtype, count, mean_ulp, z, beyond}  an fp16/bf16 output's mean signed rounding error (ulps of its
                                                      dtype, along the exact output of the kernel's own state, over
                                                      the checkpoints; core.output_bias); null for fp32,
     baseline {checkpoints, growth_exponent, output_bias}   the rounded float64 recurrence vs the reference,

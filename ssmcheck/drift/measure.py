@@ -21,11 +21,11 @@ from ssmcheck.drift.results import Checkpoint, NonfiniteStep
 
 class CheckpointSums:
     """Per-step sums of (state_rel, out_rel, bias) over trials, and the output's rounding-error moments over every
-    checkpoint and trial (`figures`' last three)."""
+    checkpoint and trial (`figures`' last four)."""
 
     def __init__(self):
         self.sums: dict[int, list[float]] = {}
-        self.output_moments = [0.0, 0.0, 0.0]
+        self.output_moments = [0.0, 0.0, 0.0, 0.0]
         self.output_dtype: torch.dtype | None = None
 
     def add(self, step: int, figures: list[float], output_dtype: torch.dtype) -> None:
@@ -50,16 +50,16 @@ def _relative(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def figures(state64, out, ref, ref_out, exact_out, out_dtype: torch.dtype) -> list[float]:
-    """(state_rel, out_rel, bias) of a state and output against the reference, then the moment sums (count, total,
-    total of squares) of the output's signed rounding errors in ulps of `out_dtype` (the kernel's, where `out` may
-    be a float64 copy of values in it) against `exact_out`, the exact output of the step from the same state; one
-    transfer."""
+    """(state_rel, out_rel, bias) of a state and output against the reference, then the moment sums (core.output_bias:
+    count, total, total of squares, count past an ulp) of the output's signed rounding errors in ulps of `out_dtype`
+    (the kernel's, where `out` may be a float64 copy of values in it) against `exact_out`, the exact output of the
+    step from the same state; one transfer."""
     diff = state64 - ref
     bias = (torch.sign(ref) * diff).mean() / ref.square().mean().sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     if out_dtype in NARROW_OUTPUTS:
         rounding = moment_sums(signed_ulp_errors(out, exact_out, out_dtype))
     else:  # an fp32 output's error is its arithmetic's, not a store's
-        rounding = torch.zeros(3, dtype=torch.float64, device=ref.device)
+        rounding = torch.zeros(4, dtype=torch.float64, device=ref.device)
     return torch.cat([torch.stack([_relative(diff, ref), _relative(out.double() - ref_out, ref_out), bias]),
                       rounding]).tolist()
 

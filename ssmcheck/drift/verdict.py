@@ -115,7 +115,7 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
         problems.append(f"state drift {error:.2e} > limit {limit:.2e} at step {step}")
     baseline_bias = run.baseline_output_bias.mean if run.baseline_output_bias is not None else 0.0
     if output_is_biased(run.output_bias, baseline_bias):
-        problems.append(bias_message("output", run.output_bias, baseline_bias))
+        problems.append(bias_message("output", run.output_bias, run.baseline_output_bias))
     out_error = _rms([c.out_rel for c in run.checkpoints])
     out_baseline = _rms([c.out_rel for c in run.baseline])
     if not within_tolerance(out_error, out_baseline, **rule):

@@ -63,7 +63,7 @@ def _bias_clauses(kernel: Comparison, baseline: Comparison) -> list[str]:
     baseline_mean = baseline.y_bias.mean if baseline.y_bias else 0.0
     if not is_biased(kernel.y_bias, baseline_mean):
         return []
-    return [bias_message("y", kernel.y_bias, baseline_mean)]
+    return [bias_message("y", kernel.y_bias, baseline.y_bias)]
 
 
 def _states_where(kernel: Comparison) -> str:
