@@ -80,23 +80,45 @@ class OutputBias:
         return self.beyond / self.count
 
 
+def mean_and_error(count: float, total: float, total_sq: float) -> tuple[float, float] | None:
+    """The mean of signed errors from their (count, total, total of squares) and its standard error (the sample
+    variance's, over the count); None with fewer than 2. Shared with the drift's store-bias test (drift.stats)."""
+    if count < 2:
+        return None
+    mean = total / count
+    variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
+    return mean, math.sqrt(variance / count)
+
+
+def z_statistic(mean: float, error: float) -> float:
+    """The one-sample z of `mean` against zero at standard error `error` (a zero error: 0, or +-inf)."""
+    if error == 0.0:
+        return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
+    return mean / error
+
+
 def output_bias(sums, dtype: torch.dtype) -> OutputBias | None:
     """The OutputBias of moment_sums' (count, total, total of squares, count past an ulp) (added up over parts), None
     with fewer than two elements or for an output dtype that is not narrow."""
     count, total, total_sq, beyond = (float(v) for v in sums)
-    if dtype not in NARROW_OUTPUTS or count < 2:
+    found = mean_and_error(count, total, total_sq)
+    if dtype not in NARROW_OUTPUTS or found is None:
         return None
-    mean = total / count
-    variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
-    error = math.sqrt(variance / count)
-    z = (0.0 if mean == 0.0 else math.copysign(math.inf, mean)) if error == 0.0 else mean / error
-    return OutputBias(dtype_name(dtype), int(count), mean, z, int(beyond))
+    mean, error = found
+    return OutputBias(dtype_name(dtype), int(count), mean, z_statistic(mean, error), int(beyond))
 
 
 def is_biased(bias: OutputBias | None, baseline_mean: float = 0.0) -> bool:
     """Whether the output's stores are biased: its mean signed error BIAS_FLOOR_ULP or more away from the
     baseline's (a correct computation of the same precision: 0 where none is measured), at |z| > BIAS_Z_LIMIT."""
     return bias is not None and abs(bias.mean - baseline_mean) > BIAS_FLOOR_ULP and abs(bias.z) > BIAS_Z_LIMIT
+
+
+def bias_clause(output: str, bias: OutputBias | None, baseline: OutputBias | None) -> str | None:
+    """The verdict's clause on `output`'s bias against its baseline's (bias_message), where it is biased; else None."""
+    if not is_biased(bias, baseline.mean if baseline is not None else 0.0):
+        return None
+    return bias_message(output, bias, baseline)
 
 
 def bias_message(output: str, bias: OutputBias, baseline: OutputBias | None = None) -> str:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core.formats import own_subnormals, subnormal_range, ulp
+from ssmcheck.core.formats import own_subnormals, subnormal_range
+from ssmcheck.core.output_bias import mean_and_error, signed_ulp_errors, z_statistic
 from ssmcheck.core.tensors import finite
 
 # Stochastic rounding is "biased" when the mean rounding error per store is both
@@ -57,7 +58,7 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) ->
     No rounding, to nearest or stochastic, takes a value at or above the smallest
     subnormal to zero: a store that does flushes subnormals. Counted only for a dtype with subnormals of its own
     (core.formats.own_subnormals: fp16), zeros for the others."""
-    errors = error_sums(torch.sign(exact) * (stored - exact) / ulp(exact, dtype), dim=-1)
+    errors = error_sums(signed_ulp_errors(stored, exact, dtype), dim=-1)
     if not own_subnormals(dtype):
         return torch.cat([errors, errors.new_zeros((2, *errors.shape[1:]))])
     smallest, normal = subnormal_range(dtype)
@@ -139,13 +140,8 @@ class SignedErrorMoments:
         return math.sqrt(total_sq / count) if count else None
 
     def _mean_and_error(self) -> tuple[float, float] | None:
-        """The mean and its standard error (the sample variance's, over the count), None with fewer than 2."""
-        count, total, total_sq = self._read()
-        if count < 2:
-            return None
-        mean = total / count
-        variance = max(total_sq / count - mean * mean, 0.0) * count / (count - 1)
-        return mean, math.sqrt(variance / count)
+        """The mean and its standard error (core.output_bias.mean_and_error), None with fewer than 2."""
+        return mean_and_error(*self._read())
 
     @property
     def resolution(self) -> float | None:
@@ -159,12 +155,7 @@ class SignedErrorMoments:
     def z(self) -> float | None:
         """The one-sample z statistic of the mean against zero (None with fewer than 2 samples)."""
         found = self._mean_and_error()
-        if found is None:
-            return None
-        mean, error = found
-        if error == 0.0:
-            return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
-        return mean / error
+        return None if found is None else z_statistic(*found)
 
 
 def flushes_subnormals(subnormal: int, flushed: int) -> bool:

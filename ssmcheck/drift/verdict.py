@@ -19,8 +19,7 @@ import math
 
 from ssmcheck.core import outside
 from ssmcheck.core.formats import DTYPES, subnormal_range
-from ssmcheck.core.output_bias import bias_message
-from ssmcheck.core.output_bias import is_biased as output_is_biased
+from ssmcheck.core.output_bias import bias_clause
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
@@ -113,9 +112,8 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
     if beyond:
         _, step, error, limit = max(beyond)
         problems.append(f"state drift {error:.2e} > limit {limit:.2e} at step {step}")
-    baseline_bias = run.baseline_output_bias.mean if run.baseline_output_bias is not None else 0.0
-    if output_is_biased(run.output_bias, baseline_bias):
-        problems.append(bias_message("output", run.output_bias, run.baseline_output_bias))
+    if clause := bias_clause("output", run.output_bias, run.baseline_output_bias):
+        problems.append(clause)
     out_error = _rms([c.out_rel for c in run.checkpoints])
     out_baseline = _rms([c.out_rel for c in run.baseline])
     if not within_tolerance(out_error, out_baseline, **rule):

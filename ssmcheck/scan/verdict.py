@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from ssmcheck.core.output_bias import bias_message, is_biased
+from ssmcheck.core.output_bias import bias_clause
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
 from ssmcheck.scan.results import SSM_PART_CALL, Comparison, NonfiniteToken, RepeatSpread, ScanVerdict, WorstGroup
@@ -52,18 +52,11 @@ def judge(kernel: Comparison, baseline: Comparison, first_nonfinite: NonfiniteTo
         if not within_tolerance(err, base, *rule)
     ]
     clauses = ["; ".join(failed) + f" ({tolerance_rule(tolerance)})"] if failed else []
-    clauses += _bias_clauses(kernel, baseline)
+    if bias := bias_clause("y", kernel.y_bias, baseline.y_bias):
+        clauses.append(bias)
     if clauses:
         return ScanVerdict(Status.FAIL, "; ".join(clauses), limits, over_limit=bool(failed))
     return ScanVerdict(Status.PASS, "", limits)
-
-
-def _bias_clauses(kernel: Comparison, baseline: Comparison) -> list[str]:
-    """The clause naming y's rounding bias against the baseline's, where y is biased; none for fp32 y."""
-    baseline_mean = baseline.y_bias.mean if baseline.y_bias else 0.0
-    if not is_biased(kernel.y_bias, baseline_mean):
-        return []
-    return [bias_message("y", kernel.y_bias, baseline.y_bias)]
 
 
 def _states_where(kernel: Comparison) -> str:
