@@ -1208,3 +1208,20 @@ def y_stored_toward_zero(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
                    y_dtype=torch.float32)
     y = out.y if x.dtype == torch.float32 else _stored_toward_zero(out.y, x.dtype)
     return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def final_states_stored_toward_zero(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                    return_final_states=False, return_varlen_states=False, *,
+                                    state_dtype=torch.float32, rounding="nearest", seed=0):
+    """Passes its chunk states in float32 and stores the final states it returns (the state a prefill leaves in the
+    cache) into an fp16 or bf16 `state_dtype` by truncation: every element toward zero, a mean of about -1/2 ulp,
+    where the baseline's own arithmetic errs by as much, so that the norm-wise error stays within 1.02-2.01x the
+    baseline's. `rounding` is not read (its stochastic cases fail the seed check as well)."""
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=torch.float32)
+    if state_dtype != torch.float32:
+        out = replace(out, final_states=_stored_toward_zero(out.final_states, state_dtype),
+                      varlen_states=None if out.varlen_states is None
+                      else _stored_toward_zero(out.varlen_states, state_dtype))
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

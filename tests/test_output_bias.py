@@ -131,9 +131,9 @@ def test_bias_sum_of_an_fp32_output_is_none():
     assert measure.BiasSum(torch.float32).add(exact.float(), exact).bias() is None
 
 
-def _comparison(y_bias: OutputBias | None, rel: float = 1e-3) -> Comparison:
+def _comparison(y_bias: OutputBias | None, rel: float = 1e-3, states_bias: OutputBias | None = None) -> Comparison:
     stats = ErrorStats(rel, rel, (0, 0, 0, 0))
-    return Comparison(stats, stats, y_bias=y_bias)
+    return Comparison(stats, stats, y_bias=y_bias, states_bias=states_bias)
 
 
 TOWARD = OutputBias("bf16", 25600, -0.47, -180.0)
@@ -149,6 +149,41 @@ def test_judge_fails_a_biased_y_within_tolerance_and_adds_the_clause_to_failed_o
     assert both.message.startswith("y error") and both.message.endswith("; " + alone.message) and both.over_limit
     assert judge(_comparison(NEAREST), _comparison(NEAREST), None, tolerance).status is Status.PASS
     assert judge(_comparison(None), _comparison(None), None, tolerance).status is Status.PASS  # fp32 y
+
+
+def test_judge_fails_biased_final_states_naming_the_declared_rounding():
+    tolerance = Tolerance()
+    for rounding, declared in (("nearest", "not to nearest"), ("stochastic", "not stochastically")):
+        verdict = judge(_comparison(None, states_bias=TOWARD), _comparison(None, states_bias=NEAREST), None, tolerance,
+                        rounding=rounding)
+        assert verdict.status is Status.FAIL and not verdict.over_limit
+        assert verdict.message == bias_message("final states", TOWARD, NEAREST, rounding)
+        assert verdict.message.startswith("final states stored with a bias") and verdict.message.endswith(declared)
+    # y's clause and the states' both, y's first; unbiased states pass
+    both = judge(_comparison(TOWARD, states_bias=TOWARD), _comparison(NEAREST, states_bias=NEAREST), None, tolerance)
+    assert both.message.startswith("y stored with a bias") and "; final states stored with a bias" in both.message
+    assert judge(_comparison(None, states_bias=NEAREST), _comparison(None, states_bias=NEAREST), None,
+                 tolerance).status is Status.PASS
+
+
+def test_a_kernel_storing_its_final_states_toward_zero_fails_on_their_bias(tmp_path):
+    """The planted kernel's bf16 and fp16 final states (from fp16 inputs) fail on their bias, the fp16 ones on it alone
+    (within the norm-wise rule; the bf16 ones exceed it by 0.3%, by chance); fp32 states, stored as computed, pass and
+    have no bias figure. y is the baseline's: no y clause."""
+    _, report = invoke("scan", "--kernel", f"{BROKEN}:final_states_stored_toward_zero", "--regime", "ragged",
+                       "--dtype", "fp16", "--state-dtype", "fp32,bf16,fp16", "--seqlen", "100", "--chunk-size", "32",
+                       "--batch", "3", "--nheads", "4", "--headdim", "16", "--dstate", "16", "--ngroups", "2",
+                       json_path=tmp_path / "s.json")
+    by_dtype = {c["params"]["state_dtype"]: c for c in report["cases"]}
+    assert by_dtype["fp32"]["status"] == "pass" and by_dtype["fp32"]["error"]["state_bias"] is None
+    for dtype in ("bf16", "fp16"):
+        case = by_dtype[dtype]
+        assert case["status"] == "fail" and "final states stored with a bias" in case["message"], case["message"]
+        assert "rounded toward zero, not to nearest" in case["message"] and "y stored" not in case["message"]
+        kernel, base = case["error"]["state_bias"], case["error"]["baseline_state_bias"]
+        assert kernel["dtype"] == base["dtype"] == dtype and kernel["mean_ulp"] < -0.25 and abs(base["mean_ulp"]) < 0.1
+    alone = by_dtype["fp16"]
+    assert alone["message"].startswith("final states stored with a bias") and alone["error"]["precision"] is None
 
 
 def test_a_kernel_storing_y_toward_zero_fails_on_its_bias_alone(tmp_path):

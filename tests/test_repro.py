@@ -65,6 +65,23 @@ def test_y_stored_toward_zero_reproduces_on_its_bias(tmp_path):
     assert last.startswith("fail: ") and "y stored with a bias: mean signed error -0." in last, run.stdout
 
 
+def test_final_states_stored_toward_zero_reproduce_on_their_bias(tmp_path):
+    """A case that fails on its final states' rounding bias alone (fp16 states, stored toward zero) fails the script
+    too, on that bias: the script passes the kernel the state options the sweep did."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:final_states_stored_toward_zero",
+                            "--regime", "ragged", "--dtype", "fp16", "--state-dtype", "fp16", "--seqlen", "100",
+                            "--chunk-size", "32", "--batch", "3", "--nheads", "4", "--headdim", "16", "--dstate", "16",
+                            "--ngroups", "2", "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1 and case["message"].startswith("final states stored with a bias"), result.output
+    run = _run_script(case["repro"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    last = run.stdout.splitlines()[-1]
+    assert last.startswith("fail: ") and "final states stored with a bias: mean signed error -0." in last, run.stdout
+    assert "y stored" not in last
+
+
 def test_config_only_bug_reproduces_with_its_config(tmp_path):
     out = tmp_path / "repros"
     result, report = invoke("scan", "--kernel", "tests.tuned_kernels.scan:chunk_scan", "--configs", "all",

@@ -1,11 +1,13 @@
 """The rounding bias of an output stored in fp16 or bf16: its mean signed error, in ulps of the output's dtype.
 
 An output computed in float32 and stored to nearest errs, element by element, by up to half an ulp either way,
-as much up as down: its mean signed error (signed along the exact value, so that a store toward zero counts
-negative whatever the value's sign) is zero to within its standard error. A store toward zero (a truncating
-conversion, a hand-written bf16 pack that drops the low half) averages -1/2 ulp, one away from zero +1/2, at
-an error per element no larger than twice the nearest store's: the norm-wise tolerance rule (2 x the baseline)
-sees it only by chance. Its mean is a test of its own.
+as much up as down (stored stochastically, as a scan's states may be, by up to an ulp, unbiased too): its mean
+signed error (signed along the exact value, so that a store toward zero counts negative whatever the value's sign)
+is zero to within its standard error. A store toward zero (a truncating conversion, a hand-written bf16 pack that
+drops the low half) averages -1/2 ulp, one away from zero +1/2, at an error per element no larger than twice the
+nearest store's: the norm-wise tolerance rule (2 x the baseline) sees it only by chance, and not at all where the
+baseline's own error is larger than a store's (a scan's final states from bf16 inputs: a store toward zero left
+their norm-wise error within 1.02x the baseline's). Its mean is a test of its own.
 
 Errors come from the output's own arithmetic too (a kernel's bf16 operands in the chunk scan, float32 sums that
 cancel), unbiased for any rounding to nearest: each element's error is clipped to CLIP_ULPS, so that a few
@@ -114,16 +116,18 @@ def is_biased(bias: OutputBias | None, baseline_mean: float = 0.0) -> bool:
     return bias is not None and abs(bias.mean - baseline_mean) > BIAS_FLOOR_ULP and abs(bias.z) > BIAS_Z_LIMIT
 
 
-def bias_clause(output: str, bias: OutputBias | None, baseline: OutputBias | None) -> str | None:
+def bias_clause(output: str, bias: OutputBias | None, baseline: OutputBias | None,
+                rounding: str = "nearest") -> str | None:
     """The verdict's clause on `output`'s bias against its baseline's (bias_message), where it is biased; else None."""
     if not is_biased(bias, baseline.mean if baseline is not None else 0.0):
         return None
-    return bias_message(output, bias, baseline)
+    return bias_message(output, bias, baseline, rounding)
 
 
-def bias_message(output: str, bias: OutputBias, baseline: OutputBias | None = None) -> str:
-    """One clause naming the bias and what rounds that way; or, where no rounding explains it (ROUNDING_MEAN_ULP,
-    BEYOND_SHARE against the baseline's), the computation that errs one way."""
+def bias_message(output: str, bias: OutputBias, baseline: OutputBias | None = None, rounding: str = "nearest") -> str:
+    """One clause naming the bias and what rounds that way (not as `rounding`, "nearest" or "stochastic", declares);
+    or, where no rounding explains it (ROUNDING_MEAN_ULP, BEYOND_SHARE against the baseline's), the computation that
+    errs one way."""
     direction = "toward zero" if bias.mean < 0 else "away from zero"
     base_mean, base_share = (0.0, 0.0) if baseline is None else (baseline.mean, baseline.beyond_share)
     beside = "" if baseline is None else f"; the same-precision baseline's {base_mean:+.3f}"
@@ -132,4 +136,5 @@ def bias_message(output: str, bias: OutputBias, baseline: OutputBias | None = No
     if abs(bias.mean - base_mean) > ROUNDING_MEAN_ULP or bias.beyond_share - base_share > BEYOND_SHARE:
         return (f"{output} errs one way: {figures}, {bias.beyond_share:.0%} of them by more than an ulp (the "
                 f"baseline's {base_share:.0%}): no rounding does that, the computation errs {direction}")
-    return f"{output} stored with a bias: {figures}: rounded {direction}, not to nearest"
+    declared = "to nearest" if rounding == "nearest" else "stochastically"
+    return f"{output} stored with a bias: {figures}: rounded {direction}, not {declared}"

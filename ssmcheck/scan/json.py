@@ -5,7 +5,8 @@ Keys are always present; figures a case did not produce (skipped, error) are nul
 `stdout` is what the kernel printed ("" when nothing).
 `error`'s `y_bias` and `baseline_y_bias` (null for fp32 y, and where a case measured none) are {"dtype", "count",
 "mean_ulp", "z", "beyond"}: the mean signed error of y (the kernel's, the baseline's) in ulps of its dtype, negative
-toward zero, its z statistic, and how many elements erred by more than an ulp (core.output_bias).
+toward zero, its z statistic, and how many elements erred by more than an ulp (core.output_bias); `state_bias` and
+`baseline_state_bias` the same of the final states (null where they are stored in fp32).
 `stages` (with --stages, and for failing cases where the kernel offers its stages; else null) is {"first_wrong":
 null | {"stage", "label", "status", "sequence", "chunk", "head"}, "note", "figures": {stage: StageFigure's fields}}
 (scan.stages); `repro` the folder of the case's reproducer (--repro), else null.
@@ -60,8 +61,10 @@ def case_json(result: ScanResult) -> dict:
             "ssm_rel": kernel.ssm.rel if kernel and kernel.ssm else None,
             "baseline_ssm_rel": base.ssm.rel if base and base.ssm else None,
             "ssm_ratio": result.ssm_ratio,
-            "y_bias": _bias(kernel),
-            "baseline_y_bias": _bias(base),
+            "y_bias": _bias(kernel, "y_bias"),
+            "baseline_y_bias": _bias(base, "y_bias"),
+            "state_bias": _bias(kernel, "states_bias"),
+            "baseline_state_bias": _bias(base, "states_bias"),
             "worst_ratio": result.worst_ratio,
             "precision": result.precision,
         },
@@ -79,8 +82,9 @@ def case_json(result: ScanResult) -> dict:
     }
 
 
-def _bias(comparison: Comparison | None) -> dict | None:
-    return comparison.y_bias.as_dict() if comparison and comparison.y_bias else None
+def _bias(comparison: Comparison | None, field: str) -> dict | None:
+    bias = getattr(comparison, field) if comparison else None
+    return bias.as_dict() if bias else None
 
 
 def _stages(result: ScanResult) -> dict | None:

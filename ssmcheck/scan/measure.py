@@ -116,6 +116,11 @@ class BiasSum:
         return None if self.sums is None else output_bias(self.sums.tolist(), self.dtype)
 
 
+def stored_bias(stored: torch.Tensor, exact: torch.Tensor) -> OutputBias | None:
+    """The OutputBias of a whole output (the final states) in the dtype it is stored in; None where that is fp32."""
+    return BiasSum(stored.dtype).add(stored, exact).bias()
+
+
 class FirstNonfinite:
     """The first non-finite element of y (where the reference is finite) in token order, and how far it
     spread, over segments of flattened tokens fed in order."""

@@ -6,8 +6,8 @@ For each case that ends `fail`, `nonfinite` or `error`:
    dstate), each tried at smaller values, smallest first, keeping a value when the case, run again as
    the sweep ran it, keeps its status; at most SHRINK_RUNS runs;
 2. write DIR/CASE_ID/: `inputs.pt` (torch.save: the kernel call's arguments, the float64 reference's
-   y, states and C·h, the tolerance limits of the shrunk case, the rule for y's rounding bias with the
-   baseline's mean, the token layout, the autotune configs the case pinned) and `repro.py`
+   y, states and C·h, the tolerance limits of the shrunk case, the rule for the rounding bias of y and the
+   final states with the baseline's means, the token layout, the autotune configs the case pinned) and `repro.py`
    (scan/repro_script.py: it re-runs the call and prints the verdict, importing the kernel but not ssmcheck).
 """
 
@@ -157,10 +157,13 @@ def _limit(runner, baseline_error: float | None) -> float:
 
 
 def _bias(baseline) -> dict | None:
-    """What the script judges y's rounding bias by (core.output_bias); None where there is none (fp32 y)."""
-    if baseline is None or baseline.y_bias is None:
+    """What the script judges the rounding bias of y and of the final states by (core.output_bias): the baseline's
+    mean of each (None for one stored in fp32), the floor and the z limit; None where neither is narrow."""
+    if baseline is None or (baseline.y_bias is None and baseline.states_bias is None):
         return None
-    return {"baseline_mean": baseline.y_bias.mean, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
+    means = {name: None if bias is None else bias.mean
+             for name, bias in (("y", baseline.y_bias), ("final states", baseline.states_bias))}
+    return {"baseline_mean": means, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
 
 
 def _config_text(tuned, index: int) -> str:

@@ -107,9 +107,9 @@ def first_nonfinite(y, ref, sequence, position):
             f"channel {channel}; {int(bad.sum())} elements")
 
 
-def y_bias(y, ref):
-    """(mean, z) of y's signed errors in ulps of its dtype (fp16, bf16) at each reference value, negative toward zero,
-    each clipped to one ulp: ssmcheck's core.output_bias."""
+def signed_bias(y, ref):
+    """(mean, z) of an output's signed errors in ulps of its dtype (fp16, bf16) at each reference value, negative
+    toward zero, each clipped to one ulp: ssmcheck's core.output_bias."""
     info = torch.finfo(y.dtype)
     emin, fraction_bits = round(math.log2(info.tiny)), round(-math.log2(info.eps))
     _, exponent = torch.frexp(ref.abs())
@@ -121,16 +121,19 @@ def y_bias(y, ref):
     return mean, (mean / error if error > 0 else math.copysign(math.inf, mean) if mean else 0.0)
 
 
-def bias_clauses(bias, y, ref):
-    """The clause naming y's rounding bias where its mean lies past the floor from the baseline's, at |z| past the
-    limit (`bias`: those three, saved; None for fp32 y)."""
-    if bias is None:
-        return []
-    mean, z = y_bias(y, ref)
-    if abs(mean - bias["baseline_mean"]) > bias["floor"] and abs(z) > bias["z_limit"]:
-        return [f"y stored with a bias: mean signed error {mean:+.3f} ulp (z {z:.1f}; the same-precision baseline's "
-                f"{bias['baseline_mean']:+.3f})"]
-    return []
+def bias_clauses(bias, outputs):
+    """A clause for each output (name -> (stored, reference)) whose rounding bias lies past the floor from the
+    baseline's mean, at |z| past the limit (`bias`: those, saved; no mean for an output stored in fp32)."""
+    clauses = []
+    for name, (out, ref) in outputs.items():
+        base = None if bias is None else bias["baseline_mean"][name]
+        if base is None or out.dtype == torch.float32:
+            continue
+        mean, z = signed_bias(out, ref)
+        if abs(mean - base) > bias["floor"] and abs(z) > bias["z_limit"]:
+            clauses.append(f"{name} stored with a bias: mean signed error {mean:+.3f} ulp (z {z:.1f}; the "
+                           f"same-precision baseline's {base:+.3f})")
+    return clauses
 
 
 def verdict(case, y, states, y_ssm):
@@ -150,7 +153,7 @@ def verdict(case, y, states, y_ssm):
         judged.append(("SSM part C·h", relative(y_ssm.cpu(), ref["y_ssm"]), limits["ssm"]))
     failed = [f"{name} error {err:.3g} > limit {limit:.3g}" for name, err, limit in judged
               if not err <= limit]
-    failed += bias_clauses(case.get("bias"), y.cpu(), ref["y"])
+    failed += bias_clauses(case.get("bias"), {"y": (y.cpu(), ref["y"]), "final states": (states.cpu(), ref["states"])})
     if failed:
         return "fail", "; ".join(failed)
     return "pass", ", ".join(f"{name} error {err:.3g} <= {limit:.3g}" for name, err, limit in judged)

@@ -56,6 +56,7 @@ class Comparison:
     states: ErrorStats
     ssm: ErrorStats | None = None  # the SSM part C·h alone (y without D·x and the z gate), when those exist
     y_bias: OutputBias | None = None  # the rounding bias of y stored in fp16/bf16 (core.output_bias); None for fp32
+    states_bias: OutputBias | None = None  # the final states' likewise, where they are stored in fp16/bf16
 
 
 # The kernel call whose y is judged as the SSM part C·h alone (scan.adapter.ScanAdapter.call_y), as messages name it.

@@ -215,9 +215,11 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         stdout=transcript.text,
         state_storage=dtype_name(storage),
         kernel=Comparison(figures.kernel_y, measure.error_stats(out[1], figures.reference_states),
-                          figures.kernel_ssm if ssm else None, figures.kernel_y_bias),
+                          figures.kernel_ssm if ssm else None, figures.kernel_y_bias,
+                          measure.stored_bias(out[1], figures.reference_states)),
         baseline=Comparison(figures.baseline_y, measure.error_stats(figures.baseline_states, figures.reference_states),
-                            figures.baseline_ssm if ssm else None, figures.baseline_y_bias),
+                            figures.baseline_ssm if ssm else None, figures.baseline_y_bias,
+                            measure.stored_bias(figures.baseline_states, figures.reference_states)),
         worst_group=measure.worst_group(
             figures.kernel_groups.group_errors(),
             # Each group's largest error over the baseline's draws (_baseline_streams).
@@ -233,7 +235,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
     result.growth = measure.growth(result.per_chunk)
     result.repeat = measure.repeat_spread(out, again, tokens) if again else None
     verdict = judge(result.kernel, result.baseline, result.first_nonfinite, tolerance, result.worst_group,
-                    result.repeat, allow_nondeterministic)
+                    result.repeat, allow_nondeterministic, case.rounding)
     result.status, result.message, result.limits = verdict.status, verdict.message, verdict.limits
     racy = result.repeat is not None and not result.repeat.identical and not allow_nondeterministic
     if result.status is Status.FAIL and not racy:
