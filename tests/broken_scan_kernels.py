@@ -1225,3 +1225,16 @@ def final_states_stored_toward_zero(x, dt, A, B, C, chunk_size, D=None, z=None, 
                       varlen_states=None if out.varlen_states is None
                       else _stored_toward_zero(out.varlen_states, state_dtype))
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def final_state_of_the_whole_row(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                 return_final_states=False, return_varlen_states=False):
+    """Right but for final_states in a varlen call (both flags, as Mamba2's inference prefill asks): the row scanned
+    as one sequence from zero, each packed sequence carrying its state into the next, where the row's final state
+    is its last sequence's alone."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if cu_seqlens is not None:
+        row = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, None, None, dt_softplus, dt_limit)
+        out = replace(out, final_states=row.final_states)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

@@ -625,6 +625,9 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # to nearest (ragged's), where the baseline's own arithmetic errs by over an fp16 ulp in 70% of the elements
     ("final_states_stored_toward_zero", lambda p: p["state_dtype"] in ("bf16", "fp16")
      and not (p["state_dtype"], p["dtype"], p["rounding"]) == ("fp16", "bf16", "nearest"), 5),
+    # bf16 packed rows of several sequences without pad tokens (the call with both flags) whose last sequence is
+    # under 300 tokens: a longer one decays the earlier sequences' state (and a dropped initial one) out of its own
+    ("final_state_of_the_whole_row", lambda p: p["dtype"] == "bf16" and _last_sequence_after_others(p) < 300, 13),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
@@ -636,7 +639,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "dt-limit-without-upper-end", "per-channel-D-without-a-gate", "initial-state-past-its-start-block",
         "fp32-dstate-blocks", "training-forward-in-fp32", "sequences-past-4-in-a-chunk", "initial-state-padded-headdim",
         "varlen-processed-dt-limit", "one-token-last-chunk-state", "y-stored-toward-zero",
-        "final-states-stored-toward-zero"])
+        "final-states-stored-toward-zero", "varlen-final-state-of-the-row"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
@@ -652,7 +655,8 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     sequence from an initial state starting mid-chunk at a chunk past 64 tokens, fp32 inputs past dstate 64, the
     training forward's call for y alone in fp32, more than 4 packed sequences in a chunk, initial states at a headdim
     that is no power of two, a packed dt_limit on dt processed already, a batch-mode final state whose last chunk is
-    one token, a y stored in fp16 or bf16, final states stored in fp16 or bf16. The default preset has cases for each (and every other case passes)."""
+    one token, a y stored in fp16 or bf16, final states stored in fp16 or bf16, a packed row's final state (both flags). The
+    default preset has cases for each (and every other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
@@ -662,6 +666,15 @@ def _sequence_bounds(p) -> list[int]:
     """cu_seqlens of the case `p` names (a report's params), its inputs generated again; [] in batch mode."""
     cu_seqlens = case_inputs(p).cu_seqlens
     return [] if cu_seqlens is None else cu_seqlens.tolist()
+
+
+def _last_sequence_after_others(p) -> float:
+    """The length of the last sequence of a packed row of several without pad tokens; infinite for any other case."""
+    inputs = case_inputs(p)
+    if not inputs.varlen or inputs.pad_after is not None or inputs.nsequences < 2:
+        return float("inf")
+    bounds = inputs.cu_seqlens.tolist()
+    return bounds[-1] - bounds[-2]
 
 
 def _is_varlen(p) -> bool:

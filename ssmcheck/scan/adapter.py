@@ -210,6 +210,29 @@ class ScanAdapter:
         _check_inputs(fenced)
         return (sent.case_y(y) if sent else y), states
 
+    def call_both(self, inputs: ScanInputs, case: ScanCase,
+                  transcript: Transcript | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the kernel on varlen `inputs` with both return flags, as Mamba2's inference prefill calls it on packed
+        sequences; return (y, final_states, varlen_states), the final states the row's (1, ...). Checked as `call`
+        checks its outputs. Raises as `call` does."""
+        def both_flags(*args, **kwargs):
+            return self.fn(*args, **{**kwargs, "return_final_states": True})
+
+        storage, why = self._storage(inputs, case)[1:]
+        result, sent, fenced = self._fenced_call(both_flags, inputs, case, True, transcript)
+        if not (isinstance(result, tuple) and len(result) == 3 and all(isinstance(t, torch.Tensor) for t in result)):
+            raise KernelOutputError("expected a tuple (out, final_states, varlen_states) of tensors from a call with "
+                                    f"both return flags, got {_described(result)}")
+        y, final, states = result
+        self.returned.check_and_add(y=y, states=states)
+        x = fenced.originals["x"]
+        _check_tensor("y", y, tuple(x.shape), (x.dtype,), x.device, "x's dtype")
+        _check_tensor("final_states", final, (1, *x.shape[2:], inputs.B.shape[-1]), storage, x.device, why)
+        _check_tensor("varlen_states", states, (inputs.nsequences, *x.shape[2:], inputs.B.shape[-1]), storage,
+                      x.device, why)
+        _check_inputs(fenced)
+        return (sent.case_y(y) if sent else y), final, states
+
     def call_y(self, inputs: ScanInputs, case: ScanCase, transcript: Transcript | None = None) -> torch.Tensor:
         """Run the kernel on `inputs` without the return flags, as a caller that wants y alone calls it (Mamba2's
         training forward, a prefill that keeps no state); return y. A kernel that uses its initial states, or its
@@ -359,6 +382,13 @@ def _unpack(result) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(value, torch.Tensor):
             raise KernelOutputError(f"expected a tuple (out, states) of tensors, got {what} of type {type(value).__name__}")
     return result
+
+
+def _described(result) -> str:
+    """What a kernel returned, in a few words: its type, a tuple's length and its members' types."""
+    if not isinstance(result, tuple):
+        return type(result).__name__
+    return f"a tuple of {len(result)} ({', '.join(type(t).__name__ for t in result)})"
 
 
 def _check_tensor(what: str, tensor: torch.Tensor, shape: tuple, dtypes: tuple, device: torch.device,

@@ -198,6 +198,14 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             _sync(device)
         except Exception as exc:  # noqa: BLE001
             return _kernel_failed(case, exc, inputs, transcript, f" ({Y_ALONE_CALL[0]})")
+    both = None
+    if judges_both_flags(case.dtype, inputs):
+        # And the call with both flags, as Mamba2's inference prefill makes it on packed sequences (_judge_both).
+        try:
+            both = kernel.call_both(inputs, case, transcript)
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001
+            return _kernel_failed(case, exc, inputs, transcript, f" ({BOTH_FLAGS_CALL[0]})")
     ref_stream = reference_stream(inputs, reference_kind)
     if serving is not None:  # the serving-shaped checks compare whole outputs: keep the reference whole
         ref_stream = streamed.Recorded(ref_stream)
@@ -253,6 +261,8 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         _check_seed(result, kernel, inputs, case, transcript, device, out[1], figures.reference_states, storage)
     if y_alone is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
         _judge_beside(result, Y_ALONE_CALL, (y_alone,), out)
+    if both is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
+        _judge_both(result, both, out, inputs)
     if first_call is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
         _judge_beside(result, FIRST_CALL, first_call, out)
     if result.status is Status.NONFINITE:
@@ -388,6 +398,43 @@ FIRST_CALL = ("the first call of this shape (compiling and autotuning; untimed)"
               "them")
 Y_ALONE_CALL = ("the call without the return flags (as a training forward, or a prefill that keeps no state, makes "
                 "it)", "a path taken without the return flags that computes y otherwise")
+
+
+BOTH_FLAGS_CALL = ("the call with both return flags (as Mamba2's inference prefill makes it on packed sequences)",
+                   "a path taken with both flags that computes y or the states otherwise")
+
+
+def judges_both_flags(dtype: str, inputs: ScanInputs) -> bool:
+    """Whether a case also judges the call with both return flags, which Mamba2's own inference prefill makes on
+    packed sequences (final_states then holds the row's final state: its last sequence's): in varlen cases without
+    pad tokens (whose row would end in a pad, of no sequence), in bf16, the dtype serving engines run, as the call
+    for y alone (each such call costs a kernel call)."""
+    return inputs.varlen and inputs.pad_after is None and dtype == "bf16"
+
+
+def _judge_both(result: ScanResult, both: tuple, timed: tuple, inputs: ScanInputs) -> None:
+    """Fold the call with both return flags into a judged case: its y and varlen states beside the timed call's
+    (_judge_beside), and its final states beside its own last sequence's varlen state, which they are (off by
+    more than the states' limit plus the timed call's states error fails: a final state that carries an earlier
+    sequence's state, or misses the last one's tokens). A last sequence of no tokens is left out: the row's final
+    state is then the one before it."""
+    y, final, states = both
+    _judge_beside(result, BOTH_FLAGS_CALL, (y, states), timed)
+    bounds = inputs.cu_seqlens
+    if result.status not in (Status.PASS, Status.FAIL) or int(bounds[-1]) == int(bounds[-2]):
+        return
+    last = states[-1:]
+    if same_bits(final, last):
+        return
+    if bool((~torch.isfinite(final) & torch.isfinite(last)).any()):
+        _found(result, Status.NONFINITE, f"{BOTH_FLAGS_CALL[0]} returned non-finite final states")
+        return
+    off, = measure.relative_errors([(final, last)])
+    error, limit = result.kernel.states.rel, result.limits[1]
+    if off > limit + error:
+        _found(result, Status.FAIL, f"{BOTH_FLAGS_CALL[0]} returned final states {off:.3g} off its last sequence's "
+                                    f"varlen state, whose own error is {error:.3g} (limit {limit:.3g}): the final "
+                                    "state of a packed row is its last sequence's")
 
 
 def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
