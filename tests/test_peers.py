@@ -215,14 +215,17 @@ def test_states_not_in_cs_dtype_are_caught_when_vllm_was_told_nothing(fakes, mon
 
 def _calls_of_each_case(calls: list[dict], cases: list[dict]) -> list[tuple[dict, dict]]:
     """The kernel's two calls of each case in order (as it is, and without D and z), past the warm-up
-    call that a GPU run makes before a shape's first case (its report holds warmup_seconds) and the call for y
-    alone that some cases make after them (scan.run.judges_y_alone)."""
+    call that a GPU run makes before a shape's first case (its report holds warmup_seconds), the call for y
+    alone that some cases make after them (scan.run.judges_y_alone) and the call with both return flags after that
+    (scan.run.judges_both_flags)."""
     calls, pairs = list(calls), []
     for case in cases:
         if case["warmup_seconds"] is not None:
             calls.pop(0)
         pairs.append((calls.pop(0), calls.pop(0)))
         if _judges_y_alone(case["params"]):
+            calls.pop(0)
+        if scan_run.judges_both_flags(case["params"]["dtype"], case_inputs(case["params"])):
             calls.pop(0)
     assert not calls, f"{len(calls)} calls past the cases'"
     return pairs

@@ -494,8 +494,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
                   threads: int, serving: invariance.Options | None = None,
                   tolerance: Tolerance | None = None) -> Launches:
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
-    kernel is called once per shape (and once more without D and z, and for y alone where judges_y_alone, as the
-    cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the
+    kernel is called once per shape (and once more without D and z, for y alone where judges_y_alone and with both
+    return flags where judges_both_flags, as the cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the
     invariance checks' calls follow (_rehearse_checks). A case whose call raises here is left to run as usual,
     where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
@@ -525,6 +525,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
                         kernel.call_y(replace(inputs, D=None, z=None), case, Transcript())
                     if judges_y_alone(case.dtype, inputs):
                         kernel.call_y(inputs, case, Transcript())
+                    if judges_both_flags(case.dtype, inputs):
+                        kernel.call_both(inputs, case, Transcript())
                     if serving is not None:
                         _rehearse_checks(serving, kernel, case, inputs, out, tolerance, device)
             except Exception:  # noqa: BLE001, S110 (as above)
