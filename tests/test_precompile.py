@@ -157,6 +157,7 @@ class _Inputs:
     z: torch.Tensor | None
     varlen: bool = False
     initial_states: torch.Tensor | None = None
+    pad_after: torch.Tensor | None = None
 
     def to(self, device):
         return self
@@ -189,6 +190,9 @@ class _Kernel:
     def call_y(self, inputs, case, transcript):
         # without D and z: the SSM part's call; with them: the call for y alone (scan.run.judges_y_alone)
         self.calls.append(("call_y" if inputs.D is None and inputs.z is None else "y_alone", _name(case)))
+
+    def call_both(self, inputs, case, transcript):  # the call with both return flags (scan.run.judges_both_flags)
+        self.calls.append(("both", _name(case)))
 
 
 @pytest.fixture
@@ -231,13 +235,14 @@ def test_one_call_per_regime_and_shape_and_the_ssm_part_where_d_or_z(ahead):
     assert launches.count == 3
 
 
-def test_the_call_for_y_alone_is_compiled_where_its_cases_make_it(ahead):
-    # bf16 with packed sequences and D: the cases call for y alone too; fp32, or one row, they do not
+def test_the_calls_for_y_alone_and_with_both_flags_are_compiled_where_their_cases_make_them(ahead):
+    # bf16 with packed sequences and D: the cases call for y alone and with both return flags too; fp32, or one row,
+    # they do not
     cases = [_case(40, headdim=4, dtype="bf16", batch=2), _case(24, headdim=4, dtype="fp32", batch=2),
              _case(32, headdim=4, dtype="bf16")]
     scan_run.compile_ahead(ahead, cases, lambda case: {}, "cpu", 2)
-    assert ahead.calls == [("call", "c40-4-1"), ("call_y", "c40-4-1"), ("y_alone", "c40-4-1"), ("call", "c24-4-1"),
-                           ("call_y", "c24-4-1"), ("call", "c32-4-1"), ("call_y", "c32-4-1")]
+    assert ahead.calls == [("call", "c40-4-1"), ("call_y", "c40-4-1"), ("y_alone", "c40-4-1"), ("both", "c40-4-1"),
+                           ("call", "c24-4-1"), ("call_y", "c24-4-1"), ("call", "c32-4-1"), ("call_y", "c32-4-1")]
 
 
 def test_a_call_that_raises_is_left_to_its_case(ahead):
