@@ -625,7 +625,8 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # to nearest (ragged's), where the baseline's own arithmetic errs by over an fp16 ulp in 70% of the elements
     ("final_states_stored_toward_zero", lambda p: p["state_dtype"] in ("bf16", "fp16")
      and not (p["state_dtype"], p["dtype"], p["rounding"]) == ("fp16", "bf16", "nearest"), 5),
-    # bf16 packed rows of several sequences without pad tokens (the call with both flags) whose last sequence is
+    # bf16 packed rows of several sequences without pad tokens at chunk 64 and up (the call with both flags; the
+    # kernel takes no state options, so its cases store states as by default) whose last sequence is
     # under 300 tokens: a longer one decays the earlier sequences' state (and a dropped initial one) out of its own
     ("final_state_of_the_whole_row", lambda p: p["dtype"] == "bf16" and _last_sequence_after_others(p) < 300, 13),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",

@@ -13,6 +13,7 @@ import importlib
 import importlib.abc
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -225,7 +226,7 @@ def _calls_of_each_case(calls: list[dict], cases: list[dict]) -> list[tuple[dict
         pairs.append((calls.pop(0), calls.pop(0)))
         if _judges_y_alone(case["params"]):
             calls.pop(0)
-        if scan_run.judges_both_flags(case["params"]["dtype"], case_inputs(case["params"])):
+        if scan_run.judges_both_flags(SimpleNamespace(**case["params"]), case_inputs(case["params"])):
             calls.pop(0)
     assert not calls, f"{len(calls)} calls past the cases'"
     return pairs

@@ -159,6 +159,10 @@ class _Inputs:
     initial_states: torch.Tensor | None = None
     pad_after: torch.Tensor | None = None
 
+    @property
+    def nsequences(self) -> int:
+        return 2 if self.varlen else 1
+
     def to(self, device):
         return self
 
@@ -218,8 +222,8 @@ def ahead(monkeypatch):
     return kernel
 
 
-def _case(seqlen, headdim=8, seed=1, regime="normal", dtype="fp32", batch=1):
-    return ScanCase(kernel="fake", regime=regime, dtype=dtype, chunk_size=16, seqlen=seqlen, batch=batch, nheads=1,
+def _case(seqlen, headdim=8, seed=1, regime="normal", dtype="fp32", batch=1, chunk_size=16):
+    return ScanCase(kernel="fake", regime=regime, dtype=dtype, chunk_size=chunk_size, seqlen=seqlen, batch=batch, nheads=1,
                     headdim=headdim, dstate=4, ngroups=1, state_dtype="fp32", rounding="nearest", model=None, seed=seed)
 
 
@@ -236,13 +240,14 @@ def test_one_call_per_regime_and_shape_and_the_ssm_part_where_d_or_z(ahead):
 
 
 def test_the_calls_for_y_alone_and_with_both_flags_are_compiled_where_their_cases_make_them(ahead):
-    # bf16 with packed sequences and D: the cases call for y alone and with both return flags too; fp32, or one row,
-    # they do not
-    cases = [_case(40, headdim=4, dtype="bf16", batch=2), _case(24, headdim=4, dtype="fp32", batch=2),
-             _case(32, headdim=4, dtype="bf16")]
+    # bf16 with packed sequences and D: the cases call for y alone too, and with both return flags at chunk 64; fp32,
+    # or one row, they do not
+    cases = [_case(40, headdim=4, dtype="bf16", batch=2), _case(48, headdim=4, dtype="bf16", batch=2, chunk_size=64),
+             _case(24, headdim=4, dtype="fp32", batch=2), _case(32, headdim=4, dtype="bf16")]
     scan_run.compile_ahead(ahead, cases, lambda case: {}, "cpu", 2)
-    assert ahead.calls == [("call", "c40-4-1"), ("call_y", "c40-4-1"), ("y_alone", "c40-4-1"), ("both", "c40-4-1"),
-                           ("call", "c24-4-1"), ("call_y", "c24-4-1"), ("call", "c32-4-1"), ("call_y", "c32-4-1")]
+    assert ahead.calls == [("call", "c40-4-1"), ("call_y", "c40-4-1"), ("y_alone", "c40-4-1"), ("call", "c48-4-1"),
+                           ("call_y", "c48-4-1"), ("y_alone", "c48-4-1"), ("both", "c48-4-1"), ("call", "c24-4-1"),
+                           ("call_y", "c24-4-1"), ("call", "c32-4-1"), ("call_y", "c32-4-1")]
 
 
 def test_a_call_that_raises_is_left_to_its_case(ahead):
