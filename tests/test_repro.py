@@ -50,35 +50,35 @@ def test_planted_nan_reproduces_in_a_fresh_process(tmp_path):
     assert lines[-1].startswith("nonfinite: y non-finite from sequence 0 token"), run.stdout
 
 
-def test_y_stored_toward_zero_reproduces_on_its_bias(tmp_path):
-    """A case that fails on y's rounding bias alone fails the script too, on the bias."""
+def _script_verdict_on_a_bias(tmp_path, kernel: str, output: str, *options: str) -> str:
+    """The last line the reproducer prints for the one case of `options`, which fails on `output`'s rounding bias
+    alone in the sweep and must in the script too (exit 1, on that bias)."""
     out = tmp_path / "repros"
-    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:y_stored_toward_zero",
-                            "--regime", "normal", "--dtype", "bf16", "--seqlen", "64", "--chunk-size", "16",
-                            "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1",
-                            "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    result, report = invoke("scan", "--kernel", f"tests/broken_scan_kernels.py:{kernel}", *options, "--repro", out,
+                            "--quiet", json_path=tmp_path / "r.json")
     case = report["cases"][0]
-    assert result.exit_code == 1 and case["message"].startswith("y stored with a bias"), result.output
+    assert result.exit_code == 1 and case["message"].startswith(f"{output} stored with a bias"), result.output
     run = _run_script(case["repro"], tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     last = run.stdout.splitlines()[-1]
-    assert last.startswith("fail: ") and "y stored with a bias: mean signed error -0." in last, run.stdout
+    assert last.startswith("fail: ") and f"{output} stored with a bias: mean signed error -0." in last, run.stdout
+    return last
+
+
+def test_y_stored_toward_zero_reproduces_on_its_bias(tmp_path):
+    """A case that fails on y's rounding bias alone fails the script too, on the bias."""
+    _script_verdict_on_a_bias(tmp_path, "y_stored_toward_zero", "y", "--regime", "normal", "--dtype", "bf16",
+                              "--seqlen", "64", "--chunk-size", "16", "--batch", "2", "--nheads", "2", "--headdim",
+                              "16", "--dstate", "8", "--ngroups", "1")
 
 
 def test_final_states_stored_toward_zero_reproduce_on_their_bias(tmp_path):
     """A case that fails on its final states' rounding bias alone (fp16 states, stored toward zero) fails the script
     too, on that bias: the script passes the kernel the state options the sweep did."""
-    out = tmp_path / "repros"
-    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:final_states_stored_toward_zero",
-                            "--regime", "ragged", "--dtype", "fp16", "--state-dtype", "fp16", "--seqlen", "100",
-                            "--chunk-size", "32", "--batch", "3", "--nheads", "4", "--headdim", "16", "--dstate", "16",
-                            "--ngroups", "2", "--repro", out, "--quiet", json_path=tmp_path / "r.json")
-    case = report["cases"][0]
-    assert result.exit_code == 1 and case["message"].startswith("final states stored with a bias"), result.output
-    run = _run_script(case["repro"], tmp_path)
-    assert run.returncode == 1, run.stdout + run.stderr
-    last = run.stdout.splitlines()[-1]
-    assert last.startswith("fail: ") and "final states stored with a bias: mean signed error -0." in last, run.stdout
+    last = _script_verdict_on_a_bias(tmp_path, "final_states_stored_toward_zero", "final states", "--regime",
+                                     "ragged", "--dtype", "fp16", "--state-dtype", "fp16", "--seqlen", "100",
+                                     "--chunk-size", "32", "--batch", "3", "--nheads", "4", "--headdim", "16",
+                                     "--dstate", "16", "--ngroups", "2")
     assert "y stored" not in last
 
 

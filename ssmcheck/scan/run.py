@@ -429,15 +429,10 @@ def _judge_both(result: ScanResult, both: tuple, timed: tuple, inputs: ScanInput
     last = states[-1:]
     if same_bits(final, last):
         return
-    if bool((~torch.isfinite(final) & torch.isfinite(last)).any()):
-        _found(result, Status.NONFINITE, f"{BOTH_FLAGS_CALL[0]} returned non-finite final states")
-        return
     off, = measure.relative_errors([(final, last)])
-    error, limit = result.kernel.states.rel, result.limits[1]
-    if off > limit + error:
-        _found(result, Status.FAIL, f"{BOTH_FLAGS_CALL[0]} returned final states {off:.3g} off its last sequence's "
-                                    f"varlen state, whose own error is {error:.3g} (limit {limit:.3g}): the final "
-                                    "state of a packed row is its last sequence's")
+    _found_off(result, BOTH_FLAGS_CALL[0], "final states", final, last, off, result.kernel.states.rel,
+               result.limits[1], "its last sequence's varlen state", "the final state of a packed row is its last "
+               "sequence's")
 
 
 def judges_y_alone(dtype: str, inputs: ScanInputs) -> bool:
@@ -475,13 +470,23 @@ def _judge_beside(result: ScanResult, call: tuple[str, str], outputs: tuple, tim
     checked = zip(("y", "states"), outputs, timed, offs, (result.kernel.y.rel, result.kernel.states.rel),
                   result.limits)
     for name, other, own, off, error, limit in checked:
-        if bool((~torch.isfinite(other) & torch.isfinite(own)).any()):
-            _found(result, Status.NONFINITE, f"{what} returned non-finite {name}")
+        if _found_off(result, what, name, other, own, off, error, limit, "the timed call's", why):
             return
-        if off > limit + error:
-            _found(result, Status.FAIL, f"{what} returned {name} {off:.3g} off the timed call's, whose own error is "
-                                        f"{error:.3g} (limit {limit:.3g}): {why}")
-            return
+
+
+def _found_off(result: ScanResult, what: str, name: str, other: torch.Tensor, own: torch.Tensor, off: float,
+               error: float, limit: float, against: str, why: str) -> bool:
+    """Whether `other` (output `name` of the call `what`), `off` (norm-wise, relative) from `own` (`against` in
+    words), is non-finite where `own` is not or past `limit` + `error` (own's error): then the case takes that
+    finding (_found)."""
+    if bool((~torch.isfinite(other) & torch.isfinite(own)).any()):
+        _found(result, Status.NONFINITE, f"{what} returned non-finite {name}")
+        return True
+    if off > limit + error:
+        _found(result, Status.FAIL, f"{what} returned {name} {off:.3g} off {against}, whose own error is "
+                                    f"{error:.3g} (limit {limit:.3g}): {why}")
+        return True
+    return False
 
 
 def _shape_key(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase) -> tuple:
@@ -498,8 +503,8 @@ def compile_ahead(kernel: ScanAdapter, cases: list[ScanCase], pins: Callable[[Sc
                   tolerance: Tolerance | None = None) -> Launches:
     """Compile, in `threads` threads at once, the Triton kernels that `cases` will launch (core.precompile): the
     kernel is called once per shape (and once more without D and z, for y alone where judges_y_alone and with both
-    return flags where judges_both_flags, as the cases call it) with every launch made compile-only; with `serving` (and the runner's `tolerance`), the
-    invariance checks' calls follow (_rehearse_checks). A case whose call raises here is left to run as usual,
+    return flags where judges_both_flags, as the cases call it) with every launch made compile-only; with `serving`
+    (and the runner's `tolerance`), the invariance checks' calls follow (_rehearse_checks). A case whose call raises here is left to run as usual,
     where its error is reported.
     The first call decides whether to go on: a kernel that launched nothing through Triton is not called again;
     nor is any once the first calls found every variant in Triton's cache (Launches.cache_warm). In a helper
