@@ -82,6 +82,36 @@ def test_final_states_stored_toward_zero_reproduce_on_their_bias(tmp_path):
     assert "y stored" not in last
 
 
+def _script_verdict_on_another_call(tmp_path, kernel: str, call: str) -> str:
+    """The last line the reproducer prints for a ragged bf16 case that fails through `call` alone (the timed call
+    is right): it must fail the script too (exit 1), naming that call."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", f"tests/broken_scan_kernels.py:{kernel}", "--regime", "ragged",
+                            "--dtype", "bf16", "--seqlen", "200", "--chunk-size", "64", "--batch", "3", *WIDTHS,
+                            "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1 and case["message"].startswith(call), result.output
+    run = _run_script(case["repro"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    last = run.stdout.splitlines()[-1]
+    assert last.startswith("fail: ") and call in last, run.stdout
+    return last
+
+
+def test_y_alone_failure_reproduces(tmp_path):
+    """A kernel wrong only when called for y alone (a training forward's call) fails the script on that call's y,
+    where the script once re-ran the timed call alone and printed pass."""
+    last = _script_verdict_on_another_call(tmp_path, "y_alone_without_d", "the call without the return flags")
+    assert "y of the call without the return flags error" in last and "states error" not in last
+
+
+def test_both_flags_failure_reproduces(tmp_path):
+    """A kernel whose final state of a packed row is the whole row's (both return flags, as Mamba2's inference
+    prefill calls it) fails the script on that final state, beside its own last sequence's varlen state."""
+    last = _script_verdict_on_another_call(tmp_path, "final_state_of_the_whole_row", "the call with both return flags")
+    assert "final states of the call with both return flags, off its last sequence's varlen state error" in last
+
+
 def test_config_only_bug_reproduces_with_its_config(tmp_path):
     out = tmp_path / "repros"
     result, report = invoke("scan", "--kernel", "tests.tuned_kernels.scan:chunk_scan", "--configs", "all",

@@ -7,8 +7,9 @@ For each case that ends `fail`, `nonfinite` or `error`:
    the sweep ran it, keeps its status; at most SHRINK_RUNS runs;
 2. write DIR/CASE_ID/: `inputs.pt` (torch.save: the kernel call's arguments, the float64 reference's
    y, states and C·h, the tolerance limits of the shrunk case, the rule for the rounding bias of y and the
-   final states with the baseline's means, the token layout, the autotune configs the case pinned) and `repro.py`
-   (scan/repro_script.py: it re-runs the call and prints the verdict, importing the kernel but not ssmcheck).
+   final states with the baseline's means, the token layout, the autotune configs the case pinned, which of the
+   calls for y alone and with both return flags the case made) and `repro.py` (scan/repro_script.py: it re-runs
+   the calls and prints the verdict, importing the kernel but not ssmcheck).
 """
 
 from __future__ import annotations
@@ -136,6 +137,10 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
                    "group": _limit(runner, outcome.worst_group.baseline_rel if outcome.worst_group else None),
                    "ssm": _limit(runner, base.ssm.rel if base is not None and base.ssm is not None else None)},
         "bias": _bias(base),
+        # The calls besides the timed one and the SSM part's that the case made (scan.run), to be made again. vLLM's
+        # function takes no return flags: every call of it is the timed one.
+        "calls": {"y_alone": not reproducer.y_from_out and run.judges_y_alone(small.dtype, inputs),
+                  "both_flags": not reproducer.y_from_out and run.judges_both_flags(small, inputs)},
         "sequence": tokens.sequence.cpu(), "position": tokens.position.cpu(),
         "expected": {"status": outcome.status.value, "message": outcome.message},
         "pins": [{"module": t.module, "name": t.name, "index": i, "config": _config_text(t, i)}

@@ -63,11 +63,12 @@ def call(fn, case, args, kwargs):
     return (y if live is None else y[:, live.to(y.device)]), states
 
 
-def call_ssm_part(fn, case, args, kwargs):
-    """y of the call without D, z and the return flags, as ssmcheck judges the SSM part C·h alone (a tuple
-    back is taken for (y, ...))."""
+def call_without_flags(fn, case, args, kwargs, **changes):
+    """y of the call without the return flags (a tuple back is taken for (y, ...)), its keywords changed by
+    `changes`: as ssmcheck calls for y alone (D and z kept: a training forward's call) and for the SSM part C·h
+    alone (D and z None)."""
     kwargs = {k: v for k, v in kwargs.items() if k not in ("return_final_states", "return_varlen_states")}
-    kwargs = {**kwargs, "D": None, "z": None}
+    kwargs = {**kwargs, **changes}
     if "out" in kwargs:
         kwargs["out"] = torch.full_like(kwargs["out"], math.nan)
     result = fn(*args, **kwargs)
@@ -75,6 +76,16 @@ def call_ssm_part(fn, case, args, kwargs):
         result[0] if isinstance(result, tuple) else result)
     live = case.get("live")
     return y if live is None else y[:, live.to(y.device)]
+
+
+def call_both_flags(fn, args, kwargs):
+    """(y, final_states, varlen_states) of the varlen call with both return flags, as Mamba2's inference prefill
+    makes it on packed sequences (final_states then holds the row's final state: its last sequence's)."""
+    result = fn(*args, **{**kwargs, "return_final_states": True, "return_varlen_states": True})
+    if not (isinstance(result, tuple) and len(result) == 3):
+        raise TypeError(f"expected (out, final_states, varlen_states) from a call with both return flags, got "
+                        f"{type(result).__name__}")
+    return result
 
 
 def relative(out, ref):
@@ -136,21 +147,53 @@ def bias_clauses(bias, outputs):
     return clauses
 
 
-def verdict(case, y, states, y_ssm):
-    """(status, message) as ssmcheck judges the case, from the saved reference and limits."""
+Y_ALONE = "the call without the return flags"
+BOTH_FLAGS = "the call with both return flags"
+
+
+def verdict(case, y, states, y_ssm, y_alone=None, both=None):
+    """(status, message) as ssmcheck judges the case, from the saved reference and limits: the timed call's y and
+    states, the SSM part's y, and the other calls ssmcheck made of the case (y alone; both return flags: y, the
+    varlen states, and the final states against the call's own last varlen state)."""
     ref, limits = case["reference"], case["limits"]
     sequence, position = case["sequence"], case["position"]
+    others = {}  # y of another call of the case's computation, by call
+    if y_alone is not None:
+        others[Y_ALONE] = y_alone.cpu()
+    if both is not None:
+        others[BOTH_FLAGS] = both[0].cpu()
     nonfinite = first_nonfinite(y.cpu(), ref["y"], sequence, position)
     if nonfinite is None and (~torch.isfinite(states.cpu()) & torch.isfinite(ref["states"])).any():
         nonfinite = "final states non-finite"
+    for call, other in others.items():
+        found = first_nonfinite(other, ref["y"], sequence, position)
+        if nonfinite is None and found is not None:
+            nonfinite = f"{call}: {found}"
+    if nonfinite is None and both is not None:
+        final, varlen = both[1].cpu(), both[2].cpu()
+        if (~torch.isfinite(varlen) & torch.isfinite(ref["states"])).any():
+            nonfinite = f"{BOTH_FLAGS}: varlen states non-finite"
+        elif (~torch.isfinite(final) & torch.isfinite(varlen[-1:])).any():
+            nonfinite = f"{BOTH_FLAGS}: final states non-finite"
     if nonfinite is not None:
         return "nonfinite", nonfinite
     group_rel, group = worst_group(y.cpu(), ref["y"], sequence, position, case["chunk_size"])
+    states_rel = relative(states.cpu(), ref["states"])
     judged = [("y", relative(y.cpu(), ref["y"]), limits["y"]),
-              ("states", relative(states.cpu(), ref["states"]), limits["states"]),
+              ("states", states_rel, limits["states"]),
               (f"y in {group}", group_rel, limits["group"])]
     if y_ssm is not None:
         judged.append(("SSM part C·h", relative(y_ssm.cpu(), ref["y_ssm"]), limits["ssm"]))
+    judged += [(f"y of {call}", relative(other, ref["y"]), limits["y"]) for call, other in others.items()]
+    if both is not None:
+        final, varlen = both[1].cpu(), both[2].cpu()
+        judged.append((f"varlen states of {BOTH_FLAGS}", relative(varlen, ref["states"]), limits["states"]))
+        bounds = case["kwargs"]["cu_seqlens"]
+        if int(bounds[-1]) != int(bounds[-2]):  # a last sequence of no tokens: the row's final state is an earlier one's
+            # The final state of a packed row is its last sequence's: off it by more than the limit plus the timed
+            # call's own states error, the call's final state is wrong (as ssmcheck judges it).
+            judged.append((f"final states of {BOTH_FLAGS}, off its last sequence's varlen state",
+                           relative(final, varlen[-1:].double()), limits["states"] + states_rel))
     failed = [f"{name} error {err:.3g} > limit {limit:.3g}" for name, err, limit in judged
               if not err <= limit]
     failed += bias_clauses(case.get("bias"), {"y": (y.cpu(), ref["y"]), "final states": (states.cpu(), ref["states"])})
@@ -175,7 +218,10 @@ def main():
         runs = [call(fn, case, args, kwargs) for _ in range(case["repeat"])]
         y_ssm = None
         if case["reference"]["y_ssm"] is not None:  # the SSM part alone
-            y_ssm = call_ssm_part(fn, case, args, kwargs)
+            y_ssm = call_without_flags(fn, case, args, kwargs, D=None, z=None)
+        calls = case.get("calls", {})
+        y_alone = call_without_flags(fn, case, args, kwargs) if calls.get("y_alone") else None
+        both = call_both_flags(fn, args, kwargs) if calls.get("both_flags") else None
     except Exception as exc:  # noqa: BLE001 (a kernel that raises is this case's verdict)
         print(f"error: {type(exc).__name__}: {exc}")
         return 4
@@ -185,7 +231,7 @@ def main():
             if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
                 print(f"fail: nondeterministic: runs 1 and {run} differ in {name}")
                 return 1
-    status, message = verdict(case, y, states, y_ssm)
+    status, message = verdict(case, y, states, y_ssm, y_alone, both)
     print(f"{status}: {message}")
     return {"pass": 0, "fail": 1, "nonfinite": 3}[status]
 
