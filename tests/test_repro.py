@@ -112,6 +112,21 @@ def test_both_flags_failure_reproduces(tmp_path):
     assert "final states of the call with both return flags, off its last sequence's varlen state error" in last
 
 
+def test_failed_serving_checks_are_named_as_not_made(tmp_path):
+    """A case that fails a serving-shaped check alone (a kernel whose results depend on the packing, --invariance)
+    gets a script that says it does not make that check's calls, before judging the kernel's own."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/serving_kernels.py:batch_dependent", "--regime", "normal",
+                            "--dtype", "fp32", "--seqlen", "100", "--chunk-size", "32", "--batch", "2", *WIDTHS,
+                            "--invariance", "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1 and case["message"].startswith("batch invariance"), result.output
+    run = _run_script(case["repro"], tmp_path)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines[-1].startswith("pass: "), run.stdout + run.stderr
+    assert lines[-2].startswith("not made here: the serving-shaped checks that failed in ssmcheck (batch;"), run.stdout
+
+
 def test_config_only_bug_reproduces_with_its_config(tmp_path):
     out = tmp_path / "repros"
     result, report = invoke("scan", "--kernel", "tests.tuned_kernels.scan:chunk_scan", "--configs", "all",

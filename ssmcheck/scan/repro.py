@@ -8,8 +8,9 @@ For each case that ends `fail`, `nonfinite` or `error`:
 2. write DIR/CASE_ID/: `inputs.pt` (torch.save: the kernel call's arguments, the float64 reference's
    y, states and C·h, the tolerance limits of the shrunk case, the rule for the rounding bias of y and the
    final states with the baseline's means, the token layout, the autotune configs the case pinned, which of the
-   calls for y alone and with both return flags the case made) and `repro.py` (scan/repro_script.py: it re-runs
-   the calls and prints the verdict, importing the kernel but not ssmcheck).
+   calls for y alone and with both return flags the case made, the serving-shaped checks that failed) and
+   `repro.py` (scan/repro_script.py: it re-runs the calls and prints the verdict, importing the kernel but not
+   ssmcheck; it names the failed serving-shaped checks, whose calls it does not make).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
         # function takes no return flags: every call of it is the timed one.
         "calls": {"y_alone": not reproducer.y_from_out and run.judges_y_alone(small.dtype, inputs),
                   "both_flags": not reproducer.y_from_out and run.judges_both_flags(small, inputs)},
+        # The serving-shaped checks (--invariance) that failed: the script makes none of their calls, and says so.
+        "unmade": [check.name for check in outcome.invariance or () if check.status not in (Status.PASS, Status.SKIPPED)],
         "sequence": tokens.sequence.cpu(), "position": tokens.position.cpu(),
         "expected": {"status": outcome.status.value, "message": outcome.message},
         "pins": [{"module": t.module, "name": t.name, "index": i, "config": _config_text(t, i)}

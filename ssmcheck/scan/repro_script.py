@@ -232,6 +232,9 @@ def main():
                 print(f"fail: nondeterministic: runs 1 and {run} differ in {name}")
                 return 1
     status, message = verdict(case, y, states, y_ssm, y_alone, both)
+    if case.get("unmade"):
+        print(f"not made here: the serving-shaped checks that failed in ssmcheck ({', '.join(case['unmade'])}; "
+              "`ssmcheck scan --invariance` makes them): the verdict below judges the kernel's own calls alone")
     print(f"{status}: {message}")
     return {"pass": 0, "fail": 1, "nonfinite": 3}[status]
 
