@@ -4,11 +4,13 @@ reproduces the verdict in a fresh process, without ssmcheck; nothing written for
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from cli_invoke import assert_usage_error, invoke
 
 from ssmcheck.core.status import Status
@@ -110,6 +112,37 @@ def test_both_flags_failure_reproduces(tmp_path):
     prefill calls it) fails the script on that final state, beside its own last sequence's varlen state."""
     last = _script_verdict_on_another_call(tmp_path, "final_state_of_the_whole_row", "the call with both return flags")
     assert "final states of the call with both return flags, off its last sequence's varlen state error" in last
+
+
+def test_seed_ignored_reproduces_on_the_seed_check(tmp_path):
+    """A kernel that takes the state options and rounds to nearest when told stochastic fails the sweep's seed check
+    alone; the script calls it again with another seed and fails it on the same bits."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:stochastic_rounding_to_nearest",
+                            "--regime", "ragged", "--dtype", "fp32", "--chunk-size", "64", "--seqlen", "40", "--batch",
+                            "3", *WIDTHS, "--state-dtype", "fp16", "--rounding", "stochastic", "--repro", out,
+                            "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1 and case["message"].startswith("stochastic rounding: its states stored with two "
+                                                                "seeds are the same bits"), result.output
+    run = _run_script(case["repro"], tmp_path)
+    last = run.stdout.splitlines()[-1]
+    assert run.returncode == 1 and last.startswith("fail: stochastic rounding: its states stored with two seeds are "
+                                                   "the same bits in all"), run.stdout + run.stderr
+
+
+def test_the_scripts_seed_check_passes_two_draws():
+    """The script's seed check fails equal bits only: two states that differ in one element pass it."""
+    spec = importlib.util.spec_from_file_location("repro_script", repro.SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    first = torch.randn(64, 16, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    second = first.clone()
+    check = {"expected": 30.0, "false_alarm": 1e-9}
+    assert "the same bits in all 1024 elements" in script.seed_ignored(first, second, check)
+    second.view(torch.int16)[5, 7] += 1  # the next fp16 value of the same sign
+    assert second[5, 7] != first[5, 7] and script.seed_ignored(first, second, check) is None
+    assert script.seed_ignored(first, first.clone(), {**check, "expected": 5.0}) is None  # e^-5: no alarm
 
 
 def test_failed_serving_checks_are_named_as_not_made(tmp_path):

@@ -8,7 +8,8 @@ For each case that ends `fail`, `nonfinite` or `error`:
 2. write DIR/CASE_ID/: `inputs.pt` (torch.save: the kernel call's arguments, the float64 reference's
    y, states and C·h, the tolerance limits of the shrunk case, the rule for the rounding bias of y and the
    final states with the baseline's means, the token layout, the autotune configs the case pinned, which of the
-   calls for y alone and with both return flags the case made, the serving-shaped checks that failed) and
+   calls for y alone and with both return flags the case made, the seed check's expected count of differing
+   states under stochastic rounding, the serving-shaped checks that failed) and
    `repro.py` (scan/repro_script.py: it re-runs the calls and prints the verdict, importing the kernel but not
    ssmcheck; it names the failed serving-shaped checks, whose calls it does not make).
 """
@@ -26,7 +27,7 @@ from ssmcheck.core.formats import DTYPES
 from ssmcheck.core.output_bias import BIAS_FLOOR_ULP, BIAS_Z_LIMIT
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import tolerance_limit
-from ssmcheck.scan import spec
+from ssmcheck.scan import draws, spec
 from ssmcheck.scan.adapter import BUILTIN, MAMBA_SSM, VLLM, ScanAdapter
 from ssmcheck.scan.padding import padded
 from ssmcheck.scan.regimes import REGIMES
@@ -142,6 +143,7 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
         # function takes no return flags: every call of it is the timed one.
         "calls": {"y_alone": not reproducer.y_from_out and run.judges_y_alone(small.dtype, inputs),
                   "both_flags": not reproducer.y_from_out and run.judges_both_flags(small, inputs)},
+        "seed_check": _seed_check(adapter, small, states),
         # The serving-shaped checks (--invariance) that failed: the script makes none of their calls, and says so.
         "unmade": [check.name for check in outcome.invariance or () if check.status not in (Status.PASS, Status.SKIPPED)],
         "sequence": tokens.sequence.cpu(), "position": tokens.position.cpu(),
@@ -172,6 +174,16 @@ def _bias(baseline) -> dict | None:
     means = {name: None if bias is None else bias.mean
              for name, bias in (("y", baseline.y_bias), ("final states", baseline.states_bias))}
     return {"baseline_mean": means, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
+
+
+def _seed_check(adapter: ScanAdapter, case: ScanCase, reference_states: torch.Tensor) -> dict | None:
+    """What the script's seed check needs (scan.draws), where the case makes it (scan.run, a stochastically rounded
+    case of a kernel that takes the state options and a narrower storage): how many stored elements two independent
+    draws store differently, on average, and the false-alarm chance below which equal bits fail; None elsewhere."""
+    if case.rounding != "stochastic" or not adapter.takes_state_options or case.state_dtype == "fp32":
+        return None
+    return {"expected": draws.expected_differences(reference_states, DTYPES[case.state_dtype]),
+            "false_alarm": draws.FALSE_ALARM}
 
 
 def _config_text(tuned, index: int) -> str:

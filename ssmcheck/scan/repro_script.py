@@ -147,6 +147,18 @@ def bias_clauses(bias, outputs):
     return clauses
 
 
+def seed_ignored(first, second, check):
+    """The failing clause where the states stored with two seeds are the same bits everywhere and independent
+    draws would almost surely have differed somewhere (ssmcheck's scan.draws); None otherwise."""
+    if not torch.equal(first.contiguous().view(torch.uint8), second.contiguous().view(torch.uint8)):
+        return None
+    if math.exp(-check["expected"]) >= check["false_alarm"]:
+        return None
+    return (f"stochastic rounding: its states stored with two seeds are the same bits in all {first.numel()} "
+            f"elements, where independent draws differ in {check['expected']:.0f} on average: the rounding does not "
+            "depend on the seed")
+
+
 Y_ALONE = "the call without the return flags"
 BOTH_FLAGS = "the call with both return flags"
 
@@ -222,6 +234,8 @@ def main():
         calls = case.get("calls", {})
         y_alone = call_without_flags(fn, case, args, kwargs) if calls.get("y_alone") else None
         both = call_both_flags(fn, args, kwargs) if calls.get("both_flags") else None
+        seed_check = case.get("seed_check")
+        reseeded = call(fn, case, args, {**kwargs, "seed": kwargs["seed"] + 1})[1] if seed_check else None
     except Exception as exc:  # noqa: BLE001 (a kernel that raises is this case's verdict)
         print(f"error: {type(exc).__name__}: {exc}")
         return 4
@@ -232,6 +246,10 @@ def main():
                 print(f"fail: nondeterministic: runs 1 and {run} differ in {name}")
                 return 1
     status, message = verdict(case, y, states, y_ssm, y_alone, both)
+    if reseeded is not None and status in ("pass", "fail"):
+        clause = seed_ignored(states, reseeded, seed_check)
+        if clause is not None:
+            status, message = "fail", clause if status == "pass" else f"{message}; {clause}"
     if case.get("unmade"):
         print(f"not made here: the serving-shaped checks that failed in ssmcheck ({', '.join(case['unmade'])}; "
               "`ssmcheck scan --invariance` makes them): the verdict below judges the kernel's own calls alone")
