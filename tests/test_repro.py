@@ -175,6 +175,18 @@ def test_config_only_bug_reproduces_with_its_config(tmp_path):
     assert run.stdout.splitlines()[-1].startswith(f"{status}: y "), run.stdout
 
 
+def test_the_terminal_names_each_reproducer(tmp_path):
+    """Below the failing case's line, the terminal report names the script --repro wrote for it."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:y_alone_without_d", "--regime", "ragged",
+                            "--dtype", "bf16", "--seqlen", "200", "--chunk-size", "64", "--batch", "3", *WIDTHS,
+                            "--repro", out, json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    lines = result.output.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith(f"fail: {case['id']}: ")))
+    assert lines[at + 1] == f"reproducer: {case['id']}: {Path(case['repro']) / 'repro.py'}", result.output
+
+
 def test_passing_cases_write_nothing(tmp_path):
     out = tmp_path / "repros"
     result, report = invoke("scan", "--regime", "normal", "--dtype", "fp32", "--seqlen", "40", "--chunk-size", "16",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -145,10 +146,14 @@ def case_line(result: ScanResult) -> str:
 
 
 def notes(results: list[ScanResult]) -> list[str]:
-    """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
-    kernels printed, case by case."""
-    lines = [f"{r.status.value}: {r.case.id}: {headline(r.message)}" for r in results
-             if r.status in LISTED]
+    """One line per failing, non-finite or erroring case (and one naming its reproducer, where --repro wrote one),
+    skip reasons with their counts, then what kernels printed, case by case."""
+    lines = []
+    for r in results:
+        if r.status in LISTED:
+            lines.append(f"{r.status.value}: {r.case.id}: {headline(r.message)}")
+            if r.repro is not None:  # --repro: where the script that reproduces it lies
+                lines.append(f"reproducer: {r.case.id}: {Path(r.repro) / 'repro.py'}")
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
     lines += autotune.config_failures(results)
