@@ -196,3 +196,20 @@ def pads_drop_initial_states(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias
 
 
 pads_drop_initial_states.pad_tokens = True
+
+
+# The wrap of slot_offsets_wrapping: tests set drift.far_slots.FAR_ELEMENTS to it.
+WRAP_ELEMENTS = 2**14
+
+
+def slot_offsets_wrapping(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                          state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: a row's state offset, slot x slot stride, wraps at WRAP_ELEMENTS (2**14) elements, as one formed in
+    32-bit integers wraps at 2**32: a row on a far slot updates the slot its wrapped offset names (offsets that
+    wrap to a slot's start: widths whose slot size divides 2**14)."""
+    if state_batch_indices is None:
+        return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
+    stride = state.stride(0)
+    wrapped = state_batch_indices.long() * stride % WRAP_ELEMENTS // stride
+    slots = torch.where(state_batch_indices >= 0, wrapped, state_batch_indices.long()).to(state_batch_indices.dtype)
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, pad_slot_id, out=out)

@@ -36,7 +36,7 @@ from ssmcheck.core.guard import describe
 from ssmcheck.core.precompile import COMPILE_THREADS, Launches
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.drift import ahead, independence, slots, speculative
+from ssmcheck.drift import ahead, far_slots, independence, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.follow import output_rounded
 from ssmcheck.drift.lockstep import Lockstep, StepWindow
@@ -79,6 +79,8 @@ def run_case(
     if kernel.pad_slot_id is not None:  # a kernel that takes slot indices: the padded-slot check
         try:
             checks, layout = slots.run_check(case, kernel, tolerance, device, transcript)
+            far = far_slots.run_check(case, kernel, tolerance, device, transcript)  # None on the CPU
+            checks += [far] if far is not None else []
             if kernel.takes_draft_tokens:  # and the speculative-decoding check
                 drafts, layout["speculative"] = speculative.run_check(case, kernel, tolerance, device, transcript)
                 checks += drafts

@@ -66,8 +66,9 @@ PAD_ROWS = 2  # pad rows added to the case's batch
 SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
 INNER, ENDS, NULL_SLOT = "inner", "ends", "null_slot"  # the pool's layouts (the module docstring)
 LAYOUTS = (INNER, ENDS, NULL_SLOT)
+FAR = "far"  # drift.far_slots' rows, judged by live_verdict
 _PLACED = {INNER: "", ENDS: " (live rows on the pool's first and last slots)",
-           NULL_SLOT: " (pad rows given slot id 0, a null block)"}
+           NULL_SLOT: " (pad rows given slot id 0, a null block)", FAR: " (rows on slots past 2**32 elements)"}
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
 
@@ -117,7 +118,9 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
     # The float64 step reads D and dt_bias whole: zeros where the kernel was passed None (regimes.ABSENT).
     reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
-    return [_live(layout, paged.states_before[1:-1], pool, out, reference, case, tolerance, kernel.takes_out, own),
+    live = [s for r, s in enumerate(layout["slots"]) if r not in layout["pad_rows"]]
+    return [live_verdict(layout, paged.states_before[1:-1][live], pool, out, reference, case, tolerance,
+                         kernel.takes_out, own),
             _untouched(layout, paged, out_buffer if kernel.takes_out else None),
             _pad_out(layout, out, kernel.takes_out)]
 
@@ -157,16 +160,17 @@ def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance: Tolerance, took_out: bool,
-          returned_own: bool) -> SlotCheck:
-    """`took_out`: `out` is the NaN-filled one the kernel was given (a row left NaN there was not written);
-    `returned_own`: the kernel returned another tensor."""
+def live_verdict(layout, before, pool, out, arguments, case: DriftCase, tolerance: Tolerance, took_out: bool,
+                 returned_own: bool) -> SlotCheck:
+    """The live rows' verdict on `layout` (its slots, pad rows, seed and placement): `before`, the live rows' states
+    before the call, in row order; `took_out`: `out` is the NaN-filled one the kernel was given (a row left NaN
+    there was not written); `returned_own`: the kernel returned another tensor."""
     rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
     rows = [r for r in range(len(layout["slots"])) if r not in layout["pad_rows"]]
     live = [layout["slots"][r] for r in rows]
     per_row = [arguments[k][rows].double() for k in ("x", "dt")]
     z = None if arguments["z"] is None else arguments["z"][rows].double()
-    ref, ref_out = state_update_step(pool_before[live].double(), *per_row, arguments["A"].double(),
+    ref, ref_out = state_update_step(before.double(), *per_row, arguments["A"].double(),
                                      arguments["B"][rows].double(), arguments["C"][rows].double(),
                                      D=arguments["D"].double(), z=z, dt_bias=arguments["dt_bias"].double(),
                                      dt_softplus=arguments["dt_softplus"])
@@ -191,7 +195,7 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
                 if not within_tolerance(figures[f"{what}_rel"], base, *rule)]
         if failed is None and over:
             # A row the step skipped (a bounds or pad test that took it for a pad row) keeps its state's bits.
-            kept = torch.equal(bits(got_state), bits(pool_before[slot]))
+            kept = torch.equal(bits(got_state), bits(before[i]))
             skipped = "its state kept every bit (the row skipped, as a pad row is, or its store sent to another slot): "
             failed = (figures, (skipped if kept else "") + "; ".join(over))
         if worst is None or max(figures["state_rel"], figures["out_rel"]) > max(worst["state_rel"], worst["out_rel"]):
@@ -208,9 +212,9 @@ def _live(layout, pool_before, pool, out, arguments, case: DriftCase, tolerance:
                          "non-finite after the step", result)
     if failed is not None:
         where, over = failed
+        pads = f"; pad rows {layout['pad_rows']} carry slot id {layout['pad_slot_id']}" if layout["pad_rows"] else ""
         return SlotCheck(LIVE, Status.FAIL, f"{title}: slot {where['slot']} (row {where['row']}): {over} "
-                         f"({tolerance_rule(tolerance)}; pad rows {layout['pad_rows']} carry slot id "
-                         f"{layout['pad_slot_id']})", result)
+                         f"({tolerance_rule(tolerance)}{pads})", result)
     return SlotCheck(LIVE, Status.PASS, "", result)
 
 

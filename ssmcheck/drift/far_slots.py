@@ -1,0 +1,126 @@
+"""The far-slot check of a drift case: rows whose slots lie past 2**32 elements into the state pool.
+
+An engine keeps a layer's cached states in one pool, (slots, nheads, headdim, dstate), and a row's state lies
+slot x slot-stride elements in. A kernel that forms that offset in 32-bit integers (the slot loaded from int32
+`state_batch_indices`, as vLLM passes them, times a stride Triton passes as a 32-bit argument) wraps once the pool
+passes 2**31 elements: at Mamba2-2.7B widths (655,360 elements a slot) from slot 3,277, a pool of 4 GiB of fp16
+states. Between 2**31 and 2**32 elements the wrapped offset is negative, an illegal address that ends the process's
+CUDA context; past 2**32 it lands back inside the pool, on another sequence's slot: a silent write. So the rows
+here lie past 2**32 only.
+
+For a kernel that takes slot indices, on a CUDA GPU: one step of ROWS rows on slots f, f + 1, ..., f the first slot
+at or past 2**32 elements, in a pool of f + ROWS slots (8 GiB of fp16 or bf16 states, 16 GiB of fp32), every other
+slot FILL (finite: a step from a NaN could keep the NaN's bits, and hide the write). One verdict, `far_slot`: every
+other slot keeps FILL's bits (the first written is named, and where a row's offset wrapped to it, that row), and each
+row's slot holds the float64 step of its state within the tolerance rule, as drift.slots judges a live row. Skipped, with the reason, where the GPU's
+free memory cannot hold the pool. Not run on the CPU: the interpreter would step a pool of that size element by
+element (tests lower FAR_ELEMENTS to run it there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from ssmcheck.core import sweep
+from ssmcheck.core.capture import Transcript
+from ssmcheck.core.pool import nan_filled
+from ssmcheck.core.status import Status
+from ssmcheck.core.tensors import bits
+from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.regimes import make_problem
+from ssmcheck.drift.results import SlotCheck
+from ssmcheck.drift.slots import FAR, live_verdict
+from ssmcheck.drift.spec import DriftCase
+
+FAR_SLOT = "far_slot"
+TITLE = "slots past 2**32 elements"
+# Where an offset formed in 32 bits wraps back into the pool: the first row's slot is the first at or past it.
+FAR_ELEMENTS = 2**32
+ROWS = 2
+# On the CPU the check runs only on a pool this small (tests that lower FAR_ELEMENTS).
+CPU_POOL_BYTES = 64 * 2**20
+# The GPU's free memory must exceed the pool's size by this factor (the step's other tensors, the checks' blocks).
+HEADROOM = 1.25
+# What every slot but the rows' holds: exact in fp32, fp16 and bf16, and no value a step from it keeps.
+FILL = -0.8125
+# Elements of the pool compared with FILL at once (a bool per element while a block is compared).
+BLOCK_ELEMENTS = 2**26
+
+
+def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
+              transcript: Transcript) -> SlotCheck | None:
+    """The far-slot verdict of `case` for `kernel` (which takes slot indices); None on the CPU at FAR_ELEMENTS."""
+    state_shape = (case.nheads, case.headdim, case.dstate)
+    far = -(-FAR_ELEMENTS // math.prod(state_shape))
+    shape = (far + ROWS, *state_shape)
+    size = math.prod(shape) * case.dtype.itemsize
+    if device == "cpu":
+        if size > CPU_POOL_BYTES:
+            return None
+    elif torch.cuda.mem_get_info()[0] < HEADROOM * size:
+        return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(size)} needs more GPU memory than is "
+                         f"free ({_gib(torch.cuda.mem_get_info()[0])})")
+    seed = sweep.case_seed(case.seed, {"check": FAR_SLOT})
+    problem = make_problem(case.regime, replace(case.shape(), batch=ROWS), case.dtype, 1, seed, device)
+    try:
+        pool = torch.full(shape, FILL, dtype=case.dtype, device=device)
+    except torch.cuda.OutOfMemoryError:  # another process took the memory since it was asked
+        return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(size)} did not fit in GPU memory")
+    try:
+        return _step(case, kernel, tolerance, transcript, problem, pool, far, seed)
+    finally:
+        del pool
+        if device != "cpu":
+            torch.cuda.empty_cache()  # 8-16 GiB the next case's tensors may need
+
+
+def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcript: Transcript, problem, pool, far: int,
+          seed: int) -> SlotCheck:
+    pool[far:] = problem.initial_state
+    step = next(problem.steps())
+    arguments = {"z": None, **dict(step.given()), **problem.parameters(), "dt_softplus": problem.dt_softplus}
+    slots = list(range(far, far + ROWS))
+    sent = nan_filled(tuple(arguments["x"].shape), arguments["x"])
+    try:
+        returned = kernel.update_slots(pool, torch.tensor(slots, dtype=torch.int32, device=pool.device), arguments,
+                                       sent, case.rounding, sweep.case_seed(seed, {"step": 1}), "far-slot check",
+                                       transcript)
+    except KernelRaised as exc:
+        return SlotCheck(FAR_SLOT, Status.ERROR, f"{TITLE}: {exc}")
+    written = _written_slots(pool, far)
+    per_slot = pool[0].numel()
+    figures = {"slots": slots, "slot_elements": per_slot, "pool_slots": far + ROWS, "written": written[:8]}
+    if written:
+        wrapped = {(slot * per_slot) % FAR_ELEMENTS // per_slot: (row, slot) for row, slot in enumerate(slots)}
+        first = written[0]
+        why = ""
+        if first in wrapped:
+            row, slot = wrapped[first]
+            why = (f": row {row}'s slot {slot} lies {slot * per_slot:,} elements in, {slot * per_slot % FAR_ELEMENTS:,} "
+                   f"modulo {FAR_ELEMENTS:,} (its offset formed in 32-bit integers)")
+        more = f" and {len(written) - 1} more" if len(written) > 1 else ""
+        return SlotCheck(FAR_SLOT, Status.FAIL, f"{TITLE}: the step wrote slot {first} (no row's){more}{why}",
+                         figures)
+    reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
+    layout = {"slots": slots, "pad_rows": [], "seed": seed, "placement": FAR, "pad_slot_id": None}
+    out = sent if kernel.takes_out else returned
+    own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
+    live = live_verdict(layout, problem.initial_state, pool, out, reference, case, tolerance, kernel.takes_out, own)
+    return replace(live, name=FAR_SLOT, figures={**figures, **live.figures})
+
+
+def _written_slots(pool: torch.Tensor, far: int) -> list[int]:
+    """The slots before `far` whose bits are no longer all FILL's, in order."""
+    fill = bits(torch.tensor(FILL, dtype=pool.dtype)).item()
+    per_block = max(1, BLOCK_ELEMENTS // pool[0].numel())
+    flags = [(bits(pool[start:start + per_block]) != fill).flatten(1).any(1)
+             for start in range(0, far, per_block)]
+    return [int(i) for i in torch.cat(flags)[:far].nonzero().flatten().tolist()]
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
