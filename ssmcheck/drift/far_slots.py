@@ -19,8 +19,14 @@ element (tests lower FAR_ELEMENTS to run it there).
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -57,19 +63,40 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     state_shape = (case.nheads, case.headdim, case.dstate)
     far = -(-FAR_ELEMENTS // math.prod(state_shape))
     shape = (far + ROWS, *state_shape)
-    size = math.prod(shape) * case.dtype.itemsize
+    size = _pool_bytes(shape, case)
     if device == "cpu":
-        if size > CPU_POOL_BYTES:
-            return None
-    elif torch.cuda.mem_get_info()[0] < HEADROOM * size:
-        return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(size)} needs more GPU memory than is "
-                         f"free ({_gib(torch.cuda.mem_get_info()[0])})")
+        return None if size > CPU_POOL_BYTES else _in_a_pool(case, kernel, tolerance, device, transcript, shape, far)
+    with _one_pool_at_a_time():
+        free = torch.cuda.mem_get_info()[0]
+        if free < HEADROOM * size:
+            return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(size)} needs more GPU memory than "
+                             f"is free ({_gib(free)})")
+        return _in_a_pool(case, kernel, tolerance, device, transcript, shape, far)
+
+
+@contextmanager
+def _one_pool_at_a_time() -> Iterator[None]:
+    """Worker processes that share a GPU (--workers) make the check one at a time: each pool is 8-16 GiB. A lock
+    file per user and GPU."""
+    path = Path(tempfile.gettempdir()) / f"ssmcheck-far-slots-{os.getuid()}-gpu{torch.cuda.current_device()}.lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _in_a_pool(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str, transcript: Transcript,
+               shape: tuple[int, ...], far: int) -> SlotCheck:
+    """The check in a pool of `shape` filled with FILL, the rows on slots `far` on; freed after."""
     seed = sweep.case_seed(case.seed, {"check": FAR_SLOT})
     problem = make_problem(case.regime, replace(case.shape(), batch=ROWS), case.dtype, 1, seed, device)
     try:
         pool = torch.full(shape, FILL, dtype=case.dtype, device=device)
     except torch.cuda.OutOfMemoryError:  # another process took the memory since it was asked
-        return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(size)} did not fit in GPU memory")
+        return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(_pool_bytes(shape, case))} did not fit "
+                         "in GPU memory")
     try:
         return _step(case, kernel, tolerance, transcript, problem, pool, far, seed)
     finally:
@@ -120,6 +147,10 @@ def _written_slots(pool: torch.Tensor, far: int) -> list[int]:
     flags = [(bits(pool[start:start + per_block]) != fill).flatten(1).any(1)
              for start in range(0, far, per_block)]
     return [int(i) for i in torch.cat(flags)[:far].nonzero().flatten().tolist()]
+
+
+def _pool_bytes(shape: tuple[int, ...], case: DriftCase) -> int:
+    return math.prod(shape) * case.dtype.itemsize
 
 
 def _gib(size: int) -> str:

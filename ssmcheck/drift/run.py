@@ -61,8 +61,9 @@ def run_case(
     """Measure and judge one case (a skipped case only gets its reason). With `repeat` K > 1 every step
     runs K times from the same state (a race shows as runs that differ). `prefill`: the chunk scan's
     scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill). For a kernel that
-    takes slot indices, the padded-slot check (drift.slots) runs too, and for a stochastic-rounding case the
-    independence check (drift.independence); both are folded into the verdict."""
+    takes slot indices, the padded-slot check (drift.slots) runs too, on a GPU the far-slot check (drift.far_slots),
+    and for a stochastic-rounding case the independence check (drift.independence); all are folded into the
+    verdict."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()

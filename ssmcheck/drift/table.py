@@ -70,7 +70,8 @@ def _curve(result: DriftResult) -> str:
 
 
 def _slots(result: DriftResult) -> str:
-    """Each slot check's initial and outcome: `l✓ u✗ p✓` (live, untouched, pad_out; drift.slots)."""
+    """Each slot check's initial and outcome: `l✓ u✗ p✓` (live, untouched, pad_out; drift.slots), `d`, `k` (drafts,
+    kept; drift.speculative), `f` (far_slot, on a GPU; drift.far_slots)."""
     return " ".join(f"{c.name[0]}{CHECK_MARKS[c.status]}" for c in result.slots)
 
 
