@@ -12,9 +12,9 @@ For a kernel that takes slot indices, on a CUDA GPU: one step of ROWS rows on sl
 at or past 2**32 elements, in a pool of f + ROWS slots (8 GiB of fp16 or bf16 states, 16 GiB of fp32), every other
 slot FILL (finite: a step from a NaN could keep the NaN's bits, and hide the write). One verdict, `far_slot`: every
 other slot keeps FILL's bits (the first written is named, and where a row's offset wrapped to it, that row), and each
-row's slot holds the float64 step of its state within the tolerance rule, as drift.slots judges a live row. Skipped, with the reason, where the GPU's
-free memory cannot hold the pool. Not run on the CPU: the interpreter would step a pool of that size element by
-element (tests lower FAR_ELEMENTS to run it there).
+row's slot holds the float64 step of its state within the tolerance rule, as drift.slots judges a live row. Skipped,
+with the reason, where the GPU's free memory cannot hold the pool. Not run on the CPU, whose host memory a pool of
+8-16 GiB would exceed on a CI machine (tests lower FAR_ELEMENTS to run it there).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ ROWS = 2
 CPU_POOL_BYTES = 64 * 2**20
 # The GPU's free memory must exceed the pool's size by this factor (the step's other tensors, the checks' blocks).
 HEADROOM = 1.25
-# What every slot but the rows' holds: exact in fp32, fp16 and bf16, and no value a step from it keeps.
+# What every slot but the rows' holds: exact in fp32, fp16 and bf16, and finite (a wrapped row's step from it writes
+# other bits, where a step from a NaN may keep the NaN's).
 FILL = -0.8125
 # Elements of the pool compared with FILL at once (a bool per element while a block is compared).
 BLOCK_ELEMENTS = 2**26
@@ -107,6 +108,7 @@ def _in_a_pool(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devi
 
 def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcript: Transcript, problem, pool, far: int,
           seed: int) -> SlotCheck:
+    """The step of `problem`'s rows on slots `far` on of `pool`, judged."""
     pool[far:] = problem.initial_state
     step = next(problem.steps())
     arguments = {"z": None, **dict(step.given()), **problem.parameters(), "dt_softplus": problem.dt_softplus}
