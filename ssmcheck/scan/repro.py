@@ -143,7 +143,9 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
         # function takes no return flags: every call of it is the timed one.
         "calls": {"y_alone": not reproducer.y_from_out and run.judges_y_alone(small.dtype, inputs),
                   "both_flags": not reproducer.y_from_out and run.judges_both_flags(small, inputs)},
-        "seed_check": _seed_check(adapter, small, states),
+        # A kernel with the state options (which the seed check needs) stores the case's state dtype.
+        "seed_check": (_seed_check(small, states) if run.judges_seed(small, adapter, DTYPES[small.state_dtype])
+                       else None),
         # The serving-shaped checks (--invariance) that failed: the script makes none of their calls, and says so.
         "unmade": [check.name for check in outcome.invariance or () if check.status not in (Status.PASS, Status.SKIPPED)],
         "sequence": tokens.sequence.cpu(), "position": tokens.position.cpu(),
@@ -176,12 +178,9 @@ def _bias(baseline) -> dict | None:
     return {"baseline_mean": means, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
 
 
-def _seed_check(adapter: ScanAdapter, case: ScanCase, reference_states: torch.Tensor) -> dict | None:
-    """What the script's seed check needs (scan.draws), where the case makes it (scan.run, a stochastically rounded
-    case of a kernel that takes the state options and a narrower storage): how many stored elements two independent
-    draws store differently, on average, and the false-alarm chance below which equal bits fail; None elsewhere."""
-    if case.rounding != "stochastic" or not adapter.takes_state_options or case.state_dtype == "fp32":
-        return None
+def _seed_check(case: ScanCase, reference_states: torch.Tensor) -> dict:
+    """What the script's seed check needs (scan.draws): how many stored elements two independent draws store
+    differently, on average, and the false-alarm chance below which equal bits fail."""
     return {"expected": draws.expected_differences(reference_states, DTYPES[case.state_dtype]),
             "false_alarm": draws.FALSE_ALARM}
 

@@ -147,10 +147,15 @@ def bias_clauses(bias, outputs):
     return clauses
 
 
+def same_bits(a, b):
+    """Bitwise equality (NaN equals the same NaN)."""
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
 def seed_ignored(first, second, check):
     """The failing clause where the states stored with two seeds are the same bits everywhere and independent
     draws would almost surely have differed somewhere (ssmcheck's scan.draws); None otherwise."""
-    if not torch.equal(first.contiguous().view(torch.uint8), second.contiguous().view(torch.uint8)):
+    if not same_bits(first, second):
         return None
     if math.exp(-check["expected"]) >= check["false_alarm"]:
         return None
@@ -173,7 +178,7 @@ def verdict(case, y, states, y_ssm, y_alone=None, both=None):
     if y_alone is not None:
         others[Y_ALONE] = y_alone.cpu()
     if both is not None:
-        others[BOTH_FLAGS] = both[0].cpu()
+        others[BOTH_FLAGS], final, varlen = (t.cpu() for t in both)
     nonfinite = first_nonfinite(y.cpu(), ref["y"], sequence, position)
     if nonfinite is None and (~torch.isfinite(states.cpu()) & torch.isfinite(ref["states"])).any():
         nonfinite = "final states non-finite"
@@ -182,7 +187,6 @@ def verdict(case, y, states, y_ssm, y_alone=None, both=None):
         if nonfinite is None and found is not None:
             nonfinite = f"{call}: {found}"
     if nonfinite is None and both is not None:
-        final, varlen = both[1].cpu(), both[2].cpu()
         if (~torch.isfinite(varlen) & torch.isfinite(ref["states"])).any():
             nonfinite = f"{BOTH_FLAGS}: varlen states non-finite"
         elif (~torch.isfinite(final) & torch.isfinite(varlen[-1:])).any():
@@ -198,7 +202,6 @@ def verdict(case, y, states, y_ssm, y_alone=None, both=None):
         judged.append(("SSM part C·h", relative(y_ssm.cpu(), ref["y_ssm"]), limits["ssm"]))
     judged += [(f"y of {call}", relative(other, ref["y"]), limits["y"]) for call, other in others.items()]
     if both is not None:
-        final, varlen = both[1].cpu(), both[2].cpu()
         judged.append((f"varlen states of {BOTH_FLAGS}", relative(varlen, ref["states"]), limits["states"]))
         bounds = case["kwargs"]["cu_seqlens"]
         if int(bounds[-1]) != int(bounds[-2]):  # a last sequence of no tokens: the row's final state is an earlier one's
@@ -242,7 +245,7 @@ def main():
     (y, states), *again = runs
     for run, (y2, states2) in enumerate(again, start=2):
         for name, a, b in (("y", y, y2), ("states", states, states2)):
-            if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+            if not same_bits(a, b):
                 print(f"fail: nondeterministic: runs 1 and {run} differ in {name}")
                 return 1
     status, message = verdict(case, y, states, y_ssm, y_alone, both)

@@ -256,8 +256,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         if verdict.over_limit:  # errors of a reduced precision's size; a biased store alone is no such question
             result.precision, note = _classify(inputs, case, storage, cuts, reference_kind, result, out, allow_tf32)
             result.message += f"; {note}"
-    if (case.rounding == "stochastic" and kernel.takes_state_options and storage != torch.float32
-            and result.status in (Status.PASS, Status.FAIL)):
+    if judges_seed(case, kernel, storage) and result.status in (Status.PASS, Status.FAIL):
         _check_seed(result, kernel, inputs, case, transcript, device, out[1], figures.reference_states, storage)
     if y_alone is not None and result.status in (Status.PASS, Status.FAIL) and result.limits:
         _judge_beside(result, Y_ALONE_CALL, (y_alone,), out)
@@ -368,6 +367,12 @@ def _first_group_over(result: ScanResult, groups, tolerance: Tolerance) -> str:
     sequence, chunk, head, error = first
     return (f"; the earliest y group over the group limit {limit:.3g}: sequence {sequence} chunk {chunk} head {head} "
             f"(error {error:.3g})")
+
+
+def judges_seed(case: ScanCase, kernel: ScanAdapter, storage: torch.dtype) -> bool:
+    """Whether a case also makes the seed check (_check_seed): stochastically rounded, by a kernel told its storage
+    through the state options, into a narrower dtype than fp32."""
+    return case.rounding == "stochastic" and kernel.takes_state_options and storage != torch.float32
 
 
 def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
