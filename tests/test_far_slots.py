@@ -10,6 +10,7 @@ import torch
 
 import ssmcheck
 from ssmcheck.drift import far_slots
+from ssmcheck.drift.table import _slots
 
 KERNELS = "tests/slot_kernels.py"
 # 2 x 8 x 16 = 256 elements a slot: slot 64 is the first at 2**14, and slots 64, 65 wrap to 0, 1.
@@ -54,7 +55,6 @@ def test_on_the_cpu_a_pool_past_2_32_elements_is_not_made():
 
 def test_the_far_slot_check_shows_in_the_slots_column(wrap_at_2_14):
     report = ssmcheck.drift(kernel=f"{KERNELS}:slot_offsets_wrapping", **SMALL)
-    from ssmcheck.drift.table import _slots  # noqa: PLC0415
     assert _slots(report.results[0]).split()[-1] == "f✗"
 
 
