@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ssmcheck.core import interpreter_fast
+
 DEVICES = ("cpu", "cuda")
 
 
@@ -103,6 +105,7 @@ def mend_interpreter() -> None:
     _cache_interpreter_dtypes()
     _memoise_tile_types()
     _bf16_as_on_the_gpu()
+    interpreter_fast.install()
 
 
 def _skip_interpreter_overflow_checks() -> None:
@@ -212,7 +215,7 @@ def _memoise_tile_types() -> None:
             or list(inspect.signature(tensor_init).parameters) != ["self", "handle", "type"]):
         return
     blocks = {}  # (element type's name, shape) -> the block type's other attributes, or False: not shared
-    tensors = {}  # shape -> a tensor's attributes other than its handle, type and dtype, or False
+    tensors = {}  # shape (or block type's name) -> a tensor's attributes but its handle, type and dtype, or False
 
     def shareable(attributes: dict):
         return False if any(isinstance(v, (list, dict, set)) for v in attributes.values()) else attributes
@@ -232,7 +235,10 @@ def _memoise_tile_types() -> None:
         self.__dict__.update(derived)
 
     def memoised_tensor_init(self, handle, type):  # noqa: A002  (Triton's name)
-        key = tuple(type.shape) if type.is_block() else ()
+        if type.__class__ is block_type:
+            key = type.name  # its shape and element type, formatted once per block type
+        else:
+            key = tuple(type.shape) if type.is_block() else ()
         derived = tensors.get(key)
         if derived is None or derived is False:
             tensor_init(self, handle, type)
