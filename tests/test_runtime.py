@@ -306,3 +306,47 @@ def test_a_bf16_dot_in_kernels_multiplies_the_values(device):
     # the sum of the magnitudes (Higham's bound), where integer-pattern products land far outside.
     error = (c.double() - a.double() @ b.double()).abs()
     assert (error <= 32 * 2.0**-24 * (a.double().abs() @ b.double().abs())).all(), error.max()
+
+
+@triton.jit
+def _flagged(x_ptr, y_ptr, flag, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + i)
+    if flag:
+        v = v * 2.0
+    tl.store(y_ptr + i, v)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_bool_kernel_argument_is_a_run_time_flag(device, flag):
+    # The built-in kernels pass has_d / has_z so; Triton 3.6's interpreter refused every such launch.
+    x = torch.randn(16, generator=torch.Generator().manual_seed(3)).to(device)
+    y = torch.full_like(x, float("nan"))
+    _flagged[(1,)](x, y, flag, BLOCK=16)
+    assert torch.equal(y, x * 2.0 if flag else x)
+
+
+@triton.jit
+def _loaded_bound_and_inverted_mask(n_ptr, x_ptr, y_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    n = tl.load(n_ptr)  # a scalar from memory as a loop bound
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for t in range(0, n, BLOCK):
+        acc += tl.load(x_ptr + t + i, mask=t + i < n, other=0.0)
+    bits = acc.to(tl.uint32, bitcast=True) & ~tl.full((BLOCK,), 0xFFFF, tl.uint32)  # `~` of an unsigned tile
+    tl.store(y_ptr + i, bits.to(tl.float32, bitcast=True))
+
+
+def test_a_loaded_scalar_bounds_a_loop_and_unsigned_masks_invert(device):
+    # Triton 3.6's interpreter under NumPy 2 refused both (core.runtime: _scalars_as_indices,
+    # _all_ones_of_unsigned_types).
+    x = torch.randn(37, generator=torch.Generator().manual_seed(5)).to(device)
+    n = torch.tensor([37], dtype=torch.int32, device=device)
+    y = torch.full((8,), float("nan"), device=device)
+    _loaded_bound_and_inverted_mask[(1,)](n, x, y, BLOCK=8)
+    sums = torch.zeros(8, device=device)
+    for t in range(0, 37, 8):  # the kernel's order of additions
+        chunk = x[t:t + 8]
+        sums[:len(chunk)] += chunk
+    want = (sums.view(torch.int32) & ~0xFFFF).view(torch.float32)
+    assert torch.equal(y, want)

@@ -76,25 +76,27 @@ def _semantic_shortcuts(interpreter, tl) -> None:
                 else:
                     return broadcast(self, lhs, rhs)
             if lhs_shape != shape:
-                lhs = self.make_tensor(self.builder.create_broadcast(lhs.handle, shape),
-                                       block_type(lhs_ty.scalar, shape))
+                lhs = self.tensor(self.builder.create_broadcast(lhs.handle, shape), block_type(lhs_ty.scalar, shape))
             if rhs_shape != shape:
-                rhs = self.make_tensor(self.builder.create_broadcast(rhs.handle, shape),
-                                       block_type(rhs_ty.scalar, shape))
+                rhs = self.tensor(self.builder.create_broadcast(rhs.handle, shape), block_type(rhs_ty.scalar, shape))
             return lhs, rhs
         if lhs_block or rhs_block:
             if lhs_block and not rhs_ty.is_block():
                 # The splat's type is its own IR type here: the interpreter's builder makes an equal block type.
                 splat_ty = lhs_ty.with_element_ty(rhs_ty.scalar)
-                return lhs, self.make_tensor(self.builder.create_splat(splat_ty, rhs.handle), splat_ty)
+                return lhs, self.tensor(self.builder.create_splat(splat_ty, rhs.handle), splat_ty)
             if rhs_block and not lhs_ty.is_block():
                 splat_ty = rhs_ty.with_element_ty(lhs_ty.scalar)
-                return self.make_tensor(self.builder.create_splat(splat_ty, lhs.handle), splat_ty), rhs
+                return self.tensor(self.builder.create_splat(splat_ty, lhs.handle), splat_ty), rhs
             return broadcast(self, lhs, rhs)
         if lhs_ty.is_block() or rhs_ty.is_block():
             return broadcast(self, lhs, rhs)
         return lhs, rhs
 
+    # Python numbers take the shortcut where Triton converts them in the methods it is given here (Triton 3.9
+    # does; 3.6 converts them inside the check, and they take its own path).
+    numbers = _NUMBERS if all(hasattr(semantic, name) for name in ("to_tensor_type", "_cast_to_computation_type")) \
+        else frozenset()
     # (lhs dtype, lhs is a number, rhs dtype, rhs is a number, div_or_mod) of non-pointer operands -> the
     # computation type (Triton's, decided once; a key whose promotion raises is never kept).
     promotions: dict = {}
@@ -108,7 +110,7 @@ def _semantic_shortcuts(interpreter, tl) -> None:
     def fast_checking(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
                       div_or_mod=False):
         lhs_class, rhs_class = lhs.__class__, rhs.__class__
-        lhs_number, rhs_number = lhs_class in _NUMBERS, rhs_class in _NUMBERS
+        lhs_number, rhs_number = lhs_class in numbers, rhs_class in numbers
         if not (lhs_number or lhs_class is tensor) or not (rhs_number or rhs_class is tensor):
             return checking(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
         lhs_ty = self.to_tensor_type(lhs) if lhs_number else lhs.dtype
@@ -137,8 +139,8 @@ def _semantic_shortcuts(interpreter, tl) -> None:
         shape = list(ty.shape.values)
         shape.insert(axis, 1)
         data = input.handle.data
-        return self.make_tensor(handle(data.reshape(data.shape[:axis] + (1,) + data.shape[axis:]),
-                                       input.handle.dtype.scalar), block_type(ty.scalar, shape))
+        expanded = handle(data.reshape(data.shape[:axis] + (1,) + data.shape[axis:]), input.handle.dtype.scalar)
+        return self.tensor(expanded, block_type(ty.scalar, shape))
 
     semantic.binary_op_type_checking_impl = fast_checking.__get__(semantic)
     semantic.broadcast_impl_value = broadcast_fast.__get__(semantic)

@@ -105,6 +105,9 @@ def mend_interpreter() -> None:
     _cache_interpreter_dtypes()
     _memoise_tile_types()
     _bf16_as_on_the_gpu()
+    _bool_arguments_as_int1()
+    _scalars_as_indices()
+    _all_ones_of_unsigned_types()
     interpreter_fast.install()
 
 
@@ -307,6 +310,72 @@ def _bf16_as_on_the_gpu() -> None:
 
     cast_impl.bf16_as_on_the_gpu = True
     builder.cast_impl, builder.create_fp_to_fp, builder.create_dot = cast_impl, create_fp_to_fp, create_dot
+
+
+def _bool_arguments_as_int1() -> None:
+    """Give a kernel's bool argument (the built-in kernels' run-time flags, such as has_d) to the interpreter as
+    an int1 scalar of numpy bools, as Triton 3.9's interpreter does. Triton 3.6's treats a bool as any int: an
+    int1 scalar holding int32 data, which its own size check refuses ("numpy data itemsize (32 bits) exceeds
+    dtype primitive_bitwidth (1 bits)"), so every launch with a bool argument raised. A Triton whose
+    interpreter has no `_implicit_cvt` is left as it is."""
+    import numpy as np  # noqa: PLC0415
+    import triton.language as tl  # noqa: PLC0415
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    convert = getattr(interpreter, "_implicit_cvt", None)
+    if convert is None or getattr(convert, "bool_as_int1", False):
+        return
+
+    def bool_as_int1(arg):
+        if arg.__class__ is bool:
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.bool_), tl.int1), tl.int1)
+        return convert(arg)
+
+    bool_as_int1.bool_as_int1 = True
+    interpreter._implicit_cvt = bool_as_int1
+
+
+def _scalars_as_indices() -> None:
+    """Let a scalar loaded in a kernel be a Python index (`range(0, n, BLOCK)` with n from memory), as Triton 3.9's
+    interpreter does: its `__index__` converts the scalar's one-element array after a squeeze. Triton 3.6's
+    converts the array itself, which NumPy 2 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"). Set after the interpreter's own tile patches, in the same scope (restored with them). A Triton
+    whose interpreter has no `_patch_lang_tensor` is left as it is."""
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "squeezed_index", False):
+        return
+
+    def squeezed_index(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    squeezed_index.squeezed_index = True
+    interpreter._patch_lang_tensor = squeezed_index
+
+
+def _all_ones_of_unsigned_types() -> None:
+    """Make `~` of an unsigned tile (the stochastic rounding's masks) work under NumPy 2, as Triton 3.9's
+    interpreter does: its all-ones constant of an unsigned type is the type's largest value. Triton 3.6's
+    fills -1 into the unsigned array, which NumPy 2 refuses ("Python integer -1 out of bounds for uint32"). A
+    Triton whose builder lacks the method is left as it is."""
+    import numpy as np  # noqa: PLC0415
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    builder = type(getattr(interpreter, "interpreter_builder", None))
+    all_ones = getattr(builder, "get_all_ones_value", None)
+    if all_ones is None or getattr(all_ones, "unsigned_max", False):
+        return
+
+    def unsigned_max(self, type):  # noqa: A002  (Triton's name)
+        np_type = interpreter._get_np_dtype(type)
+        if np.issubdtype(np_type, np.unsignedinteger):
+            return interpreter.TensorHandle(np.full(1, np.iinfo(np_type).max, dtype=np_type), type.scalar)
+        return all_ones(self, type)
+
+    unsigned_max.unsigned_max = True
+    builder.get_all_ones_value = unsigned_max
 
 
 def environment() -> Environment:
