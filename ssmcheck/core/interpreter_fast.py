@@ -187,7 +187,6 @@ def _dtype_equality_by_class(core) -> None:
     core.dtype.__eq__ = by_class
 
 
-
 def _builtins_called_directly(interpreter, core) -> None:
     """Each tile op's patched builtin calls the builtin's own function with the interpreter's semantic object:
     Triton's patch copies the keyword arguments into a new dict without `_semantic` and calls the builtin's
