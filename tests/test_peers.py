@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import slot_kernels
 import torch
 from cli_invoke import assert_usage_error, case_inputs, invoke
 
@@ -23,7 +24,9 @@ import ssmcheck
 from ssmcheck import api
 from ssmcheck.core.callables import KernelSpecError
 from ssmcheck.drift import adapter as drift_adapter
+from ssmcheck.drift import far_slots
 from ssmcheck.drift import run as drift_run
+from ssmcheck.drift import table as drift_table
 from ssmcheck.peers import vllm as vllm_peer
 from ssmcheck.scan import adapter as scan_adapter
 from ssmcheck.scan import run as scan_run
@@ -495,6 +498,56 @@ def test_drift_kernel_vllm_verifies_draft_tokens_as_speculative_decoding_does(fa
         assert case["slots"]["drafts"]["tokens"] == 7
     verified = [call for call in fake.CALLS if call["num_accepted_tokens"] is not None]
     assert len(verified) == len(report["cases"])
+
+
+# 2 x 8 x 16 = 256 elements a slot: at a wrap of 2**14 elements (drift.far_slots.FAR_ELEMENTS lowered to it) the
+# far-drafts check's slots lie from 64 on, and a destination offset formed modulo 2**14 lands on slots 0..15.
+SMALL_SLOTS = ("--regime", "normal", "--state-dtype", "fp16", "--rounding", "nearest", "--batch", "3", "--nheads", "2",
+               "--headdim", "8", "--dstate", "16", "--steps", "2")
+
+
+def _destinations_wrapping(real, state, *args, dst_state_batch_indices, **kwargs):
+    # Planted: a destination's offset, slot x slot stride, wraps at 2**14 elements, as one formed in 32-bit integers
+    # wraps at 2**32: a far token's state lands on the slot its wrapped offset names (its sources are read right).
+    stride = state.stride(0)
+    wrapped = dst_state_batch_indices.long() * stride % slot_kernels.WRAP_ELEMENTS // stride
+    return real(state, *args, dst_state_batch_indices=wrapped.to(dst_state_batch_indices.dtype), **kwargs)
+
+
+@pytest.mark.parametrize("wraps", [False, True])
+def test_draft_slots_past_2_32_elements_fail_where_a_destination_offset_wraps(fakes, tmp_path, monkeypatch, wraps):
+    """The far-drafts check (drift.far_slots.run_draft_check), at a wrap of 2**14 elements on the CPU: the
+    speculative call's source and destination slots past it, every other slot FILL; a kernel whose destination
+    offsets wrap writes a near slot, which only this check's pool reaches."""
+    monkeypatch.setattr(far_slots, "FAR_ELEMENTS", slot_kernels.WRAP_ELEMENTS)
+    fake = fakes(VLLM_SSU)
+    if wraps:
+        _draft_variant(fake, monkeypatch, _destinations_wrapping)
+    result, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", *SMALL_SLOTS,
+                            json_path=tmp_path / "r.json")
+    (case,) = report["cases"]
+    checks = case["slots"]
+    far = checks["far_drafts"]
+    assert far["pool_slots"] == 64 + 13 and far["slot_elements"] == 256
+    # The pad id, vLLM's null block 0, stays below the far slots; every other slot lies past 2**14 elements.
+    assert all(s == 0 or s >= 64 for row in far["sources"] + far["destinations"] for s in row)
+    assert [row.count(0) for row in far["destinations"]] == [1, 1]
+    assert checks["drafts"]["status"] == checks["kept"]["status"] == checks["far_slot"]["status"] == "pass"
+    if not wraps:
+        assert result.exit_code == 0 and far["status"] == "pass" and far["written"] == [], result.output
+        assert far["worst"]["state_rel"] < 1e-2 and far["tokens"] == 5
+        return
+    assert result.exit_code == 1 and case["status"] == far["status"] == "fail", result.output
+    first = far["written"][0]
+    (b, t, slot), = [(b, t, s) for b, row in enumerate(far["destinations"]) for t, s in enumerate(row)
+                     if s != 0 and s * 256 % 2**14 // 256 == first]
+    assert (f"draft tokens' slots past 2**32 elements: the step wrote slot {first} (no row's) and "
+            f"{len(far['written']) - 1} more: row {b} token {t}'s destination slot {slot} lies {slot * 256:,} "
+            f"elements in, {slot * 256 % 2**14:,} modulo 16,384 (its offset formed in 32-bit integers)") in case["message"]
+    # In the table's slots column: the far twin of drafts as `F`, beside far_slot's `f`.
+    results = ssmcheck.drift(kernel="vllm", preset="smoke", regime=["normal"], state_dtype=["fp16"],
+                             rounding=["nearest"], batch=[3], nheads=[2], headdim=[8], dstate=[16], steps=2).results
+    assert drift_table._slots(results[0]).split()[-2:] == ["k✓", "F✗"]
 
 
 def test_a_vllm_without_speculative_decoding_gets_no_draft_check(fakes, tmp_path, monkeypatch):

@@ -15,6 +15,12 @@ other slot keeps FILL's bits (the first written is named, and where a row's offs
 row's slot holds the float64 step of its state within the tolerance rule, as drift.slots judges a live row. Skipped,
 with the reason, where the GPU's free memory cannot hold the pool. Not run on the CPU, whose host memory a pool of
 8-16 GiB would exceed on a CI machine (tests lower FAR_ELEMENTS to run it there).
+
+For a kernel that also takes draft tokens, its twin `far_drafts`: drift.speculative's verifying call of ROWS rows
+whose source and destination slots all lie past 2**32 elements (the pad id stays where it is), judged the same way:
+every slot before them keeps FILL's bits (the first written named, with the token or source whose offset wraps to
+it), and each kept token's state and out as the drafts verdict judges them. A draft path may form its destination
+offsets apart from the plain step's.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import fcntl
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +42,7 @@ from ssmcheck.core.pool import nan_filled
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance
+from ssmcheck.drift import speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import SlotCheck
@@ -44,6 +51,8 @@ from ssmcheck.drift.spec import DriftCase
 
 FAR_SLOT = "far_slot"
 TITLE = "slots past 2**32 elements"
+FAR_DRAFTS = "far_drafts"
+DRAFTS_TITLE = "draft tokens' slots past 2**32 elements"
 # Where an offset formed in 32 bits wraps back into the pool: the first row's slot is the first at or past it.
 FAR_ELEMENTS = 2**32
 ROWS = 2
@@ -61,18 +70,35 @@ BLOCK_ELEMENTS = 2**26
 def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
               transcript: Transcript) -> SlotCheck | None:
     """The far-slot verdict of `case` for `kernel` (which takes slot indices); None on the CPU at FAR_ELEMENTS."""
+    return _in_a_far_pool(case, device, FAR_SLOT, TITLE, ROWS,
+                          lambda pool, far: _step(case, kernel, tolerance, transcript, pool, far))
+
+
+def run_draft_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
+                    transcript: Transcript) -> SlotCheck | None:
+    """The far-drafts verdict of `case` for `kernel` (which takes draft tokens): drift.speculative's verifying call
+    of ROWS rows whose source and destination slots lie past FAR_ELEMENTS; None on the CPU at FAR_ELEMENTS."""
+    layout = speculative.draft_layout(replace(case, batch=ROWS), kernel.pad_slot_id, FAR_DRAFTS)
+    return _in_a_far_pool(case, device, FAR_DRAFTS, DRAFTS_TITLE, layout["pool"],
+                          lambda pool, far: _drafts(case, kernel, tolerance, transcript, layout, pool, far))
+
+
+def _in_a_far_pool(case: DriftCase, device: str, name: str, title: str, slots: int,
+                   check: Callable[[torch.Tensor, int], SlotCheck]) -> SlotCheck | None:
+    """`check(pool, far)` in a pool of FILL whose `slots` last slots, from `far` on, lie past FAR_ELEMENTS; freed
+    after. Skipped where the GPU's free memory cannot hold it; None on the CPU at FAR_ELEMENTS."""
     state_shape = (case.nheads, case.headdim, case.dstate)
     far = -(-FAR_ELEMENTS // math.prod(state_shape))
-    shape = (far + ROWS, *state_shape)
-    size = _pool_bytes(shape, case)
+    shape = (far + slots, *state_shape)
+    size = math.prod(shape) * case.dtype.itemsize
     if device == "cpu":
-        return None if size > CPU_POOL_BYTES else _in_a_pool(case, kernel, tolerance, device, transcript, shape, far)
+        return None if size > CPU_POOL_BYTES else _in_a_pool(shape, case, device, name, title, far, check)
     with _one_pool_at_a_time():
         free = torch.cuda.mem_get_info()[0]
         if free < HEADROOM * size:
-            return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(size)} needs more GPU memory than "
+            return SlotCheck(name, Status.SKIPPED, f"{title}: a pool of {_gib(size)} needs more GPU memory than "
                              f"is free ({_gib(free)})")
-        return _in_a_pool(case, kernel, tolerance, device, transcript, shape, far)
+        return _in_a_pool(shape, case, device, name, title, far, check)
 
 
 @contextmanager
@@ -88,27 +114,26 @@ def _one_pool_at_a_time() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _in_a_pool(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str, transcript: Transcript,
-               shape: tuple[int, ...], far: int) -> SlotCheck:
-    """The check in a pool of `shape` filled with FILL, the rows on slots `far` on; freed after."""
-    seed = sweep.case_seed(case.seed, {"check": FAR_SLOT})
-    problem = make_problem(case.regime, replace(case.shape(), batch=ROWS), case.dtype, 1, seed, device)
+def _in_a_pool(shape: tuple[int, ...], case: DriftCase, device: str, name: str, title: str, far: int,
+               check: Callable[[torch.Tensor, int], SlotCheck]) -> SlotCheck:
     try:
         pool = torch.full(shape, FILL, dtype=case.dtype, device=device)
     except torch.cuda.OutOfMemoryError:  # another process took the memory since it was asked
-        return SlotCheck(FAR_SLOT, Status.SKIPPED, f"{TITLE}: a pool of {_gib(_pool_bytes(shape, case))} did not fit "
-                         "in GPU memory")
+        size = math.prod(shape) * case.dtype.itemsize
+        return SlotCheck(name, Status.SKIPPED, f"{title}: a pool of {_gib(size)} did not fit in GPU memory")
     try:
-        return _step(case, kernel, tolerance, transcript, problem, pool, far, seed)
+        return check(pool, far)
     finally:
         del pool
         if device != "cpu":
             torch.cuda.empty_cache()  # 8-16 GiB the next case's tensors may need
 
 
-def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcript: Transcript, problem, pool, far: int,
-          seed: int) -> SlotCheck:
-    """The step of `problem`'s rows on slots `far` on of `pool`, judged."""
+def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcript: Transcript, pool: torch.Tensor,
+          far: int) -> SlotCheck:
+    """One step of ROWS rows on slots `far` on of `pool`, judged."""
+    seed = sweep.case_seed(case.seed, {"check": FAR_SLOT})
+    problem = make_problem(case.regime, replace(case.shape(), batch=ROWS), case.dtype, 1, seed, pool.device.type)
     pool[far:] = problem.initial_state
     step = next(problem.steps())
     arguments = {"z": None, **dict(step.given()), **problem.parameters(), "dt_softplus": problem.dt_softplus}
@@ -121,25 +146,61 @@ def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcrip
     except KernelRaised as exc:
         return SlotCheck(FAR_SLOT, Status.ERROR, f"{TITLE}: {exc}")
     written = _written_slots(pool, far)
-    per_slot = pool[0].numel()
-    figures = {"slots": slots, "slot_elements": per_slot, "pool_slots": far + ROWS, "written": written[:8]}
+    figures = {"slots": slots, "slot_elements": pool[0].numel(), "pool_slots": far + ROWS, "written": written[:8]}
     if written:
-        wrapped = {(slot * per_slot) % FAR_ELEMENTS // per_slot: (row, slot) for row, slot in enumerate(slots)}
-        first = written[0]
-        why = ""
-        if first in wrapped:
-            row, slot = wrapped[first]
-            why = (f": row {row}'s slot {slot} lies {slot * per_slot:,} elements in, {slot * per_slot % FAR_ELEMENTS:,} "
-                   f"modulo {FAR_ELEMENTS:,} (its offset formed in 32-bit integers)")
-        more = f" and {len(written) - 1} more" if len(written) > 1 else ""
-        return SlotCheck(FAR_SLOT, Status.FAIL, f"{TITLE}: the step wrote slot {first} (no row's){more}{why}",
-                         figures)
+        rows = {slot: f"row {row}'s slot {slot}" for row, slot in enumerate(slots)}
+        return SlotCheck(FAR_SLOT, Status.FAIL, f"{TITLE}: {_wrote(written, rows, pool[0].numel(), None)}", figures)
     reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
     layout = {"slots": slots, "pad_rows": [], "seed": seed, "placement": FAR, "pad_slot_id": None}
     out = sent if kernel.takes_out else returned
     own = kernel.takes_out and returned.data_ptr() != sent.data_ptr()
     live = live_verdict(layout, problem.initial_state, pool, out, reference, case, tolerance, kernel.takes_out, own)
     return replace(live, name=FAR_SLOT, figures={**figures, **live.figures})
+
+
+def _drafts(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcript: Transcript, layout: dict,
+            pool: torch.Tensor, far: int) -> SlotCheck:
+    """The verifying call of `layout` with every slot but the pad id moved `far` slots on, judged."""
+    pad = layout["pad_slot_id"]
+
+    def moved(slots: list[list[int]]) -> list[list[int]]:
+        return [[slot if slot == pad else slot + far for slot in row] for row in slots]
+
+    layout = {**layout, "sources": moved(layout["sources"]), "destinations": moved(layout["destinations"])}
+    problem = speculative.draft_problem(case, layout, pool.device.type)
+    pool[torch.tensor(layout["sources"], device=pool.device).flatten()] = problem.initial_state
+    try:
+        out, reference = speculative.draft_call(case, kernel, layout, problem, pool, "far-drafts check", transcript)
+    except KernelRaised as exc:
+        return SlotCheck(FAR_DRAFTS, Status.ERROR, f"{DRAFTS_TITLE}: {exc}")
+    written = _written_slots(pool, far)
+    figures = {"sources": layout["sources"], "destinations": layout["destinations"], "slot_elements": pool[0].numel(),
+               "pool_slots": pool.shape[0], "written": written[:8]}
+    if written:
+        named = {slot: f"row {b}'s source slot {slot}" for b, row in enumerate(layout["sources"]) for slot in row}
+        named.update({slot: f"row {b} token {t}'s destination slot {slot}"
+                      for b, row in enumerate(layout["destinations"]) for t, slot in enumerate(row) if slot != pad})
+        return SlotCheck(FAR_DRAFTS, Status.FAIL,
+                         f"{DRAFTS_TITLE}: {_wrote(written, named, pool[0].numel(), pad)}", figures)
+    verdict = speculative.drafts_verdict(layout, problem.initial_state, pool, out, reference, case, tolerance,
+                                         DRAFTS_TITLE)
+    return replace(verdict, name=FAR_DRAFTS, figures={**figures, **verdict.figures})
+
+
+def _wrote(written: list[int], far_slots: dict[int, str], per_slot: int, pad: int | None) -> str:
+    """'the step wrote slot S (...)', S the first of `written` (slots before the far ones): named where an offset of
+    one of `far_slots` (slot: its description) wraps to it modulo FAR_ELEMENTS, or where it is the pad id."""
+    wrapped = {slot * per_slot % FAR_ELEMENTS // per_slot: (slot, what) for slot, what in far_slots.items()}
+    first = written[0]
+    more = f" and {len(written) - 1} more" if len(written) > 1 else ""
+    if first in wrapped:
+        slot, what = wrapped[first]
+        why = (f": {what} lies {slot * per_slot:,} elements in, {slot * per_slot % FAR_ELEMENTS:,} modulo "
+               f"{FAR_ELEMENTS:,} (its offset formed in 32-bit integers)")
+        return f"the step wrote slot {first} (no row's){more}{why}"
+    if first == pad:
+        return f"the step wrote slot {first} (the pad id: a token not kept){more}"
+    return f"the step wrote slot {first} (no row's){more}"
 
 
 def _written_slots(pool: torch.Tensor, far: int) -> list[int]:
@@ -149,10 +210,6 @@ def _written_slots(pool: torch.Tensor, far: int) -> list[int]:
     flags = [(bits(pool[start:start + per_block]) != fill).flatten(1).any(1)
              for start in range(0, far, per_block)]
     return [int(i) for i in torch.cat(flags)[:far].nonzero().flatten().tolist()]
-
-
-def _pool_bytes(shape: tuple[int, ...], case: DriftCase) -> int:
-    return math.prod(shape) * case.dtype.itemsize
 
 
 def _gib(size: int) -> str:

@@ -105,7 +105,7 @@ class SlotCheck:
     """One verdict of a check run beside the decode (drift.slots, drift.speculative, drift.independence): its own
     status, message and figures."""
 
-    name: str  # "live", "untouched", "pad_out", "drafts", "kept", "independence"
+    name: str  # "live", "untouched", "pad_out", "far_slot", "drafts", "kept", "far_drafts", "independence"
     status: Status
     message: str = ""
     figures: dict = field(default_factory=dict)  # what it measured, as the JSON report holds it

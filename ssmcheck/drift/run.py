@@ -62,6 +62,7 @@ def run_case(
     runs K times from the same state (a race shows as runs that differ). `prefill`: the chunk scan's
     scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill). For a kernel that
     takes slot indices, the padded-slot check (drift.slots) runs too, on a GPU the far-slot check (drift.far_slots),
+    for one that takes draft tokens the speculative-decoding check (drift.speculative) and on a GPU its far twin,
     and for a stochastic-rounding case the independence check (drift.independence); all are folded into the
     verdict."""
     if case.skip_reason is not None:
@@ -84,7 +85,8 @@ def run_case(
             checks += [far] if far is not None else []
             if kernel.takes_draft_tokens:  # and the speculative-decoding check
                 drafts, layout["speculative"] = speculative.run_check(case, kernel, tolerance, device, transcript)
-                checks += drafts
+                far = far_slots.run_draft_check(case, kernel, tolerance, device, transcript)  # None on the CPU
+                checks += drafts + ([far] if far is not None else [])
         except Exception as exc:  # noqa: BLE001 (as above)
             return DriftResult(case, error_verdict(f"the slot check raised {describe(exc)}"),
                                time.perf_counter() - start, run, transcript.text)

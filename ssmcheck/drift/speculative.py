@@ -54,24 +54,40 @@ BASELINE_DRAWS = 8  # stochastic baselines drawn
 
 
 def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
-              transcript: Transcript) -> tuple[list[SlotCheck], dict]:
+             transcript: Transcript) -> tuple[list[SlotCheck], dict]:
     """The two verdicts of `case` for `kernel` (which takes draft tokens: DriftAdapter.takes_draft_tokens), and
     the layout they ran."""
-    layout = _layout(case, kernel.pad_slot_id)
-    starts = _starts(layout["lengths"])
-    # One row per (row, column) of the source table: its initial state a source or a decoy; the first of them,
-    # one per token, the tokens' step-1 inputs, packed row after row.
-    problem = make_problem(case.regime, replace(case.shape(), batch=case.batch * TOKENS), case.dtype, 1,
-                           layout["seed"], device)
-    step = next(problem.steps()).map(lambda _, t: t[:starts[-1]])
+    layout = draft_layout(case, kernel.pad_slot_id, "speculative")
+    problem = draft_problem(case, layout, device)
     # The pool paged as the slot check's (core.pool.PagedPool), between two guard slots.
     contents = nan_filled((layout["pool"] + 2, *problem.initial_state.shape[1:]), problem.initial_state)
     sources = torch.tensor(layout["sources"], device=device).flatten()
     contents[1:-1][sources] = problem.initial_state  # source (b, t) holds state row b * TOKENS + t
     paged = paged_pool(contents, layout["seed"])
-    pool = paged.pool
+    try:
+        out, reference = draft_call(case, kernel, layout, problem, paged.pool, "speculative check", transcript)
+    except KernelRaised as exc:
+        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
+    return [drafts_verdict(layout, problem.initial_state, paged.pool, out, reference, case, tolerance),
+            _kept(layout, paged)], layout
+
+
+def draft_problem(case: DriftCase, layout: dict, device: str):
+    """The decode problem of `layout`'s call: one row per (row, column) of its source table, whose initial state
+    is a source or a decoy; the first of them, one per token, give the tokens' step-1 inputs."""
+    return make_problem(case.regime, replace(case.shape(), batch=len(layout["lengths"]) * TOKENS), case.dtype, 1,
+                        layout["seed"], device)
+
+
+def draft_call(case: DriftCase, kernel: DriftAdapter, layout: dict, problem, pool: torch.Tensor, where: str,
+               transcript: Transcript) -> tuple[torch.Tensor, dict]:
+    """The verifying call of `layout`'s rows on `pool` (its sources holding their states): (out, the arguments
+    for the float64 steps). Raises KernelRaised."""
+    starts = _starts(layout["lengths"])
+    step = next(problem.steps()).map(lambda _, t: t[:starts[-1]])  # the tokens' inputs, packed row after row
     arguments = {"z": None, **dict(step.given()), **problem.parameters(), "dt_softplus": problem.dt_softplus}
     out = nan_filled(tuple(arguments["x"].shape), arguments["x"])
+    device = pool.device
     extra = {"state_batch_indices": _int32(layout["sources"], device),
              "dst_state_batch_indices": _int32(layout["destinations"], device),
              "num_accepted_tokens": _int32(layout["accepted"], device),
@@ -81,24 +97,20 @@ def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, devic
     if kernel.takes_out:
         extra["out"] = out
     seed = sweep.case_seed(layout["seed"], {"step": 1})
-    try:
-        out = kernel.fenced_update(pool, arguments, case.rounding, seed, "speculative check", transcript, extra)
-    except KernelRaised as exc:
-        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}: {exc}") for name in (DRAFTS, KEPT)], layout
+    out = kernel.fenced_update(pool, arguments, case.rounding, seed, where, transcript, extra)
     # The float64 steps read D and dt_bias whole: zeros where the kernel was passed None (regimes.ABSENT).
-    reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
-    return [_drafts(layout, problem.initial_state, pool, out, reference, case, tolerance),
-            _kept(layout, paged)], layout
+    return out, {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
 
 
 def _int32(values, device: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
-def _layout(case: DriftCase, pad: int) -> dict:
-    """The pool: the pad slot where it is one (vLLM's null block, 0), each row's TOKENS source slots and TOKENS
-    destination slots, all distinct and shuffled (drawn from the case's seed); each row's accepted count."""
-    seed = sweep.case_seed(case.seed, {"check": "speculative"})
+def draft_layout(case: DriftCase, pad: int, check: str) -> dict:
+    """The pool: the pad slot where it is one (vLLM's null block, 0), each of `case.batch` rows' TOKENS source
+    slots and TOKENS destination slots, all distinct and shuffled (drawn from the case's seed and `check`); each
+    row's accepted count."""
+    seed = sweep.case_seed(case.seed, {"check": check})
     generator = torch.Generator().manual_seed(seed)
     count = 2 * case.batch * TOKENS
     pool = count + (1 if 0 <= pad <= count else 0)
@@ -129,7 +141,11 @@ def _starts(lengths: list[int]) -> list[int]:
     return list(itertools.accumulate(lengths, initial=0))
 
 
-def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: Tolerance) -> SlotCheck:
+def drafts_verdict(layout, states, pool, out, arguments, case: DriftCase, tolerance: Tolerance,
+                   title: str = TITLES[DRAFTS]) -> SlotCheck:
+    """The drafts verdict: each kept token's state in its destination slot of `pool`, and its out, against the
+    float64 recurrence from its row's source state (`states`: draft_problem's initial states); its message opens
+    with `title`."""
     rule = (tolerance.tol_factor, tolerance.floor, tolerance.rtol)
     rows = len(layout["accepted"])
     # Row b starts from source (b, accepted - 1): state row b * TOKENS + accepted - 1. The baseline stores each
@@ -177,9 +193,9 @@ def _drafts(layout, states, pool, out, arguments, case: DriftCase, tolerance: To
                 worst = figures
     result = {"tokens": starts[-1], "worst": worst}
     if nonfinite is not None:
-        return SlotCheck(DRAFTS, Status.NONFINITE, f"draft tokens: {nonfinite}", result)
+        return SlotCheck(DRAFTS, Status.NONFINITE, f"{title}: {nonfinite}", result)
     if failed is not None:
-        return SlotCheck(DRAFTS, Status.FAIL, f"draft tokens: {failed}", result)
+        return SlotCheck(DRAFTS, Status.FAIL, f"{title}: {failed}", result)
     return SlotCheck(DRAFTS, Status.PASS, "", result)
 
 

@@ -69,10 +69,14 @@ def _curve(result: DriftResult) -> str:
     return sparkline([p.state_rel for p in result.run.checkpoints]) if result.run else ""
 
 
+# A slot check shows as its name's initial, but the far twin of drafts, whose initial far_slot has.
+INITIALS = {"far_drafts": "F"}
+
+
 def _slots(result: DriftResult) -> str:
     """Each slot check's initial and outcome: `l✓ u✗ p✓` (live, untouched, pad_out; drift.slots), `d`, `k` (drafts,
-    kept; drift.speculative), `f` (far_slot, on a GPU; drift.far_slots)."""
-    return " ".join(f"{c.name[0]}{CHECK_MARKS[c.status]}" for c in result.slots)
+    kept; drift.speculative), `f`, `F` (far_slot, far_drafts, on a GPU; drift.far_slots)."""
+    return " ".join(f"{INITIALS.get(c.name, c.name[0])}{CHECK_MARKS[c.status]}" for c in result.slots)
 
 
 def _time(result: DriftResult) -> str:
