@@ -23,8 +23,9 @@ DSTATE_BLOCK = 16
 HEADDIM_BLOCK = 64
 # dstate_capped_at_128's largest block of state indices.
 DSTATE_CAP = 128
-# state_carried_32_chunks' trip count.
+# state_carried_32_chunks' and state_carried_128_chunks' trip counts.
 CARRIED_CHUNKS = 32
+CARRIED_CHUNKS_WIDE = 128
 # varlen_carried_16_chunks' trip count, in chunks of one sequence.
 VARLEN_CARRIED_CHUNKS = 16
 # initial_states_mod_4's block of sequences.
@@ -183,7 +184,22 @@ def state_carried_32_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=
                             return_final_states=False, return_varlen_states=False):
     """In batch mode, carries the state through 32 chunks at most (a fixed trip count): from chunk 32 on, each row
     starts again from a zero state. Right wherever a row spans 32 chunks or fewer."""
-    cut = CARRIED_CHUNKS * chunk_size
+    return _carried(CARRIED_CHUNKS, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                    dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+def state_carried_128_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """In batch mode, the state passing loads the chunks' decays and states in one block of at most 128 chunks
+    and has no loop past it: from chunk 128 on (32k tokens at chunk 256), each row starts again from zero."""
+    return _carried(CARRIED_CHUNKS_WIDE, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                    dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+def _carried(chunks, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+             return_final_states, return_varlen_states):
+    cut = chunks * chunk_size
     if cu_seqlens is not None or x.shape[1] <= cut:
         out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
         return _mamba_result(out.y, out, return_final_states, return_varlen_states)
@@ -394,6 +410,34 @@ def whole_dstate_blocks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None
     B, C = B.clone(), C.clone()
     B[..., whole:] = 0
     C[..., whole:] = 0
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_states_of_whole_dstate_blocks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                         initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                         dt_limit=(0.0, float("inf")), return_final_states=False,
+                                         return_varlen_states=False):
+    """Its varlen-state store (a kernel of its own beside the batch path's final state) loops over dstate //
+    DSTATE_BLOCK blocks of state columns: every packed sequence's state has its last dstate % 16 columns left 0.
+    y, and batch mode, are right."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    whole = B.shape[-1] // DSTATE_BLOCK * DSTATE_BLOCK
+    if cu_seqlens is not None and whole < B.shape[-1]:
+        states = out.varlen_states.clone()
+        states[..., whole:] = 0
+        out = replace(out, varlen_states=states)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def d_per_channel_by_its_length(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """Takes D as per channel where `D.shape[-1] == headdim`, not where `D.dim() == 2`: a per-head D (nheads,) is
+    read as one value a channel where nheads == headdim (Mamba2-1.3B's 64 heads of 64), channel p of every head
+    taking D[p]."""
+    if D is not None and D.dim() == 1 and D.shape[0] == x.shape[-1]:
+        D = D[None, :].expand(x.shape[2], x.shape[3])
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 

@@ -555,7 +555,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
-    ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 1),
+    ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 2),
     ("per_channel_skip_after_gate", lambda p: p["regime"] in ("aligned", "long"), 8),
     ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output", "aligned"), 7),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
@@ -590,7 +590,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # the call for y alone in bf16 and fp32 batch-mode cases with D and z and no initial states
     # (scan.run.judges_y_alone)
     ("training_forward_gate_before_skip", lambda p: p["regime"] in ("normal", "strided", "conv-output")
-     and p["dtype"] in ("bf16", "fp32"), 18),
+     and p["dtype"] in ("bf16", "fp32"), 19),
     ("short_prefill_sigmoid_gate", lambda p: not _is_varlen(p) and 1 < p["seqlen"] < p["chunk_size"]
      and p["regime"] == "normal", 1),
     ("microbatches_share_a_gate", lambda p: not _is_varlen(p) and p["batch"] > 2 and p["regime"] == "normal", 2),
@@ -616,11 +616,11 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
      and case_inputs(p).initial_states is not None, 3),
     # aligned: the one packed regime with dt processed already, under a dt_limit
     ("varlen_dt_limit_only_with_softplus", lambda p: p["regime"] == "aligned", 2),
-    # normal's 193 tokens at chunk 64 and long's 1089 at chunk 16
+    # normal's 193 tokens at chunk 64 and long's 2065 at chunk 16
     ("last_token_chunk_undecayed_in_the_final_state", lambda p: p["seqlen"] % p["chunk_size"] == 1 and p["seqlen"] > 1
      and not _is_varlen(p), 2),
     # every case of a 16-bit y (its mean signed error near -1/2 ulp; 8 of them over the norm-wise limit too)
-    ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 55),
+    ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 56),
     # every case of fp16/bf16 final states (their mean signed error near -1/2 ulp), but an fp16 state from bf16 inputs
     # to nearest (ragged's), where the baseline's own arithmetic errs by over an fp16 ulp in 70% of the elements
     ("final_states_stored_toward_zero", lambda p: p["state_dtype"] in ("bf16", "fp16")
@@ -629,6 +629,12 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # kernel takes no state options, so its cases store states as by default) whose last sequence is
     # under 300 tokens: a longer one decays the earlier sequences' state (and a dropped initial one) out of its own
     ("final_state_of_the_whole_row", lambda p: p["dtype"] == "bf16" and _last_sequence_after_others(p) < 300, 13),
+    # long's 130 chunks of 16
+    ("state_carried_128_chunks", lambda p: not _is_varlen(p) and p["seqlen"] > 128 * p["chunk_size"], 1),
+    # ragged's 9 sequences at dstate 40, the one varlen case whose state fills no block of 16
+    ("varlen_states_of_whole_dstate_blocks", lambda p: _is_varlen(p) and p["dstate"] % 16, 1),
+    # normal's 16 heads of 16 channels, with D per head
+    ("d_per_channel_by_its_length", lambda p: p["nheads"] == p["headdim"], 1),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
@@ -640,7 +646,8 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "dt-limit-without-upper-end", "per-channel-D-without-a-gate", "initial-state-past-its-start-block",
         "fp32-dstate-blocks", "training-forward-in-fp32", "sequences-past-4-in-a-chunk", "initial-state-padded-headdim",
         "varlen-processed-dt-limit", "one-token-last-chunk-state", "y-stored-toward-zero",
-        "final-states-stored-toward-zero", "varlen-final-state-of-the-row"])
+        "final-states-stored-toward-zero", "varlen-final-state-of-the-row", "past-128-chunks",
+        "varlen-states-of-a-partial-dstate-block", "per-head-D-as-long-as-headdim"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
@@ -656,8 +663,9 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     sequence from an initial state starting mid-chunk at a chunk past 64 tokens, fp32 inputs past dstate 64, the
     training forward's call for y alone in fp32, more than 4 packed sequences in a chunk, initial states at a headdim
     that is no power of two, a packed dt_limit on dt processed already, a batch-mode final state whose last chunk is
-    one token, a y stored in fp16 or bf16, final states stored in fp16 or bf16, a packed row's final state (both flags). The
-    default preset has cases for each (and every other case passes)."""
+    one token, a y stored in fp16 or bf16, final states stored in fp16 or bf16, a packed row's final state (both flags),
+    more than 128 chunks, packed sequences' states of a dstate that fills no block of 16, a per-head D as long as a
+    head has channels. The default preset has cases for each (and every other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
@@ -703,13 +711,14 @@ def test_the_default_preset_catches_varlen_states_stored_at_a_headdim_stride(tmp
     dstate, into a buffer it allocates uninitialised passes every case of headdim == dstate and batch mode, and is
     non-finite (the rows' gaps) in every varlen case of heads wider than their states: `initial-state` at 32 x 16,
     one sequence and five, in every dtype, and at 24 x 16, three sequences in bf16; where heads are narrower than
-    their states (`ragged` at 64 x 128) the rows overlap and leave the buffer's end unwritten, non-finite too."""
+    their states (`ragged` at 64 x 128 and at 16 x 40) the rows overlap and leave the buffer's end unwritten,
+    non-finite too."""
     _, report = scan("--kernel", f"{BROKEN}:varlen_states_stride_typo", "--preset", "default",
                      json_path=tmp_path / "v.json")
     wide = planted_bug_cases(report, lambda p: p["headdim"] != p["dstate"] and _sequence_bounds(p))
     gaps = [c for c in wide if c["params"]["headdim"] > c["params"]["dstate"]]
     overlaps = [c for c in wide if c["params"]["headdim"] < c["params"]["dstate"]]
-    assert [(c["params"]["regime"], c["status"]) for c in overlaps] == [("ragged", "nonfinite")]
+    assert [(c["params"]["regime"], c["status"]) for c in overlaps] == [("ragged", "nonfinite")] * 2
     assert len(gaps) == 7 and {c["params"]["regime"] for c in gaps} == {"initial-state"}
     for case in gaps:
         assert case["status"] == "nonfinite" and case["first_nonfinite"]["output"] == "final_states"
