@@ -12,7 +12,8 @@ random_bits_from_the_global_generator,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
 softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
 narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
-bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias and out_stored_toward_zero, which implement both modes
+bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, out_stored_toward_zero and
+out_of_the_stored_state, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -528,6 +529,23 @@ def out_stored_toward_zero(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     if x.dtype == torch.float32:
         return out
     return _round_magnitude_bits(out.contiguous(), x.dtype, torch.zeros_like(out, dtype=torch.int32))
+
+
+def out_of_the_stored_state(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                            rounding="nearest", seed=0):
+    """Computes its output from the state it stored (rounded into fp16/bf16), not from the fp32 state before the
+    store: each output errs by the state's rounding, within what the drift before the step lets the output's error
+    against the reference show, except where the state is fp32. Both modes, as `_store` does."""
+    new, _ = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    heads_per_group = state.shape[1] // C.shape[1]
+    Ch = C.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
+    out = (state.float() * Ch).sum(-1)
+    if D is not None:
+        out = out + D.float() * x.float()
+    if z is not None:
+        out = out * torch.nn.functional.silu(z.float())
+    return out.to(x.dtype)
 
 
 def random_bits_from_the_row_in_a_block_of_4(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,

@@ -131,16 +131,28 @@ def test_the_default_preset_catches_parameters_read_for_blocks_of_8_heads(tmp_pa
     assert len(many) == 1 and many[0]["status"] == "fail"
 
 
-@pytest.mark.parametrize("kernel", ["parameters_of_first_64_channels", "gate_in_fp16"])
-def test_the_default_preset_catches_what_only_an_fp32_state_shows(kernel, tmp_path):
+def test_the_default_preset_catches_what_only_an_fp32_state_shows(tmp_path):
     """A state update that reads per-channel parameters for a first block of 64 channels only (right for tied
-    parameters and up to 64 channels), or takes the gate's silu in fp16 (an error an fp16 or bf16 state's own
-    rounding hides), passes every case but `untied`'s fp32 one at 72 channels a head, and fails that one."""
-    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", "--regime", "untied",
-                      json_path=tmp_path / "c.json")
+    parameters and up to 64 channels; an error an fp16 or bf16 state's own rounding hides) passes every case but
+    `untied`'s fp32 one at 72 channels a head, and fails that one."""
+    _, report = drift("--kernel", f"{BROKEN}:parameters_of_first_64_channels", "--preset", "default", "--regime",
+                      "untied", json_path=tmp_path / "c.json")
     (wide,) = planted_bug_cases(report, lambda p: p["state_dtype"] == "fp32")
     assert wide["params"]["headdim"] == 72 and wide["status"] == "fail", wide["message"]
     assert "output error" in wide["message"]
+
+
+def test_the_default_preset_catches_a_gate_in_fp16(tmp_path):
+    """A state update that takes the gate's silu in fp16 errs in its output by fp16's rounding of the gate: in the
+    fp16 and bf16 states' cases within what their drift lets the output's error against the reference show, so
+    judged there against the exact output of the step from its own state; it fails every `untied` case (the
+    preset's one gated regime)."""
+    _, report = drift("--kernel", f"{BROKEN}:gate_in_fp16", "--preset", "default", "--regime", "untied",
+                      json_path=tmp_path / "c.json")
+    gated = planted_bug_cases(report, lambda p: True)
+    assert len(gated) == 5 and all(c["status"] == "fail" and "output error" in c["message"] for c in gated)
+    assert all("against the exact output of the step from its own state" in c["message"] for c in gated
+               if c["params"]["state_dtype"] != "fp32")
 
 
 @pytest.mark.parametrize("kernel", ["softplus_in_inputs_dtype", "update_in_inputs_dtype"])
@@ -295,6 +307,20 @@ def test_the_default_preset_catches_an_output_stored_toward_zero(tmp_path):
         assert case["status"] == "fail" and case["message"].startswith("output stored with a bias: mean signed error -0."), \
             case["message"]
         assert -0.6 < case["output_bias"]["mean_ulp"] < -0.4 and abs(case["baseline"]["output_bias"]["mean_ulp"]) < 0.1
+
+
+def test_the_default_preset_catches_an_output_of_the_stored_state(tmp_path):
+    """A state update whose output is C·h of the state it stored (rounded), not of its fp32 state, errs by the state's
+    rounding in every output, within what the drift before the step lets the output's error against the reference
+    show: judged against the exact output of the step from its own state, it fails every case of an fp16 or bf16
+    state (an fp32 state is what it stores) and only those, but `bf16-inputs`' fp16 states, whose bf16 output's own
+    rounding is coarser than the state's."""
+    _, report = drift("--kernel", f"{BROKEN}:out_of_the_stored_state", "--preset", "default",
+                      json_path=tmp_path / "s.json")
+    narrow = planted_bug_cases(report, lambda p: p["state_dtype"] in ("fp16", "bf16") and p["regime"] != "bf16-inputs")
+    assert len(narrow) == 45 and all(c["status"] == "fail" for c in narrow)
+    for case in narrow:
+        assert "against the exact output of the step from its own state" in case["message"], case["message"]
 
 
 def test_the_default_preset_catches_random_bits_from_the_row_in_a_block_of_4(tmp_path):
@@ -491,7 +517,7 @@ def test_json_report_has_the_stable_keys(tmp_path):
     ran = [c for c in report["cases"] if c["status"] == "pass"]
     for case in ran:
         assert case["checkpoints"][0]["step"] == 1 and case["checkpoints"][-1]["step"] == 24
-        assert all(set(p) == {"step", "state_rel", "out_rel", "bias"} for p in case["checkpoints"])
+        assert all(set(p) == {"step", "state_rel", "out_rel", "bias", "step_out_rel"} for p in case["checkpoints"])
         assert set(case["baseline"]) >= {"checkpoints", "growth_exponent", "output_bias"}
         assert case["first_nonfinite"] is None and case["output_bias"] is None  # fp32 inputs: an fp32 output
     rn = next(c for c in ran if c["params"]["rounding"] == "nearest" and c["params"]["state_dtype"] == "fp16")

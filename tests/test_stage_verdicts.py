@@ -57,11 +57,13 @@ def _drift_case(rounding="nearest"):
     return drift_cases(settings, "k")[0]
 
 
-def _run(errors, baseline, first_nonfinite=None, store_errors=None) -> DriftRun:
+def _run(errors, baseline, first_nonfinite=None, store_errors=None, step_out=(0.0, 0.0)) -> DriftRun:
+    """Checkpoints at steps 1, 2, 4, 8 whose state and output errors are `errors` (the baseline's `baseline`), and
+    whose outputs err by step_out's (kernel, baseline) against the exact step from their own states."""
     steps = [1, 2, 4, 8]
     return DriftRun(
-        checkpoints=[Checkpoint(s, e, e, 0.0) for s, e in zip(steps, errors)],
-        baseline=[Checkpoint(s, b, b, 0.0) for s, b in zip(steps, baseline)],
+        checkpoints=[Checkpoint(s, e, e, 0.0, step_out[0]) for s, e in zip(steps, errors)],
+        baseline=[Checkpoint(s, b, b, 0.0, step_out[1]) for s, b in zip(steps, baseline)],
         store_errors=store_errors or SignedErrorMoments(), first_nonfinite=first_nonfinite, trials=1,
     )
 
@@ -73,6 +75,20 @@ def test_drift_passes_when_tracking_its_baseline_and_fails_where_it_leaves_it():
     bad = judge_drift(_drift_case(), _run([1e-3, 2e-3, 3e-3, 5e-2], base), Tolerance())
     assert bad.status is Status.FAIL and "state drift 5.00e-02 > limit 8.01e-03 at step 8" in bad.message
     assert bad.crossing_step == 8 and bad.crossing_observed
+
+
+def test_drift_fails_an_output_beyond_the_rule_against_the_exact_step_from_its_own_state():
+    """An output whose own arithmetic errs (C·h of the rounded state, a gate in half precision) while its state
+    tracks the baseline, and whose error against the reference hides within the drift's: judged against the exact
+    output of its own state's step, by the tolerance rule against the baseline's (its rounding into the output
+    dtype)."""
+    base = [1e-3, 2e-3, 3e-3, 4e-3]
+    fine = judge_drift(_drift_case(), _run(base, base, step_out=(2e-5, 1e-5)), Tolerance())
+    assert fine.status is Status.PASS  # within 2 x 1e-5 + 1e-5
+    bad = judge_drift(_drift_case(), _run(base, base, step_out=(1e-3, 1e-8)), Tolerance())
+    assert bad.status is Status.FAIL
+    assert bad.message == ("output error 1.00e-03 > limit 1.00e-05 against the exact output of the step from its own "
+                           "state (rms over checkpoints): the output's own arithmetic, not the drift")
 
 
 def test_drift_nonfinite_names_step_trial_and_element():

@@ -57,8 +57,8 @@ def drift_case(rounding="nearest", state_dtype="fp16", regime="stagnation"):
 
 
 def drift_run(scale: float) -> DriftRun:
-    checkpoints = [Checkpoint(step, scale * step, scale * step, 0.0) for step in (16, 256, 4096)]
-    baseline = [Checkpoint(step, 1e-4 * step, 1e-4 * step, 0.0) for step in (16, 256, 4096)]
+    checkpoints = [Checkpoint(step, scale * step, scale * step, 0.0, 0.0) for step in (16, 256, 4096)]
+    baseline = [Checkpoint(step, 1e-4 * step, 1e-4 * step, 0.0, 0.0) for step in (16, 256, 4096)]
     return DriftRun(checkpoints, baseline, StoreErrors(0, None, None), None, trials=1)
 
 

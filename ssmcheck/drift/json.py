@@ -4,7 +4,8 @@ JSON case keys (always present; figures a case did not produce are null):
     id, status, message, seconds,
     params {kernel, state_dtype, rounding, regime, steps, batch, nheads, headdim, dstate, ngroups, model, seed, trials,
             config},
-    checkpoints [{step, state_rel, out_rel, bias}]   kernel vs float64 reference, mean over trials,
+    checkpoints [{step, state_rel, out_rel, bias,    kernel vs float64 reference, mean over trials,
+                  step_out_rel}]                     (step_out_rel: out vs the exact step from its own state),
     growth_exponent                                  alpha in state_rel ~ step**alpha,
     bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
     bias_resolution_ulp                              the smallest such mean the bias test could see at these

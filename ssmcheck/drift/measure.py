@@ -20,8 +20,8 @@ from ssmcheck.drift.results import Checkpoint, NonfiniteStep
 
 
 class CheckpointSums:
-    """Per-step sums of (state_rel, out_rel, bias) over trials, and the output's rounding-error moments over every
-    checkpoint and trial (`figures`' last four)."""
+    """Per-step sums of (state_rel, out_rel, bias, step_out_rel) over trials, and the output's rounding-error moments
+    over every checkpoint and trial (`figures`' last four)."""
 
     def __init__(self):
         self.sums: dict[int, list[float]] = {}
@@ -29,15 +29,15 @@ class CheckpointSums:
         self.output_dtype: torch.dtype | None = None
 
     def add(self, step: int, figures: list[float], output_dtype: torch.dtype) -> None:
-        entry = self.sums.setdefault(step, [0.0, 0.0, 0.0, 0])
-        for i, value in enumerate(figures[:3]):
+        entry = self.sums.setdefault(step, [0.0, 0.0, 0.0, 0.0, 0])
+        for i, value in enumerate(figures[:4]):
             entry[i] += value
-        entry[3] += 1
-        self.output_moments = [a + b for a, b in zip(self.output_moments, figures[3:])]
+        entry[4] += 1
+        self.output_moments = [a + b for a, b in zip(self.output_moments, figures[4:])]
         self.output_dtype = output_dtype
 
     def means(self) -> list[Checkpoint]:
-        return [Checkpoint(step, s / n, o / n, b / n) for step, (s, o, b, n) in sorted(self.sums.items())]
+        return [Checkpoint(step, s / n, o / n, b / n, e / n) for step, (s, o, b, e, n) in sorted(self.sums.items())]
 
     def output_bias(self) -> OutputBias | None:
         """The output's rounding bias over the checkpoints (None for an fp32 output, or before any)."""
@@ -50,18 +50,19 @@ def _relative(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def figures(state64, out, ref, ref_out, exact_out, out_dtype: torch.dtype) -> list[float]:
-    """(state_rel, out_rel, bias) of a state and output against the reference, then the moment sums (core.output_bias:
-    count, total, total of squares, count past an ulp) of the output's signed rounding errors in ulps of `out_dtype`
-    (the kernel's, where `out` may be a float64 copy of values in it) against `exact_out`, the exact output of the
-    step from the same state; one transfer."""
+    """(state_rel, out_rel, bias) of a state and output against the reference, the output's relative error against
+    `exact_out`, the exact output of the step from the same state (step_out_rel), then the moment sums
+    (core.output_bias: count, total, total of squares, count past an ulp) of the output's signed rounding errors in
+    ulps of `out_dtype` (the kernel's, where `out` may be a float64 copy of values in it) against `exact_out`; one
+    transfer."""
     diff = state64 - ref
     bias = (torch.sign(ref) * diff).mean() / ref.square().mean().sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     if out_dtype in NARROW_OUTPUTS:
         rounding = moment_sums(signed_ulp_errors(out, exact_out, out_dtype))
     else:  # an fp32 output's error is its arithmetic's, not a store's
         rounding = torch.zeros(4, dtype=torch.float64, device=ref.device)
-    return torch.cat([torch.stack([_relative(diff, ref), _relative(out.double() - ref_out, ref_out), bias]),
-                      rounding]).tolist()
+    return torch.cat([torch.stack([_relative(diff, ref), _relative(out.double() - ref_out, ref_out), bias,
+                                   _relative(out.double() - exact_out, exact_out)]), rounding]).tolist()
 
 
 def first_nonfinite(state, out, ref, ref_out, step: int, trial: int) -> NonfiniteStep | None:

@@ -20,6 +20,9 @@ class Checkpoint:
     state_rel: float  # ||state - ref|| / ||ref||, mean over trials
     out_rel: float  # ||out - ref_out|| / ||ref_out||, mean over trials
     bias: float  # mean of sign(ref) * (state - ref), over elements and trials, / rms(ref)
+    # ||out - exact|| / ||exact||, exact the float64 output of the step from the kernel's own previous state: the
+    # output's own arithmetic and rounding, free of the state's drift before the step; mean over trials
+    step_out_rel: float
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@
   with stochastic rounding, the stores are biased (stats.is_biased; a bias whose stores err by more than
   an ulp on average, rms, is named a computation error instead: no rounding errs that much), or the fp16/bf16
   output is stored with a bias (core.output_bias: its mean signed error at the checkpoints, against the exact
-  output of the kernel's own state, a quarter ulp or more from the baseline's);
+  output of the kernel's own state, a quarter ulp or more from the baseline's), or the output's error against that
+  exact output exceeds the tolerance rule against the baseline's (its rounding into the output dtype);
 - pass otherwise.
 """
 
@@ -119,6 +120,15 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
     if not within_tolerance(out_error, out_baseline, **rule):
         limit = tolerance_limit(out_baseline, **rule)
         problems.append(f"output error {out_error:.2e} > limit {limit:.2e} (rms over checkpoints)")
+    # The output against the exact step from the kernel's own previous state: its arithmetic alone (a gate, a skip
+    # term or C·h taken at a lower precision, C·h of the rounded state), which the drift before the step hides in
+    # the output error above; the baseline's is its output's rounding into the output dtype.
+    step_error = _rms([c.step_out_rel for c in run.checkpoints])
+    step_baseline = _rms([c.step_out_rel for c in run.baseline])
+    if not within_tolerance(step_error, step_baseline, **rule):
+        limit = tolerance_limit(step_baseline, **rule)
+        problems.append(f"output error {step_error:.2e} > limit {limit:.2e} against the exact output of the step "
+                        "from its own state (rms over checkpoints): the output's own arithmetic, not the drift")
     if problems:
         return DriftVerdict(Status.FAIL, "; ".join(problems), **figures)
     return DriftVerdict(Status.PASS, "", **figures)
