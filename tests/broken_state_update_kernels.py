@@ -12,8 +12,8 @@ random_bits_from_the_global_generator,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
 softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
 narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
-bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, out_stored_toward_zero and
-out_of_the_stored_state, which implement both modes
+bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, out_stored_toward_zero,
+out_of_the_stored_state, gate_only_with_the_skip_term and dt_clamped_below_at_1e_6, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -546,6 +546,28 @@ def out_of_the_stored_state(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     if z is not None:
         out = out * torch.nn.functional.silu(z.float())
     return out.to(x.dtype)
+
+
+def gate_only_with_the_skip_term(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                 rounding="nearest", seed=0):
+    """Applies the gate inside its `if D is not None` branch (an indentation slip): with z given and D left out the
+    output goes ungated. Right wherever D is passed, or z is not. Both modes, as `_store` does."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z if D is not None else None, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def dt_clamped_below_at_1e_6(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                             rounding="nearest", seed=0):
+    """Clamps the processed dt from below at 1e-6 ("never a zero step"): right for every trained model's dt (1e-3 and
+    up); a step whose true dt is ~0 decays the state by exp(-1e-6 |A|) and adds 1e-6 x B instead of leaving it, less
+    than an fp16 or bf16 state's rounding to nearest absorbs. Both modes, as `_store` does."""
+    processed = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+    if dt_softplus:
+        processed = torch.nn.functional.softplus(processed)
+    new, out = _fp32_step(state, x, processed.clamp_min(1e-6), A, B, C, D, z, None, False)
+    _store(state, new, rounding, seed)
+    return out
 
 
 def random_bits_from_the_row_in_a_block_of_4(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,

@@ -73,11 +73,12 @@ def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
 
 def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
     """A state update whose softplus is log1p(exp(.)) with no linear branch past 20 passes every regime whose dt stays
-    below exp's overflow, and is non-finite in `dt-extreme` in every state dtype and rounding mode."""
+    below exp's overflow, and is non-finite in `dt-extreme` in every state dtype and rounding mode (its fp32 case
+    too)."""
     _, report = drift("--kernel", f"{BROKEN}:softplus_without_threshold", "--preset", "default",
                       json_path=tmp_path / "s.json")
     extreme = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme")
-    assert len(extreme) == 4 and all(c["status"] == "nonfinite" for c in extreme)
+    assert len(extreme) == 5 and all(c["status"] == "nonfinite" for c in extreme)
 
 
 def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(tmp_path):
@@ -321,6 +322,28 @@ def test_the_default_preset_catches_an_output_of_the_stored_state(tmp_path):
     assert len(narrow) == 45 and all(c["status"] == "fail" for c in narrow)
     for case in narrow:
         assert "against the exact output of the step from its own state" in case["message"], case["message"]
+
+
+def test_the_default_preset_catches_a_gate_applied_only_with_the_skip_term(tmp_path):
+    """A state update that gates its output only inside its branch for D is right wherever D is passed or z is not:
+    it fails `gate-without-d` alone, on its output."""
+    _, report = drift("--kernel", f"{BROKEN}:gate_only_with_the_skip_term", "--preset", "default",
+                      json_path=tmp_path / "g.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "gate-without-d")
+    assert case["status"] == "fail" and case["message"].startswith("output error"), case["message"]
+
+
+def test_the_default_preset_catches_a_floor_on_the_processed_dt(tmp_path):
+    """A state update that clamps the processed dt at 1e-6 from below moves a state whose step's dt is ~0 by less
+    than an fp16 or bf16 state's rounding to nearest absorbs: it fails `dt-extreme` into an fp32 state, and its
+    stochastic cases (whose stores lose no such step), and no other case."""
+    _, report = drift("--kernel", f"{BROKEN}:dt_clamped_below_at_1e_6", "--preset", "default",
+                      json_path=tmp_path / "f.json")
+    extreme = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme"
+                                and (p["rounding"] == "stochastic" or p["state_dtype"] == "fp32"))
+    assert len(extreme) == 3 and all(c["status"] == "fail" for c in extreme)
+    (fp32,) = [c for c in extreme if c["params"]["state_dtype"] == "fp32"]
+    assert "state drift" in fp32["message"], fp32["message"]
 
 
 def test_the_default_preset_catches_random_bits_from_the_row_in_a_block_of_4(tmp_path):

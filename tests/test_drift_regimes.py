@@ -42,7 +42,7 @@ def _truth(problem):
 
 def test_every_regime_is_named_and_explained_in_one_line():
     assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
-                                  "no-softplus", "optional-none", "dt-bias-none", "bf16-inputs", "fp16-inputs",
+                                  "no-softplus", "optional-none", "gate-without-d", "dt-bias-none", "bf16-inputs", "fp16-inputs",
                                   "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
@@ -114,8 +114,9 @@ def test_optional_none_passes_no_D_nor_dt_bias_and_its_raw_dt_alone_is_normals(s
     passed = problem.parameters()
     assert passed["D"] is None and passed["dt_bias"] is None and passed["A"] is problem.A
     assert not problem.D.any() and not problem.dt_bias.any()  # what the float64 side computes with: nothing
-    # The parameters each regime leaves out: optional-none both, dt-bias-none dt_bias; every other regime passes both.
-    left_out = {"optional-none": {"D", "dt_bias"}, "dt-bias-none": {"dt_bias"}}
+    # The parameters each regime leaves out: optional-none both, dt-bias-none dt_bias, gate-without-d D; every other
+    # regime passes both.
+    left_out = {"optional-none": {"D", "dt_bias"}, "dt-bias-none": {"dt_bias"}, "gate-without-d": {"D"}}
     for regime in DRIFT_REGIMES:
         given = make_problem(regime, shape, torch.float16, 3, seed, "cpu").parameters()
         assert {name for name in ("D", "dt_bias") if given[name] is None} == left_out.get(regime, set()), regime
@@ -124,6 +125,20 @@ def test_optional_none_passes_no_D_nor_dt_bias_and_its_raw_dt_alone_is_normals(s
         dt = torch.nn.functional.softplus(step.dt.double())
         assert (dt >= 1e-3 - 1e-9).all() and (dt <= 0.1 + 1e-9).all()  # normal's range, from the raw dt alone
         assert (step.dt < 0).all()  # a kernel that skips the softplus without a bias decays by exp(-|dt| A) > 1
+
+
+@settings(max_examples=5, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_gate_without_d_is_normal_with_a_gate_and_no_skip_term(shape, seed):
+    """normal's parameters and steps, D passed as None (zeros to the float64 side), and a unit-scale gate z every
+    step, drawn after the step's other inputs: x, dt, B and C are normal's own."""
+    gated = make_problem("gate-without-d", shape, torch.float16, 3, seed, "cpu")
+    plain = make_problem("normal", shape, torch.float16, 3, seed, "cpu")
+    assert gated.parameters()["D"] is None and not gated.D.any()
+    assert torch.equal(gated.dt_bias, plain.dt_bias) and torch.equal(gated.A, plain.A)
+    for with_gate, without in zip(gated.steps(), plain.steps(), strict=True):
+        assert with_gate.z is not None and without.z is None and bool(with_gate.z.ne(0).all())
+        assert all(torch.equal(getattr(with_gate, name), getattr(without, name)) for name in ("x", "dt", "B", "C"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

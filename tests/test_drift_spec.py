@@ -13,14 +13,15 @@ def test_default_preset_covers_both_roundings_fp16_bf16_and_every_regime():
     settings = resolve({}, load_preset("default", "drift"), "default")
     cases = build_cases(settings, "builtin")
     # and `untied` into an fp32 state too, to nearest (what a half-precision state's own rounding hides);
-    # `bf16-inputs` into fp32 to nearest and into fp16 both ways; `fp16-inputs`, `optional-none` and `dt-bias-none`
-    # into fp32 to nearest; `subnormal` into fp16 both ways
+    # `bf16-inputs` into fp32 to nearest and into fp16 both ways; `fp16-inputs`, `optional-none`, `gate-without-d` and
+    # `dt-bias-none` into fp32 to nearest; `subnormal` into fp16 both ways; `dt-extreme` into fp32 to nearest too
+    only_fp32 = ("fp16-inputs", "optional-none", "gate-without-d", "dt-bias-none")
     assert {(c.state_dtype, c.rounding, c.regime) for c in cases} == {
         (d, r, g) for d in ("fp16", "bf16") for r in ("nearest", "stochastic") for g in DRIFT_REGIMES
-        if g not in ("bf16-inputs", "fp16-inputs", "optional-none", "dt-bias-none", "subnormal")
+        if g not in ("bf16-inputs", "subnormal", *only_fp32)
     } | {("fp32", "nearest", "untied"), ("fp32", "nearest", "bf16-inputs"), ("fp16", "nearest", "bf16-inputs"),
-         ("fp16", "stochastic", "bf16-inputs"), ("fp32", "nearest", "fp16-inputs"), ("fp32", "nearest", "optional-none"),
-         ("fp32", "nearest", "dt-bias-none"), ("fp16", "nearest", "subnormal"), ("fp16", "stochastic", "subnormal")}
+         ("fp16", "stochastic", "bf16-inputs"), ("fp16", "nearest", "subnormal"), ("fp16", "stochastic", "subnormal"),
+         ("fp32", "nearest", "dt-extreme")} | {("fp32", "nearest", g) for g in only_fp32}
     assert all(c.skip_reason is None for c in cases)
     assert {c.steps for c in cases if c.regime == "long"} == {settings.steps * LONG_STEPS_FACTOR}
 

@@ -64,6 +64,9 @@ DRIFT_REGIMES: dict[str, str] = {
     "optional-none": "normal's values with D and dt_bias left out (None, as the signature's defaults allow; dt's "
     "bias folded into dt itself) and dt_softplus on: a kernel whose path without them goes wrong (a softplus taken "
     "only with a bias, a skip term read from a placeholder) fails here",
+    "gate-without-d": "normal's values with a unit-scale gate z and D left out (None): the one regime with a gate "
+    "and no skip term, so a kernel that applies the gate only along with D*x (a gate inside its branch for D) "
+    "fails here",
     "dt-bias-none": "optional-none with D passed: dt_bias alone left out, so a kernel that decides whether to add "
     "the skip term by whether it was given dt_bias (a flag copied from the line above) drops it here alone, and one "
     "that decides whether to add dt_bias by whether it was given D reads a bias it was not given; every other regime "
@@ -89,7 +92,7 @@ LONG_STEPS_FACTOR = 4
 ACTIVATIONS = {"bf16-inputs": torch.bfloat16, "fp16-inputs": torch.float16}  # the step inputs' dtype, where not fp32
 STEP_BLOCK = 256  # steps drawn at once, from one generator
 # The parameters a regime's kernel is passed as None, where the float64 side takes zeros (`DecodeProblem.parameters`).
-ABSENT = {"optional-none": ("D", "dt_bias"), "dt-bias-none": ("dt_bias",)}
+ABSENT = {"optional-none": ("D", "dt_bias"), "dt-bias-none": ("dt_bias",), "gate-without-d": ("D",)}
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class StepInputs:
     dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim (whole in `untied`)
     B: torch.Tensor  # (batch, ngroups, dstate) float32
     C: torch.Tensor  # (batch, ngroups, dstate) float32
-    z: torch.Tensor | None = None  # (batch, nheads, headdim) float32, the output's gate (`untied` only)
+    z: torch.Tensor | None = None  # (batch, nheads, headdim) float32, the output's gate (`untied`, `gate-without-d`)
 
     def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> StepInputs:
         """fn(name, tensor) applied to every input given (z stays None where there is none)."""
@@ -323,6 +326,19 @@ def _optional_none(shape, state_dtype, nsteps, generator):
     """`_without_bias`'s draws with no D either (zeros here; None to the kernel)."""
     params = _without_bias(shape, state_dtype, nsteps, generator)
     return replace(params, D=torch.zeros_like(params.D))
+
+
+def _gate_without_skip(shape, state_dtype, nsteps, generator):
+    """normal's draws with no D (zeros here; None to the kernel) and a unit-normal gate z, drawn after each block's
+    other inputs."""
+    params = _normal(shape, state_dtype, nsteps, generator)
+    ungated = params.draw_steps
+
+    def draw_steps(g, n):
+        inputs = ungated(g, n)
+        return replace(inputs, z=torch.randn(inputs.x.shape, generator=g))
+
+    return replace(params, D=torch.zeros_like(params.D), draw_steps=draw_steps)
 
 
 def _unit_steps(s: DecodeShape, dt_draw) -> Callable:
@@ -548,6 +564,7 @@ def _overflow(shape, state_dtype, nsteps, generator):
 _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow, "long": _long, "untied": _untied,
              "strided": _normal,  # normal's values, laid out by the step window
              "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "optional-none": _optional_none,
+             "gate-without-d": _gate_without_skip,
              "dt-bias-none": _without_bias,
              **{regime: _half_inputs(dtype) for regime, dtype in ACTIVATIONS.items()}, "subnormal": _subnormal}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)
