@@ -198,6 +198,17 @@ def pads_drop_initial_states(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias
 pads_drop_initial_states.pad_tokens = True
 
 
+def rows_at_their_batch_index_without_pads(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                           state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: a batch with no pad row (a CUDA-graph batch that is full) takes a path that reads and stores row b's
+    state at slot b, its index in the batch, not at its slot: right wherever a batch has a pad row, or no slots."""
+    if state_batch_indices is not None and not bool((state_batch_indices == pad_slot_id).any()):
+        rows = torch.arange(len(state_batch_indices), device=state.device, dtype=state_batch_indices.dtype)
+        return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rows, pad_slot_id, out=out)
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                  pad_slot_id, out=out)
+
+
 # The wrap of slot_offsets_wrapping: tests set drift.far_slots.FAR_ELEMENTS to it.
 WRAP_ELEMENTS = 2**14
 

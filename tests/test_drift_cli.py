@@ -179,12 +179,12 @@ def test_the_default_preset_catches_a_branch_for_fp16_inputs_only(tmp_path):
 
 @pytest.mark.parametrize(("kernel", "regimes", "count"), [
     ("softplus_only_with_a_bias", ("optional-none", "dt-bias-none"), 2),  # the regimes without dt_bias
-    ("skip_term_from_x_without_D", ("optional-none",), 1),  # the regime without D
+    ("skip_term_from_x_without_D", ("optional-none", "gate-without-d"), 2),  # the regimes without D
 ])
 def test_the_default_preset_catches_a_path_without_D_or_dt_bias(kernel, regimes, count, tmp_path):
     """A state update that takes dt's softplus only with a bias, or reads its skip term from a placeholder where D
     is None, passes every case given dt_bias, or D, and fails the cases of the regimes that leave it out:
-    `optional-none` (both) and `dt-bias-none` (dt_bias), or `optional-none` (D)."""
+    `optional-none` (both) and `dt-bias-none` (dt_bias), or `optional-none` and `gate-without-d` (D)."""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "o.json")
     cases = planted_bug_cases(report, lambda p: p["regime"] in regimes)
     assert len(cases) == count and {c["params"]["regime"] for c in cases} == set(regimes)

@@ -13,7 +13,8 @@ from ssmcheck.drift import far_slots
 from ssmcheck.drift.table import _slots
 
 KERNELS = "tests/slot_kernels.py"
-# 2 x 8 x 16 = 256 elements a slot: slot 64 is the first at 2**14, and slots 64, 65 wrap to 0, 1.
+# 2 x 8 x 16 = 256 elements a slot: slot 64 is the first at 2**14; the rows take slots 66 and 67 (far_slots.LEAD),
+# which wrap to 2 and 3.
 SMALL = dict(preset="smoke", regime=["normal"], state_dtype=["fp16"], rounding=["nearest"], steps=2,
              batch=[3], nheads=[2], headdim=[8], dstate=[16])
 
@@ -33,7 +34,7 @@ def test_a_kernel_with_wide_offsets_passes(wrap_at_2_14, state_dtype):
     case = _case("slots_correct", state_dtype=[state_dtype])
     far = case["slots"]["far_slot"]
     assert case["status"] == "pass" and far["status"] == "pass", case["message"]
-    assert far["slots"] == [64, 65] and far["pool_slots"] == 66 and far["written"] == []
+    assert far["slots"] == [66, 67] and far["pool_slots"] == 68 and far["written"] == []
     assert far["worst"]["state_rel"] <= far["worst"]["limit"]
 
 
@@ -41,10 +42,22 @@ def test_a_kernel_with_wide_offsets_passes(wrap_at_2_14, state_dtype):
 def test_offsets_that_wrap_write_another_slot_and_fail(wrap_at_2_14, rounding):
     case = _case("slot_offsets_wrapping", rounding=[rounding])
     assert case["status"] == "fail" and case["slots"]["far_slot"]["status"] == "fail", case["message"]
-    assert ("slots past 2**32 elements: the step wrote slot 0 (no row's) and 1 more: row 0's slot 64 lies 16,384 "
-            "elements in, 0 modulo 16,384 (its offset formed in 32-bit integers)") in case["message"]
-    assert case["slots"]["far_slot"]["written"] == [0, 1]
+    assert ("slots past 2**32 elements: the step wrote slot 2 (no row's) and 1 more: row 0's slot 66 lies 16,896 "
+            "elements in, 512 modulo 16,384 (its offset formed in 32-bit integers)") in case["message"]
+    assert case["slots"]["far_slot"]["written"] == [2, 3]
     # The padded-slot check's pool is small: its offsets never wrap, and its checks pass.
+    assert [case["slots"][name]["status"] for name in ("live", "untouched", "pad_out")] == ["pass"] * 3
+
+
+def test_a_row_stored_at_its_batch_index_is_told_from_a_wrapped_offset(wrap_at_2_14):
+    """A batch with no pad row (the far-slot check's) stored at the rows' batch indices, 0 and 1: the rows lie LEAD
+    slots past the first far slot, so that a wrapped offset lands on 2 and 3, and the message names the batch index."""
+    case = _case("rows_at_their_batch_index_without_pads")
+    far = case["slots"]["far_slot"]
+    assert case["status"] == "fail" and far["status"] == "fail" and far["written"] == [0, 1], case["message"]
+    assert ("slots past 2**32 elements: the step wrote slot 0 (no row's) and 1 more: row 0's index in the batch (a "
+            "row's state stored at its batch index, not at its slot)") in case["message"]
+    # The padded-slot check's batches all have pad rows: its checks pass.
     assert [case["slots"][name]["status"] for name in ("live", "untouched", "pad_out")] == ["pass"] * 3
 
 
@@ -67,4 +80,5 @@ def test_the_builtin_kernel_passes_past_2_32_elements_on_the_gpu():
         far = case["slots"]["far_slot"]
         assert case["status"] == "pass" and far["status"] in ("pass", "skipped"), case["message"]
         if far["status"] == "pass":
-            assert far["slots"][0] * 256 >= 2**32 > (far["slots"][0] - 1) * 256
+            first = far["slots"][0] - far_slots.LEAD
+            assert first * 256 >= 2**32 > (first - 1) * 256

@@ -8,10 +8,11 @@ states. Between 2**31 and 2**32 elements the wrapped offset is negative, an ille
 CUDA context; past 2**32 it lands back inside the pool, on another sequence's slot: a silent write. So the rows
 here lie past 2**32 only.
 
-For a kernel that takes slot indices, on a CUDA GPU: one step of ROWS rows on slots f, f + 1, ..., f the first slot
-at or past 2**32 elements, in a pool of f + ROWS slots (8 GiB of fp16 or bf16 states, 16 GiB of fp32), every other
-slot FILL (finite: a step from a NaN could keep the NaN's bits, and hide the write). One verdict, `far_slot`: every
-other slot keeps FILL's bits (the first written is named, and where a row's offset wrapped to it, that row), and each
+For a kernel that takes slot indices, on a CUDA GPU: one step of ROWS rows on slots f + LEAD, f + LEAD + 1, ..., f
+the first slot at or past 2**32 elements, in a pool of f + LEAD + ROWS slots (8 GiB of fp16 or bf16 states, 16 GiB
+of fp32), every other slot FILL (finite: a step from a NaN could keep the NaN's bits, and hide the write). One
+verdict, `far_slot`: every other slot keeps FILL's bits (the first written is named, and where a row's offset wrapped
+to it, that row; where it is a row's index in the batch, that), and each
 row's slot holds the float64 step of its state within the tolerance rule, as drift.slots judges a live row. Skipped,
 with the reason, where the GPU's free memory cannot hold the pool. Not run on the CPU, whose host memory a pool of
 8-16 GiB would exceed on a CI machine (tests lower FAR_ELEMENTS to run it there).
@@ -56,6 +57,9 @@ DRAFTS_TITLE = "draft tokens' slots past 2**32 elements"
 # Where an offset formed in 32 bits wraps back into the pool: the first row's slot is the first at or past it.
 FAR_ELEMENTS = 2**32
 ROWS = 2
+# The rows' slots start this many past the first slot at or past FAR_ELEMENTS: where a slot's size divides 2**32 an
+# offset that wraps lands on slots LEAD.., apart from slots 0..ROWS-1, where a row stored at its batch index lands.
+LEAD = 2
 # On the CPU the check runs only on a pool this small (tests that lower FAR_ELEMENTS).
 CPU_POOL_BYTES = 64 * 2**20
 # The GPU's free memory must exceed the pool's size by this factor (the step's other tensors, the checks' blocks).
@@ -70,8 +74,8 @@ BLOCK_ELEMENTS = 2**26
 def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
               transcript: Transcript) -> SlotCheck | None:
     """The far-slot verdict of `case` for `kernel` (which takes slot indices); None on the CPU at FAR_ELEMENTS."""
-    return _in_a_far_pool(case, device, FAR_SLOT, TITLE, ROWS,
-                          lambda pool, far: _step(case, kernel, tolerance, transcript, pool, far))
+    return _in_a_far_pool(case, device, FAR_SLOT, TITLE, LEAD + ROWS,
+                          lambda pool, far: _step(case, kernel, tolerance, transcript, pool, far + LEAD))
 
 
 def run_draft_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
@@ -131,7 +135,7 @@ def _in_a_pool(shape: tuple[int, ...], case: DriftCase, device: str, name: str, 
 
 def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcript: Transcript, pool: torch.Tensor,
           far: int) -> SlotCheck:
-    """One step of ROWS rows on slots `far` on of `pool`, judged."""
+    """One step of ROWS rows on slots `far` on of `pool` (its last ROWS), judged; the slots before them keep FILL."""
     seed = sweep.case_seed(case.seed, {"check": FAR_SLOT})
     problem = make_problem(case.regime, replace(case.shape(), batch=ROWS), case.dtype, 1, seed, pool.device.type)
     pool[far:] = problem.initial_state
@@ -149,7 +153,8 @@ def _step(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcrip
     figures = {"slots": slots, "slot_elements": pool[0].numel(), "pool_slots": far + ROWS, "written": written[:8]}
     if written:
         rows = {slot: f"row {row}'s slot {slot}" for row, slot in enumerate(slots)}
-        return SlotCheck(FAR_SLOT, Status.FAIL, f"{TITLE}: {_wrote(written, rows, pool[0].numel(), None)}", figures)
+        wrote = _wrote(written, rows, pool[0].numel(), None, batch_rows=ROWS)
+        return SlotCheck(FAR_SLOT, Status.FAIL, f"{TITLE}: {wrote}", figures)
     reference = {**arguments, "D": problem.D, "dt_bias": problem.dt_bias}
     layout = {"slots": slots, "pad_rows": [], "seed": seed, "placement": FAR, "pad_slot_id": None}
     out = sent if kernel.takes_out else returned
@@ -187,9 +192,10 @@ def _drafts(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, transcr
     return replace(verdict, name=FAR_DRAFTS, figures={**figures, **verdict.figures})
 
 
-def _wrote(written: list[int], far_slots: dict[int, str], per_slot: int, pad: int | None) -> str:
+def _wrote(written: list[int], far_slots: dict[int, str], per_slot: int, pad: int | None, batch_rows: int = 0) -> str:
     """'the step wrote slot S (...)', S the first of `written` (slots before the far ones): named where an offset of
-    one of `far_slots` (slot: its description) wraps to it modulo FAR_ELEMENTS, or where it is the pad id."""
+    one of `far_slots` (slot: its description) wraps to it modulo FAR_ELEMENTS, where it is the pad id, or where it is
+    the index of one of `batch_rows` rows in the batch."""
     wrapped = {slot * per_slot % FAR_ELEMENTS // per_slot: (slot, what) for slot, what in far_slots.items()}
     first = written[0]
     more = f" and {len(written) - 1} more" if len(written) > 1 else ""
@@ -200,6 +206,9 @@ def _wrote(written: list[int], far_slots: dict[int, str], per_slot: int, pad: in
         return f"the step wrote slot {first} (no row's){more}{why}"
     if first == pad:
         return f"the step wrote slot {first} (the pad id: a token not kept){more}"
+    if first < batch_rows:
+        return (f"the step wrote slot {first} (no row's){more}: row {first}'s index in the batch (a row's state stored "
+                "at its batch index, not at its slot)")
     return f"the step wrote slot {first} (no row's){more}"
 
 
