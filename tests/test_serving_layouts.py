@@ -89,15 +89,15 @@ def test_initial_states_rounded_to_a_cache_dtype_keep_their_layout():
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
     # one row's state is read right from its own start, whatever the strides: rows past the first are not
-    ("initial_states_read_as_contiguous", lambda p: p["regime"] == "long" and p["batch"] > 1, 2),
+    ("initial_states_read_as_contiguous", lambda p: p["regime"] in ("long", "continuation") and p["batch"] > 1, 3),
     # and decay-extreme's 6, the batch-mode regime with D per channel and no gate (since the fifty-second session)
-    ("batch_mode_d_per_head", lambda p: p["regime"] in ("long", "decay-extreme"), 12),
+    ("batch_mode_d_per_head", lambda p: p["regime"] in ("long", "continuation", "decay-extreme"), 13),
 ])
 def test_the_default_preset_fails_a_kernel_reading_a_cache_slice_or_a_per_channel_d_wrongly(kernel, reached, count,
                                                                                             tmp_path):
     """Each kernel is right but for a strided initial_states (read as contiguous) or a per-channel D in batch
-    mode (read per head): `long` alone has the first, `long` and `decay-extreme` the second, and the default cases
-    that reach each fail."""
+    mode (read per head): `long` and `continuation` (its inputs) alone have the first, they and `decay-extreme` the
+    second, and the default cases that reach each fail."""
     result, report = invoke("scan", "--kernel", f"{LAYOUT}:{kernel}", "--preset", "default",
                             json_path=tmp_path / "r.json")
     assert result.exit_code == 1, result.output

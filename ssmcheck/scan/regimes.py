@@ -593,6 +593,9 @@ REGIMES: dict[str, Regime] = {
         Regime("long", "at least 8 chunks of state passing, continuing from initial states read from one layer's "
                "slice of a state cache (rows not contiguous), D per channel, with a dt_limit both of whose ends "
                "clamp tokens of every head", long, min_chunks=8),
+        Regime("continuation", "long's batch rows from initial states at any length, down to under one chunk (a "
+               "chunked prefill's next few tokens a row): a batch-mode path for short rows that never loads the "
+               "initial states fails here", long),
         Regime("strided", "normal's values as serving passes them: x, z, B, C, dt are strided views into one "
                "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths)", strided),
         Regime("conv-output", "normal's values as vLLM's mixer passes them: z, dt views into the in_proj buffer, "
