@@ -502,17 +502,17 @@ def test_the_default_preset_catches_a_state_carried_into_a_sequence_that_starts_
 
 def test_the_default_preset_catches_every_batch_row_started_from_row_0s_initial_state(tmp_path):
     """A kernel that starts every batch row from the first row's initial state passes every varlen and one-row
-    case, and fails the default preset's `long` cases of 2 rows (512 and 520 tokens)."""
+    case, and fails the default preset's `long` cases of 2 rows (512 and 520 tokens) and `continuation`'s (40)."""
     _, report = scan("--kernel", f"{BROKEN}:initial_state_of_row_0", "--preset", "default",
                      json_path=tmp_path / "i.json")
-    rows = planted_bug_cases(report, lambda p: p["regime"] == "long" and p["batch"] > 1)
+    rows = planted_bug_cases(report, lambda p: p["regime"] in ("long", "continuation") and p["batch"] > 1)
     # wrong from the row's first chunk
-    assert len(rows) == 2 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)
+    assert len(rows) == 3 and all(c["status"] == "fail" and " chunk 0 head " in c["message"] for c in rows)
 
 
 def test_the_default_preset_catches_a_state_carried_through_32_chunks_at_most(tmp_path):
     """A kernel whose batch-mode state passing stops after 32 chunks passes every case of 32 chunks or fewer (and
-    the packed ones), and fails the default preset's `long` case of 69 chunks, located past chunk 32."""
+    the packed ones), and fails the default preset's `long` case of 130 chunks, located past chunk 32."""
     _, report = scan("--kernel", f"{BROKEN}:state_carried_32_chunks", "--preset", "default",
                      json_path=tmp_path / "c.json")
     many = planted_bug_cases(report, lambda p: -(-p["seqlen"] // p["chunk_size"]) > 32 and not _is_varlen(p))
