@@ -120,6 +120,7 @@ def _one_pool_at_a_time() -> Iterator[None]:
 
 def _in_a_pool(shape: tuple[int, ...], case: DriftCase, device: str, name: str, title: str, far: int,
                check: Callable[[torch.Tensor, int], SlotCheck]) -> SlotCheck:
+    """`check(pool, far)` in a pool of `shape` filled with FILL, freed after (skipped where it does not fit)."""
     try:
         pool = torch.full(shape, FILL, dtype=case.dtype, device=device)
     except torch.cuda.OutOfMemoryError:  # another process took the memory since it was asked
