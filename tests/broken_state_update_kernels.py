@@ -47,17 +47,23 @@ def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True, up
     heads_per_group = state.shape[1] // B.shape[1]
     # output_size: no read-back from the device, so that a CUDA graph can capture the step
     Bh = B.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
-    Ch = C.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
     new = state.float()
     if decay:
         new = new * torch.exp(dt[..., None] * A.float())
     new = new + ((dt.to(update_dtype) * x.to(update_dtype))[..., None] * Bh.to(update_dtype)).float()
-    out = (new * Ch).sum(-1)
+    return new, _out_of(new, x, C, D, z)
+
+
+def _out_of(state, x, C, D, z):
+    """The step's output from `state` (read in fp32): C·h, plus D·x, gated by silu(z), in x's dtype."""
+    heads_per_group = state.shape[1] // C.shape[1]
+    Ch = C.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
+    out = (state.float() * Ch).sum(-1)
     if D is not None:
         out = out + D.float() * x.float()
     if z is not None:
         out = out * torch.nn.functional.silu(z.float())
-    return new, out.to(x.dtype)
+    return out.to(x.dtype)
 
 
 def _round_magnitude_bits(value, dtype, add_bits):
@@ -538,14 +544,7 @@ def out_of_the_stored_state(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     against the reference show, except where the state is fp32. Both modes, as `_store` does."""
     new, _ = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
-    heads_per_group = state.shape[1] // C.shape[1]
-    Ch = C.float().repeat_interleave(heads_per_group, dim=1, output_size=state.shape[1])[:, :, None, :]
-    out = (state.float() * Ch).sum(-1)
-    if D is not None:
-        out = out + D.float() * x.float()
-    if z is not None:
-        out = out * torch.nn.functional.silu(z.float())
-    return out.to(x.dtype)
+    return _out_of(state, x, C, D, z)
 
 
 def gate_only_with_the_skip_term(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

@@ -220,7 +220,13 @@ def slot_offsets_wrapping(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, d
     wrap to a slot's start: widths whose slot size divides 2**14)."""
     if state_batch_indices is None:
         return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out=out)
-    stride = state.stride(0)
-    wrapped = state_batch_indices.long() * stride % WRAP_ELEMENTS // stride
-    slots = torch.where(state_batch_indices >= 0, wrapped, state_batch_indices.long()).to(state_batch_indices.dtype)
+    slots = torch.where(state_batch_indices >= 0, wrapped_slots(state_batch_indices, state),
+                        state_batch_indices.long()).to(state_batch_indices.dtype)
     return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, pad_slot_id, out=out)
+
+
+def wrapped_slots(indices: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """The slots (int64) that `indices`' offsets into `pool`, slot x slot stride, name once wrapped at WRAP_ELEMENTS
+    (offsets that wrap to a slot's start: widths whose slot size divides 2**14)."""
+    stride = pool.stride(0)
+    return indices.long() * stride % WRAP_ELEMENTS // stride

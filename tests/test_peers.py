@@ -509,8 +509,7 @@ SMALL_SLOTS = ("--regime", "normal", "--state-dtype", "fp16", "--rounding", "nea
 def _destinations_wrapping(real, state, *args, dst_state_batch_indices, **kwargs):
     # Planted: a destination's offset, slot x slot stride, wraps at 2**14 elements, as one formed in 32-bit integers
     # wraps at 2**32: a far token's state lands on the slot its wrapped offset names (its sources are read right).
-    stride = state.stride(0)
-    wrapped = dst_state_batch_indices.long() * stride % slot_kernels.WRAP_ELEMENTS // stride
+    wrapped = slot_kernels.wrapped_slots(dst_state_batch_indices, state)
     return real(state, *args, dst_state_batch_indices=wrapped.to(dst_state_batch_indices.dtype), **kwargs)
 
 

@@ -94,7 +94,7 @@ def _in_a_far_pool(case: DriftCase, device: str, name: str, title: str, slots: i
     state_shape = (case.nheads, case.headdim, case.dstate)
     far = -(-FAR_ELEMENTS // math.prod(state_shape))
     shape = (far + slots, *state_shape)
-    size = math.prod(shape) * case.dtype.itemsize
+    size = _pool_bytes(shape, case)
     if device == "cpu":
         return None if size > CPU_POOL_BYTES else _in_a_pool(shape, case, device, name, title, far, check)
     with _one_pool_at_a_time():
@@ -124,8 +124,8 @@ def _in_a_pool(shape: tuple[int, ...], case: DriftCase, device: str, name: str, 
     try:
         pool = torch.full(shape, FILL, dtype=case.dtype, device=device)
     except torch.cuda.OutOfMemoryError:  # another process took the memory since it was asked
-        size = math.prod(shape) * case.dtype.itemsize
-        return SlotCheck(name, Status.SKIPPED, f"{title}: a pool of {_gib(size)} did not fit in GPU memory")
+        return SlotCheck(name, Status.SKIPPED, f"{title}: a pool of {_gib(_pool_bytes(shape, case))} did not fit in "
+                         "GPU memory")
     try:
         return check(pool, far)
     finally:
@@ -220,6 +220,10 @@ def _written_slots(pool: torch.Tensor, far: int) -> list[int]:
     flags = [(bits(pool[start:start + per_block]) != fill).flatten(1).any(1)
              for start in range(0, far, per_block)]
     return [int(i) for i in torch.cat(flags)[:far].nonzero().flatten().tolist()]
+
+
+def _pool_bytes(shape: tuple[int, ...], case: DriftCase) -> int:
+    return math.prod(shape) * case.dtype.itemsize
 
 
 def _gib(size: int) -> str:

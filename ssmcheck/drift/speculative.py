@@ -54,7 +54,7 @@ BASELINE_DRAWS = 8  # stochastic baselines drawn
 
 
 def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
-             transcript: Transcript) -> tuple[list[SlotCheck], dict]:
+              transcript: Transcript) -> tuple[list[SlotCheck], dict]:
     """The two verdicts of `case` for `kernel` (which takes draft tokens: DriftAdapter.takes_draft_tokens), and
     the layout they ran."""
     layout = draft_layout(case, kernel.pad_slot_id, "speculative")
