@@ -9,11 +9,12 @@ interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_f
 softplus_in_inputs_dtype, update_in_inputs_dtype, update_in_half_for_fp16_inputs,
 channels_in_blocks_of_32_from_8_rows, softplus_only_with_a_bias, skip_term_from_x_without_D, flushes_subnormals, random_bits_ignore_the_seed,
 random_bits_from_the_global_generator,
-skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, updates_a_contiguous_copy,
+skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, z_read_with_x_strides, updates_a_contiguous_copy,
 softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
 narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
 bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, out_stored_toward_zero,
-out_of_the_stored_state, gate_only_with_the_skip_term and dt_clamped_below_at_1e_6, which implement both modes
+out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6 and sr_spacing_of_the_nearest_value,
+which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -569,6 +570,27 @@ def dt_clamped_below_at_1e_6(state, x, dt, A, B, C, D=None, z=None, dt_bias=None
     return out
 
 
+def sr_spacing_of_the_nearest_value(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                    rounding="nearest", seed=0):
+    """Stochastic rounding on the grid of the value's round to nearest: the spacing taken at RN(value), not at the
+    value. Where a value just below a power of two rounds to nearest up to it, the spacing is the next binade's
+    (twice the value's own), and the value is rounded between the power of two and the point two of its own
+    spacings below it, which is not a neighbour of it. Unbiased all the same (SR on a coarser grid is), so the
+    stores' mean error stays zero; only the stores near a binade edge are wrong. To nearest it is right."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding != "stochastic":
+        state.copy_(new.to(state.dtype))
+        return out
+    generator = torch.Generator(device=new.device).manual_seed(seed)
+    uniform = torch.rand(new.shape, device=new.device, generator=generator)
+    nearest = new.to(state.dtype).float().abs().clamp_min(torch.finfo(state.dtype).tiny)
+    _, exponent = torch.frexp(nearest)
+    spacing = torch.exp2((exponent - 1 - _FRACTION_BITS[state.dtype]).float())
+    down = torch.floor(new / spacing) * spacing
+    state.copy_(torch.where(uniform < (new - down) / spacing, down + spacing, down).to(state.dtype))
+    return out
+
+
 def random_bits_from_the_row_in_a_block_of_4(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                                              *, rounding="nearest", seed=0):
     """Stochastic rounding whose random offset takes the row's index within its block of ROW_BLOCK rows where the
@@ -627,6 +649,25 @@ def contiguous_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_soft
     rounding modes, as `_store` does."""
     if z is not None:
         z = z.as_strided(z.shape, torch.empty(z.shape).stride(), z.storage_offset())
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def z_read_with_x_strides(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                          rounding="nearest", seed=0):
+    """Reads z at z's start with x's strides (one stride argument passed for both): right wherever the two are laid
+    out alike, wrong for every row but the first where z's row stride differs from x's (Mamba1's z, half of each
+    in_proj row, beside x from the conv). A read past z's storage wraps around it, as a GPU's would land in other
+    memory. Both rounding modes, as `_store` does."""
+    if z is not None:
+        storage = torch.empty(0, dtype=z.dtype, device=z.device).set_(z.untyped_storage())
+        index = torch.full(z.shape, z.storage_offset(), dtype=torch.int64, device=z.device)
+        for axis, stride in enumerate(x.stride()):
+            shape = [1] * z.dim()
+            shape[axis] = z.shape[axis]
+            index = index + torch.arange(z.shape[axis], device=z.device).view(shape) * stride
+        z = storage[index % storage.numel()]
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out

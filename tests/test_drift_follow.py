@@ -11,6 +11,7 @@ from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
 from ssmcheck.drift.follow import AGREEMENT_RTOL, Follower, follow, sums_agree
 from ssmcheck.drift.spec import build_cases, resolve
+from ssmcheck.drift.stats import STORE_SUMS
 
 gpu = pytest.mark.gpu
 DEVICE = runtime.environment().device  # the Triton step runs compiled on a GPU, through the interpreter on the CPU
@@ -35,7 +36,7 @@ def _step_tensors(seed: int, dtype: torch.dtype, device: str = "cuda", b=2, h=4,
                 A=-torch.rand(h, 1, 1, generator=g, device=device, dtype=torch.float64).expand(h, p, n),
                 B=randn(b, 1, n, dt=dtype), C=randn(b, 1, n, dt=dtype),
                 D=randn(h, 1).expand(h, p), dt_bias=randn(h, 1).expand(h, p),
-                sums=torch.zeros(5, b, h, p, dtype=torch.float64, device=device),
+                sums=torch.zeros(len(STORE_SUMS), b, h, p, dtype=torch.float64, device=device),
                 tripped=torch.zeros(b, h, p, dtype=torch.bool, device=device),
                 uniform=torch.rand(b, h, p, n, generator=g, device=device, dtype=torch.float64))
 

@@ -59,7 +59,7 @@ def test_a_window_drawn_in_several_threads_holds_the_streams_steps(monkeypatch, 
     for threads in (1, 3):
         monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
         window = lockstep.StepWindow(problem)
-        for buffer in [window.fused] if problem.fused else window.packed.values():
+        for buffer in (window.fused if problem.fused else window.packed).values():
             buffer.fill_(float("nan"))  # poisoned: a row the load leaves unwritten shows
         window.load(STEP_BLOCK // 2)  # a window of steps 128 .. 768, over three blocks
         windows.append(window)
@@ -69,6 +69,21 @@ def test_a_window_drawn_in_several_threads_holds_the_streams_steps(monkeypatch, 
             window.counter.fill_(n)
             for name, t in window.inputs().given():
                 assert torch.equal(t, getattr(drawn, name)[n]), (name, n)
+
+
+def test_untied_gate_is_half_a_row_of_its_own_as_mamba1s_z():
+    """`untied`'s z is the second half of a row of a buffer of its own (Mamba1's in_proj output [x | z]): its row
+    stride is twice its width, not x's, and the first half holds x's values."""
+    case, _ = _case(regime="untied", state_dtype="fp16", rounding="nearest", steps=8, headdim="6", dstate="10")
+    problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")
+    window = lockstep.StepWindow(problem)
+    window.load(3)
+    step = window.inputs()
+    width = step.z[0].numel()
+    assert step.z.stride(0) == 2 * width != step.x.stride(0)
+    assert step.z.untyped_storage().data_ptr() != step.x.untyped_storage().data_ptr()
+    assert torch.equal(step.z, problem.host_inputs(2, 1).z[0]) and not step.z.isnan().any()
+    assert torch.equal(window.fused["z"][window.counter[0], :, :width].view(step.x.shape), step.x)
 
 
 @pytest.mark.parametrize("window_steps", [100, STEP_BLOCK, 300])

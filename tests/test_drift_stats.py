@@ -19,6 +19,7 @@ from ssmcheck.drift.stats import (
     growth_exponent,
     is_biased,
     log_checkpoints,
+    store_allowance,
     store_sums,
 )
 from ssmcheck.ops.rounding.naive import round_to
@@ -199,10 +200,10 @@ def test_no_rounding_stores_a_subnormal_as_zero_and_a_flush_is_counted(seed, rou
     subnormal = int(((exact.abs() >= smallest) & (exact.abs() < info.smallest_normal)).sum())
     assert subnormal > 1000
     stored = round_to(exact, dtype, rounding, generator=gen).double()
-    sums = store_sums(exact, stored, dtype)
+    sums = store_sums(exact, stored, dtype, torch.zeros_like(exact), rounding)
     assert sums[3].item() == subnormal and sums[4].item() == 0
     flushed = torch.where(exact.abs() < info.smallest_normal, 0.0, stored)
-    assert store_sums(exact, flushed, dtype)[3:].tolist() == [subnormal, subnormal]
+    assert store_sums(exact, flushed, dtype, torch.zeros_like(exact), rounding)[3:5].tolist() == [subnormal, subnormal]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -210,8 +211,8 @@ def test_subnormals_are_counted_for_fp16_alone(dtype):
     """bf16's and fp32's subnormals are float32's own, which a kernel's float32 arithmetic may flush: not counted."""
     info = torch.finfo(dtype)
     exact = torch.full((64,), info.smallest_normal / 4, dtype=torch.float64)
-    sums = store_sums(exact, torch.zeros_like(exact), dtype)
-    assert sums[0] == 64 and sums[3:].tolist() == [0.0, 0.0]
+    sums = store_sums(exact, torch.zeros_like(exact), dtype, torch.zeros_like(exact), "nearest")
+    assert sums[0] == 64 and sums[3:5].tolist() == [0.0, 0.0]
 
 
 def test_a_flush_is_named_from_a_few_stores_that_are_most_of_the_subnormal_ones():
@@ -221,5 +222,75 @@ def test_a_flush_is_named_from_a_few_stores_that_are_most_of_the_subnormal_ones(
     assert flushes_subnormals(1000, 500) and not flushes_subnormals(1000, 499)
     assert not flushes_subnormals(0, 0)
     moments = SignedErrorMoments()
-    moments.running(torch.device("cpu")).add_(torch.tensor([2.0, 0.0, 0.0, 10.0, 9.0], dtype=torch.float64))
+    moments.running(torch.device("cpu")).add_(torch.tensor([2.0, 0.0, 0.0, 10.0, 9.0, 0.0], dtype=torch.float64))
     assert (moments.count, moments.subnormal, moments.flushed) == (2, 10, 9)
+
+
+def _values_across(dtype: torch.dtype, gen: torch.Generator, n: int = 4096) -> torch.Tensor:
+    """float64 values of random sign across `dtype`'s range below 2**8: log-uniform from a quarter of its smallest
+    subnormal up (normals, subnormals and the binade edges between), a tenth of them just below a power of two."""
+    info = torch.finfo(dtype)
+    smallest = info.smallest_normal * info.eps
+    exponents = torch.empty(n, dtype=torch.float64).uniform_(math.log2(smallest) - 2, 8, generator=gen)
+    values = torch.exp2(exponents)
+    edge = torch.rand(n, generator=gen) < 0.1
+    values = torch.where(edge, torch.exp2(exponents.ceil()) * (1 - torch.rand(n, generator=gen, dtype=torch.float64)
+                                                                  * info.eps / 2), values)
+    return values * (torch.randint(0, 2, (n,), generator=gen).double() * 2 - 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rounding=st.sampled_from(["nearest", "stochastic"]))
+def test_a_rounding_of_the_exact_value_is_never_misrounded(dtype, seed, rounding):
+    """Every rounding of the exact value, to nearest or stochastic, near binade edges and in the subnormal range
+    included, lies within its reach (no allowance needed); so does a stochastic rounding's other neighbour."""
+    gen = torch.Generator().manual_seed(seed)
+    exact = _values_across(dtype, gen)
+    none = torch.zeros_like(exact)
+    assert store_sums(exact, round_to(exact, dtype, rounding, generator=gen).double(), dtype, none, rounding)[5] == 0
+    below = round_to(exact.abs(), dtype, "stochastic", uniform=torch.full_like(exact, 1 - 2**-53)).double()
+    above = round_to(exact.abs(), dtype, "stochastic", uniform=torch.zeros_like(exact)).double()
+    for neighbour in (below, above):
+        assert store_sums(exact, neighbour * exact.sign(), dtype, none, "stochastic")[5] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_store_past_the_neighbours_is_misrounded(dtype, seed):
+    """A store one spacing beyond the upper neighbour (or below the lower one) is counted, whatever the rounding; to
+    nearest, so is the farther neighbour where the exact value is not within half a spacing of it."""
+    gen = torch.Generator().manual_seed(seed)
+    exact = _values_across(dtype, gen).abs()
+    exact = exact[round_to(exact, dtype, "nearest").double() != exact]  # strictly between two neighbours
+    none = torch.zeros_like(exact)
+    above = round_to(exact, dtype, "stochastic", uniform=torch.zeros_like(exact)).double()
+    below = round_to(exact, dtype, "stochastic", uniform=torch.full_like(exact, 1 - 2**-53)).double()
+    beyond = above + ulp(above, dtype)
+    # (a value just below a power of two has its lower neighbour one spacing of the binade below away)
+    under = below - ulp(below - ulp(below, dtype) / 2, dtype)
+    for rounding in ("nearest", "stochastic"):
+        assert store_sums(exact, beyond, dtype, none, rounding)[5] == len(exact)
+        kept = below > 0
+        assert store_sums(exact[kept], under[kept], dtype, none[kept], rounding)[5] == int(kept.sum())
+    farther = torch.where(exact - below > above - exact, below, above)
+    strictly = (exact - farther).abs() > (above - below) / 2  # (not a tie)
+    assert store_sums(exact[strictly], farther[strictly], dtype, none[strictly], "nearest")[5] == int(strictly.sum())
+
+
+def test_the_allowance_is_what_float32_arithmetic_may_add():
+    """A store whose value is the exact one moved by less than the allowance and then rounded passes; moved by more
+    than the allowance plus a spacing, it is counted. The allowance grows with the terms (a cancelling update's error
+    is its terms' roundings) and with dt's derivative."""
+    decayed = torch.tensor([1.0, 1.0, 1e-3])
+    drive = torch.tensor([-0.999, 0.5, 1e-3])
+    dt, A, xB = torch.tensor(0.1), torch.tensor([-2.0, -2.0, -2.0]), torch.tensor([1.0, 1.0, 1.0])
+    allowance = store_allowance(decayed, drive, dt, A, xB)
+    assert allowance[0] > allowance[2] and allowance[0] > 1.99 * 2.0**-15
+    exact = decayed + drive
+    moved = exact + 0.9 * allowance
+    stored = round_to(moved, torch.float16, "nearest").double()
+    assert store_sums(exact, stored, torch.float16, allowance, "nearest")[5] == 0
+    far = round_to(exact + allowance + 2 * ulp(exact, torch.float16), torch.float16, "nearest").double()
+    assert store_sums(exact, far, torch.float16, allowance, "nearest")[5] == 3

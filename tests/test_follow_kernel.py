@@ -14,7 +14,7 @@ from ssmcheck.core.fences import Fenced
 from ssmcheck.core.tensors import moved
 from ssmcheck.drift.follow import AGREEMENT_RTOL, MUTATED, follow, sums_agree, written_copies
 from ssmcheck.drift.follow_kernel import follow_triton
-from ssmcheck.drift.stats import row_totals
+from ssmcheck.drift.stats import STORE_SUMS, row_totals
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DEVICE = runtime.environment().device  # compiled on a GPU, the interpreter on the CPU
@@ -49,20 +49,23 @@ def _arguments(seed, *, batch, nheads, ngroups, headdim, dstate, state_dtype, ro
     if not softplus:
         dt = dt.abs()
     B, C = (torch.randn((batch, ngroups, dstate), generator=g).to(input_dtype) for _ in range(2))
-    # The kernel's results: its state a little off the exact update, its output the reference's, a few poisoned.
-    ref_out, _, _ = follow(ref=before.double().clone(), baseline=before.double().clone(), before=before,
+    # The kernel's results: its state the exact update rounded, a third of it a little off (misrounded stores), its
+    # output the reference's, a few poisoned.
+    exact = before.double().clone()
+    ref_out, _, _ = follow(ref=exact, baseline=before.double().clone(), before=before,
                           after=before.clone(), out=x.float(), x=x, dt=dt, z=z if gate else None, A=A, B=B, C=C, D=D,
-                          dt_bias=dt_bias, sums=torch.zeros((5, batch, nheads, headdim), dtype=torch.float64),
+                          dt_bias=dt_bias, sums=torch.zeros((len(STORE_SUMS), batch, nheads, headdim),
+                                                            dtype=torch.float64),
                           tripped=torch.zeros((batch, nheads, headdim), dtype=torch.bool), uniform=None,
                           dt_softplus=softplus, dtype=dtype, rounding="nearest")
-    after = (before.double() * 1.001).to(dtype)
+    after = torch.where(torch.rand(shape, generator=g, dtype=torch.float64) < 1 / 3, exact * 1.001, exact).to(dtype)
     out = ref_out.to(x.dtype)
     if poison:
         after.view(-1)[torch.randint(after.numel(), (3,), generator=g)] = float("nan")
         after.view(-1)[torch.randint(after.numel(), (2,), generator=g)] = float("inf")
         out.view(-1)[torch.randint(out.numel(), (2,), generator=g)] = float("nan")
         after[0, 0, 0, :] = 0.0  # a row flushed: fp16's subnormal stores counted
-    sums = torch.rand((5, batch, nheads, headdim), generator=g, dtype=torch.float64)
+    sums = torch.rand((len(STORE_SUMS), batch, nheads, headdim), generator=g, dtype=torch.float64)
     tripped = torch.rand((batch, nheads, headdim), generator=g) < 0.1
     uniform = torch.rand(shape, generator=g, dtype=torch.float64) if rounding == "stochastic" else None
     tensors = dict(ref=ref, baseline=baseline, before=before, after=after, out=out, x=x, dt=dt,
@@ -90,7 +93,8 @@ def _assert_same_step(arguments, fenced=None):
     assert torch.equal(mine["tripped"], eager["tripped"])
     torch.testing.assert_close(mine["ref"], eager["ref"], rtol=AGREEMENT_RTOL, atol=0.0, equal_nan=True)
     torch.testing.assert_close(row_totals(mine["sums"]), row_totals(eager["sums"]), rtol=AGREEMENT_RTOL, atol=0.0)
-    torch.testing.assert_close(mine["sums"][[0, 3, 4]], eager["sums"][[0, 3, 4]], rtol=0.0, atol=0.0)  # counts
+    counts = [STORE_SUMS.index(name) for name in ("count", "subnormal", "flushed", "misrounded")]
+    torch.testing.assert_close(mine["sums"][counts], eager["sums"][counts], rtol=0.0, atol=0.0)
     for value, expected in zip(mine_outs, eager_outs):
         assert sums_agree(value, expected)
 

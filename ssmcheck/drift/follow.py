@@ -24,9 +24,9 @@ import torch
 from ssmcheck.core.precompile import compiling_ahead
 from ssmcheck.core.tensors import nonfinite_mask
 from ssmcheck.drift.follow_kernel import follow_triton
-from ssmcheck.drift.stats import row_totals, store_sums
+from ssmcheck.drift.stats import row_totals, store_allowance, store_sums
 from ssmcheck.ops.rounding.naive import round_to
-from ssmcheck.ops.state_update.naive import state_update_step
+from ssmcheck.ops.state_update.naive import state_update_parts
 
 RECOMPILE_LIMIT = 1024  # compilations of `follow` per process (one per shape, state dtype, rounding mode)
 MUTATED = ("ref", "baseline", "sums", "tripped")  # the arguments `follow` updates in place
@@ -50,15 +50,19 @@ def follow(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt_bias, 
     output's shape), set where the kernel's state or output is non-finite and the reference's is finite. Per row,
     with no sum over the whole state, the compiled step fuses into fewer kernels (stats.store_sums).
     """
-    new, outs = state_update_step(torch.stack([ref, baseline, before.double()]), x.double(), dt.double(), A,
-                                  B.double(), C.double(), D=D, z=None if z is None else z.double(), dt_bias=dt_bias,
-                                  dt_softplus=dt_softplus)
+    step = state_update_parts(torch.stack([ref, baseline, before.double()]), x.double(), dt.double(), A, B.double(),
+                              C.double(), D=D, z=None if z is None else z.double(), dt_bias=dt_bias,
+                              dt_softplus=dt_softplus)
+    new, outs = step.new_state, step.out
     ref.copy_(new[0])
     baseline.copy_(round_to(new[1], dtype, rounding, uniform=uniform))
     # The kernel's store against the exact update of its own previous state: its rounding error, in ulps,
-    # signed along the exact value (free of the drift accumulated before it), and its subnormals kept or flushed.
+    # signed along the exact value (free of the drift accumulated before it), its subnormals kept or flushed, and
+    # whether a rounding of that value, within what float32 arithmetic explains, gives it.
     exact, stored = new[2], after.double()
-    sums.add_(store_sums(exact, stored, dtype))
+    xB = x.double().abs()[..., None] * step.Bh.abs()[..., None, :]
+    allowance = store_allowance(step.decayed[2], step.drive, step.dt, A, xB)
+    sums.add_(store_sums(exact, stored, dtype, allowance, rounding))
     tripped |= nonfinite_mask(stored, new[0]).any(-1) | nonfinite_mask(out, outs[0])
     return outs[0], outs[1], outs[2]
 

@@ -20,6 +20,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ssmcheck.core.formats import FORMATS, own_subnormals, subnormal_range
+from ssmcheck.drift import stats
 from ssmcheck.ops import interpreting
 
 # Elements of a program's tile (rows of headdim x dstate padded to a power of two).
@@ -54,7 +55,8 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
         nheads, headdim, dstate, nheads // ngroups,
         DT_SOFTPLUS=dt_softplus, HAS_Z=z is not None, STOCHASTIC=stochastic, NARROW=dtype != torch.float32,
         EMIN=fmt.emin, MANTISSA_BITS=fmt.mantissa_bits, OVERFLOW=2.0 ** (fmt.emax + 1),
-        SUBNORMALS=own_subnormals(dtype), SMALLEST=smallest, NORMAL=normal, INTERPRETED=interpreting(),
+        SUBNORMALS=own_subnormals(dtype), SMALLEST=smallest, NORMAL=normal, RADIUS=stats.ROUNDING_RADIUS[rounding],
+        ARITHMETIC_REL=stats.ARITHMETIC_REL, DT_ABS=stats.DT_ABS, INTERPRETED=interpreting(),
         BLOCK_P=block_p, BLOCK_N=block_n, enable_fp_fusion=False)
     return ref_out, baseline_out, exact_out
 
@@ -124,7 +126,8 @@ def _follow_kernel(
     nheads, headdim, dstate, heads_per_group,
     DT_SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr, STOCHASTIC: tl.constexpr, NARROW: tl.constexpr,
     EMIN: tl.constexpr, MANTISSA_BITS: tl.constexpr, OVERFLOW: tl.constexpr, SUBNORMALS: tl.constexpr,
-    SMALLEST: tl.constexpr, NORMAL: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_P: tl.constexpr,
+    SMALLEST: tl.constexpr, NORMAL: tl.constexpr, RADIUS: tl.constexpr, ARITHMETIC_REL: tl.constexpr,
+    DT_ABS: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -161,7 +164,8 @@ def _follow_kernel(
     before = tl.load(before_ptr + b * s_fb + h * s_fh + pc * s_fp + nr * s_fn, mask=tile, other=0.0).to(tl.float64)
     new_ref = ref * decay + drive
     new_base = base * decay + drive
-    exact = before * decay + drive
+    decayed = before * decay
+    exact = decayed + drive
 
     skip = x * tl.load(D_ptr + h * s_Dh + p * s_Dp, mask=row, other=0.0)
     ref_y = tl.sum(tl.where(tile, new_ref * Ch[None, :], 0.0), 1) + skip
@@ -207,6 +211,16 @@ def _follow_kernel(
         flushed = subnormal & (stored == 0)
         tl.store(sums + 3 * s_sk, tl.load(sums + 3 * s_sk, mask=row) + tl.sum(subnormal.to(tl.float64), 1), mask=row)
         tl.store(sums + 4 * s_sk, tl.load(sums + 4 * s_sk, mask=row) + tl.sum(flushed.to(tl.float64), 1), mask=row)
+    # Misrounded: farther from the exact value than the rounding moves a value plus stats.store_allowance.
+    xB = tl.abs(x)[:, None] * tl.abs(Bh)[None, :]
+    allowance = (ARITHMETIC_REL * (tl.abs(decayed) + tl.abs(drive))
+                 + DT_ABS * (1 + tl.abs(dt))[:, None] * (tl.abs(A) * tl.abs(decayed) + xB))
+    # (stats.reach: the spacing between the store and its neighbour on the exact value's side)
+    side = ((stored > exact).to(tl.float64) - (stored < exact).to(tl.float64)) * _store_spacing(stored, EMIN,
+                                                                                                  MANTISSA_BITS) / 4
+    spacing = _store_spacing(stored - side, EMIN, MANTISSA_BITS)
+    misrounded = _finite(stored) & _finite(exact) & (tl.abs(stored - exact) > RADIUS * spacing + allowance) & tile
+    tl.store(sums + 5 * s_sk, tl.load(sums + 5 * s_sk, mask=row) + tl.sum(misrounded.to(tl.float64), 1), mask=row)
 
     # Non-finite where the reference is finite: the state's stores, or the kernel's output.
     state_bad = tl.sum((~_finite(stored) & _finite(new_ref) & tile).to(tl.int32), 1) > 0

@@ -13,6 +13,10 @@ JSON case keys (always present; figures a case did not produce are null):
     subnormal_stores {subnormal, flushed}            an fp16 state's stores whose exact value lay in fp16's
                                                      subnormal range, and of them those stored as 0 (0 and 0
                                                      for other state dtypes; null: no steps ran),
+    misrounded_stores {count, stores, most_at}       stores farther from the exact update of the kernel's own state
+                                                     than their rounding moves a value plus what float32 arithmetic
+                                                     explains (drift.stats.store_sums), of `stores`, and the state
+                                                     row holding the most, {batch, head, channel} (null: none),
     output_bias {dtype, count, mean_ulp, z, beyond}  an fp16/bf16 output's mean signed rounding error (ulps of its
                                                      dtype, along the exact output of the kernel's own state, over
                                                      the checkpoints; core.output_bias); null for fp32,
@@ -65,6 +69,8 @@ def case_json(result: DriftResult) -> dict:
         "output_bias": _bias(run.output_bias) if run else None,
         "subnormal_stores": {"subnormal": run.store_errors.subnormal,
                              "flushed": run.store_errors.flushed} if run else None,
+        "misrounded_stores": {"count": run.store_errors.misrounded, "stores": run.store_errors.count,
+                              "most_at": _row(run.store_errors.misrounded_at)} if run else None,
         "baseline": {
             "checkpoints": [asdict(c) for c in run.baseline],
             "growth_exponent": v.baseline_growth_exponent,
@@ -90,3 +96,7 @@ def _bias(bias: OutputBias | None) -> dict | None:
 
 def _nonfinite(where: NonfiniteStep) -> dict:
     return {**asdict(where), "reads_outside": outside.as_json(where.reads_outside)}
+
+
+def _row(index: tuple[int, ...] | None) -> dict | None:
+    return None if index is None else dict(zip(("batch", "head", "channel"), index))

@@ -43,9 +43,11 @@ from ssmcheck.drift.stats import SignedErrorMoments
 WINDOW_BYTES = 256 << 20
 
 
-# A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt, then
-# the gate z where the regime has one (`untied`).
-FUSED_ORDER = ("x", "B", "C", "dt", "z")
+# A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt. The gate
+# z, where the regime has one (`untied`), is the second half of a row of a buffer of its own, [x | z], as Mamba1's z
+# is a view of its in_proj output (whose x goes through the conv first): z's row stride is twice its width, x's
+# another, and a kernel reading z at x's offsets reads values, not z's.
+FUSED_ORDER = ("x", "B", "C", "dt")
 
 
 class StepWindow:
@@ -63,12 +65,20 @@ class StepWindow:
         self.columns: dict[str, tuple[int, int, torch.Size]] = {}  # name -> (start, stop, shape) in its buffer
         if problem.fused:
             # One buffer per step: each batch row holds every input's values side by side, as a serving
-            # engine's conv output holds x, B and C; a step's inputs are views into it (`inputs`).
+            # engine's conv output holds x, B and C; a step's inputs are views into it (`inputs`). A gate, in a
+            # buffer of its own: [x | z], each row x's values beside z's, as Mamba1's in_proj row holds them.
             start = 0
-            for name, t in sorted(stored.given(), key=lambda item: FUSED_ORDER.index(item[0])):
-                self.columns[name] = (start, start + t[0].numel(), t.shape[1:])
-                start += t[0].numel()
-            self.fused = torch.empty((self.size, first.x.shape[0], start), dtype=first.x.dtype, device=problem.device)
+            given = dict(stored.given())
+            for name in FUSED_ORDER:
+                self.columns[name] = (start, start + given[name][0].numel(), given[name].shape[1:])
+                start += given[name][0].numel()
+            row = torch.empty((self.size, first.x.shape[0], start), dtype=first.x.dtype, device=problem.device)
+            self.fused = dict.fromkeys(FUSED_ORDER, row)  # input name -> its buffer
+            if "z" in given:
+                width = given["z"][0].numel()
+                self.columns["z"] = (width, 2 * width, given["z"].shape[1:])
+                self.fused["z"] = torch.empty((self.size, first.x.shape[0], 2 * width), dtype=first.x.dtype,
+                                              device=problem.device)
         else:
             # Each input whole and contiguous, but a step's inputs of one dtype side by side in one row of a
             # buffer (`packed`), so that a step gathers them in one index_select: a kernel each is ~2 us of a
@@ -100,7 +110,8 @@ class StepWindow:
         if not self.holds(step):
             start = step - 1
             count = min(self.size, self.problem.nsteps - start)
-            buffers = [self.fused] if self.problem.fused else list(self.packed.values())
+            buffers = list({id(b): b for b in self.fused.values()}.values()) if self.problem.fused else list(
+                self.packed.values())
             staged = {id(buffer): _staging(buffer) for buffer in buffers}
             # Block by block, as many drawn at once as torch has CPU threads: a window of 8192 steps at the default
             # GPU widths took ~0.12 s drawn in one thread and joined, ~12 s of the default GPU drift in all (on a
@@ -110,7 +121,9 @@ class StepWindow:
                     lo, hi, _ = self.columns[name]
                     rows = slice(at, at + values.shape[0])
                     if self.problem.fused:
-                        staged[id(self.fused)][rows, :, lo:hi].copy_(values.flatten(2))
+                        staged[id(self.fused[name])][rows, :, lo:hi].copy_(values.flatten(2))
+                        if name == "x" and "z" in self.fused:  # the gate's row: [x | z]
+                            staged[id(self.fused["z"])][rows, :, :hi - lo].copy_(values.flatten(2))
                     else:
                         staged[id(self.packed[values.dtype])][rows, lo:hi].copy_(values.flatten(1))
             for buffer in buffers:
@@ -124,9 +137,9 @@ class StepWindow:
         problem that is not fused in memory of its own, as a caller passes them, so that NaN fences around each
         (core.fences, core.outside) tell which one a kernel reads or writes past; else views into one row."""
         if self.problem.fused:
-            row = self.fused.index_select(0, self.counter)[0]
-            step = StepInputs(**{name: row[:, lo:hi].unflatten(-1, shape) for name, (lo, hi, shape)
-                                 in self.columns.items()})
+            rows = {id(b): b.index_select(0, self.counter)[0] for b in self.fused.values()}
+            step = StepInputs(**{name: rows[id(self.fused[name])][:, lo:hi].unflatten(-1, shape)
+                                 for name, (lo, hi, shape) in self.columns.items()})
         else:
             rows = {dtype: buffer.index_select(0, self.counter)[0] for dtype, buffer in self.packed.items()}
             step = StepInputs(**{name: rows[self._dtypes[name]][lo:hi].view(shape) for name, (lo, hi, shape)

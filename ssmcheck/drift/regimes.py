@@ -18,8 +18,9 @@ Tied parameters are passed as Mamba2 passes them: A (nheads,) expanded to
 serving code gates after the state update, in its norm). The `untied` regime calls the
 state update as Mamba1's decode does: every parameter whole, a value per channel (and per
 state index for A), and a gate z per channel, the step inputs views into one buffer per step
-as Mamba1 splits its projections (z a half of the in_proj row). A kernel that reads only one
-value per head, gates the output wrongly, or reads z as if contiguous, passes every other
+and z the second half of a row [x | z] of a buffer of its own, as Mamba1 splits its in_proj row
+(z's row stride twice its width, x's another). A kernel that reads only one value per head,
+gates the output wrongly, or reads z as if contiguous or with x's strides, passes every other
 regime and fails this one. The `strided`
 regime draws normal's values and hands them over as a serving engine does: x, B and C (and
 dt) as views into one buffer per step, each batch row a whole buffer row apart (the window in
@@ -51,7 +52,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "long": "4x --steps, normal inputs with decay slow enough that rounding errors pile up over the whole run",
     "untied": "normal's ranges with A, dt, D and dt_bias per channel (A per state index too), whole tensors "
     "instead of Mamba2's per-head values expanded by stride-0 views, and a unit-scale gate z (Mamba1's call); "
-    "x, dt, B, C and z are views into one buffer per step, as Mamba1's decode splits its projections",
+    "x, dt, B and C are views into one buffer per step, z the second half of a row [x | z] of one of its own, as "
+    "Mamba1's decode splits its in_proj row: z's row stride is twice its width, x's another",
     "strided": "normal's values as vLLM's decode passes them: x, B and C views into one buffer per step (the "
     "conv output, [x | B | C], with dt's columns after them), so a row's inputs start a whole buffer row apart; the "
     "state one layer's slice of a two-layer state cache, its rows two states apart",
@@ -83,8 +85,8 @@ DRIFT_REGIMES: dict[str, str] = {
 }
 
 # Regimes whose step inputs reach the kernel as views into one buffer per step (drift.lockstep.StepWindow): `strided`
-# as Mamba2's serving decode splits its conv output, `untied` as Mamba1's decode splits its projections (x and z
-# are halves of one in_proj row there), so that every input of theirs, z included, has a row stride of its own.
+# as Mamba2's serving decode splits its conv output, `untied` as Mamba1's decode splits its projections (z half of
+# an in_proj row [x | z], in a buffer of its own), so that every input of theirs has a row stride of its own.
 FUSED_REGIMES = ("strided", "untied")
 # The layers of the state cache `strided`'s state is one layer's slice of (`_placed`).
 CACHE_LAYERS = 2

@@ -54,6 +54,10 @@ class StoreErrors:
     subnormal: int = 0  # stores whose exact value lies in the storage dtype's subnormal range
     flushed: int = 0  # of those, stored as zero (no rounding does that: stats.store_sums)
     resolution: float | None = None  # the smallest mean the bias test could see (stats.SignedErrorMoments)
+    # Stores farther from the exact value than their rounding moves a value plus what float32 arithmetic explains
+    # (stats.store_sums), and the state row (batch, head, channel) holding the most of them
+    misrounded: int = 0
+    misrounded_at: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core.formats import own_subnormals, subnormal_range
+from ssmcheck.core.formats import own_subnormals, subnormal_range, ulp
 from ssmcheck.core.output_bias import mean_and_error, signed_ulp_errors, z_statistic
 from ssmcheck.core.tensors import finite
 
@@ -27,6 +27,20 @@ BIAS_FLOOR_ULP = 2.0**-10
 # the smallest subnormal where the float64 exact value did not; a flush takes them all.
 FLUSH_MIN_STORES = 8
 FLUSH_MIN_SHARE = 0.5
+# How far a kernel's float32 arithmetic may put the value it rounds from the exact update of its own previous state
+# (store_allowance): ARITHMETIC_REL of each term the update adds (a few float32 roundings, 2**-24 each, and the
+# GPU's approximate exp, whose argument dt*A carries its own rounding), and an error of DT_ABS * (1 + dt) in dt
+# itself times the update's derivative in dt, A * decayed + x * B: softplus as log(exp(v) + 1) in float32 (as vLLM
+# and mamba_ssm compute it) errs by up to 2**-24 absolute where exp(v) vanishes beside 1, with an approximate log
+# by 2**-22, and by about 2**-23 * dt where dt is large. Both bounds are 8-16x those errors; a store still farther
+# from the exact value than its rounding can move it is no rounding of it (misrounded).
+ARITHMETIC_REL = 2.0**-15
+DT_ABS = 2.0**-20
+# How far a rounding moves a value, in spacings of the storage dtype (reach): half of one to nearest, less than one
+# stochastically.
+ROUNDING_RADIUS = {"nearest": 0.5, "stochastic": 1.0}
+# The layout of store_sums' rows and of SignedErrorMoments' sums.
+STORE_SUMS = ("count", "total", "total of squares", "subnormal", "flushed", "misrounded")
 
 
 def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
@@ -49,23 +63,51 @@ def error_sums(errors: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return torch.stack([counted.sum(**axes).double(), kept.sum(**axes), kept.square().sum(**axes)])
 
 
-def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A step's stores summed up along each state row (the last axis) in SignedErrorMoments' layout: error_sums
-    of the signed rounding errors (ulps, along the exact value), then (how many exact values lie in `dtype`'s
-    subnormal range, how many of those were stored as zero); shape (5, *exact.shape[:-1]). Per row, not in all:
-    a compiled drift step fuses sums along a row into the kernel that computes the row, where one sum over the
-    whole state took a kernel of its own, a fifth of the step's device time on an H200.
+def store_allowance(decayed: torch.Tensor, drive: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                    xB: torch.Tensor) -> torch.Tensor:
+    """How far a kernel's float32 arithmetic may put each new state element from the exact update, float64: from the
+    exact terms of that update (ops.state_update.naive.state_update_parts: decayed = state * exp(dt * A) and
+    drive = dt * x * B; dt per channel, A like the state's rows, xB = |x| * |B| like the state); ARITHMETIC_REL and
+    DT_ABS say what it covers."""
+    decayed = decayed.abs()
+    return (ARITHMETIC_REL * (decayed + drive.abs())
+            + DT_ABS * (1 + dt.abs())[..., None] * (A.abs() * decayed + xB))
+
+
+def reach(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
+    """How far `rounding` may take an exact value to `stored`: ROUNDING_RADIUS times the spacing of `dtype`
+    between `stored` and its neighbour on the exact value's side (where `stored` is a power of two above the exact
+    value, half the spacing above it)."""
+    side = torch.sign(stored - exact) * ulp(stored, dtype) / 4  # a quarter spacing: inside the gap either way
+    return ROUNDING_RADIUS[rounding] * ulp(stored - side, dtype)
+
+
+def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, allowance: torch.Tensor,
+               rounding: str) -> torch.Tensor:
+    """A step's stores summed up along each state row (the last axis) in SignedErrorMoments' layout (STORE_SUMS):
+    error_sums of the signed rounding errors (ulps, along the exact value), then how many exact values lie in
+    `dtype`'s subnormal range, how many of those were stored as zero, and how many stores are misrounded; shape
+    (6, *exact.shape[:-1]). Per row, not in all: a compiled drift step fuses sums along a row into the kernel that
+    computes the row, where one sum over the whole state took a kernel of its own, a fifth of the step's device time
+    on an H200.
     No rounding, to nearest or stochastic, takes a value at or above the smallest
     subnormal to zero: a store that does flushes subnormals. Counted only for a dtype with subnormals of its own
-    (core.formats.own_subnormals: fp16), zeros for the others."""
+    (core.formats.own_subnormals: fp16), zeros for the others.
+    A store is misrounded where it lies farther from the exact value than `rounding` takes a value there (`reach`)
+    plus `allowance` (store_allowance: the kernel's float32 arithmetic); both finite."""
     errors = error_sums(signed_ulp_errors(stored, exact, dtype), dim=-1)
-    if not own_subnormals(dtype):
-        return torch.cat([errors, errors.new_zeros((2, *errors.shape[1:]))])
-    smallest, normal = subnormal_range(dtype)
-    magnitude = exact.abs()
-    subnormal = (magnitude >= smallest) & (magnitude < normal)
-    flushed = subnormal & (stored == 0)
-    return torch.cat([errors, torch.stack([subnormal.sum(-1).double(), flushed.sum(-1).double()])])
+    stored = stored.double()
+    misrounded = finite(stored) & finite(exact) & ((stored - exact).abs() > reach(exact, stored, dtype, rounding)
+                                                   + allowance)
+    if own_subnormals(dtype):
+        smallest, normal = subnormal_range(dtype)
+        magnitude = exact.abs()
+        subnormal = (magnitude >= smallest) & (magnitude < normal)
+        flushed = subnormal & (stored == 0)
+        counts = [subnormal, flushed, misrounded]
+    else:
+        counts = [torch.zeros_like(misrounded), torch.zeros_like(misrounded), misrounded]
+    return torch.cat([errors, torch.stack([c.sum(-1).double() for c in counts])])
 
 
 def row_totals(sums: torch.Tensor) -> torch.Tensor:
@@ -82,15 +124,15 @@ class SignedErrorMoments:
     """
 
     def __init__(self):
-        # float64 (count, total, total of squares, subnormal stores, of them stored as zero), each per state row
-        # where the sums come from store_sums (summed over the rows when read)
+        # float64 sums in STORE_SUMS' layout, each per state row where they come from store_sums (summed over the
+        # rows when read)
         self._sums: torch.Tensor | None = None
 
     def running(self, device: torch.device, rows: tuple[int, ...] = ()) -> torch.Tensor:
-        """The running sums themselves (store_sums' layout, shape (5, *rows)), zeros until something is added:
+        """The running sums themselves (store_sums' layout, shape (6, *rows)), zeros until something is added:
         add to them in place (a CUDA graph that captured the addition keeps adding to the same tensor)."""
         if self._sums is None:
-            self._sums = torch.zeros((5, *rows), dtype=torch.float64, device=device)
+            self._sums = torch.zeros((len(STORE_SUMS), *rows), dtype=torch.float64, device=device)
         return self._sums
 
     def saved(self) -> torch.Tensor | None:
@@ -107,8 +149,8 @@ class SignedErrorMoments:
             self._sums.copy_(saved)
 
     def _totals(self) -> list[float]:
-        """The five sums over every row (zeros before anything was added)."""
-        return [0.0] * 5 if self._sums is None else row_totals(self._sums).tolist()
+        """The sums over every row (zeros before anything was added)."""
+        return [0.0] * len(STORE_SUMS) if self._sums is None else row_totals(self._sums).tolist()
 
     def _read(self) -> tuple[int, float, float]:
         count, total, total_sq = self._totals()[:3]
@@ -127,6 +169,19 @@ class SignedErrorMoments:
     def flushed(self) -> int:
         """Of the `subnormal` stores, those stored as zero."""
         return int(self._totals()[4])
+
+    @property
+    def misrounded(self) -> int:
+        """Stores that no rounding of the exact value gives (store_sums)."""
+        return int(self._totals()[5])
+
+    def most_misrounded(self) -> tuple[int, ...] | None:
+        """The index of the state row (batch, head, channel) holding the most misrounded stores; None where none is,
+        or the sums are not kept per row."""
+        if self._sums is None or self._sums.dim() == 1 or not self.misrounded:
+            return None
+        rows = self._sums[5]
+        return tuple(int(i) for i in torch.unravel_index(rows.flatten().argmax(), rows.shape))
 
     @property
     def mean(self) -> float | None:

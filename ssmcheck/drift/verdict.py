@@ -3,7 +3,9 @@
 - nonfinite: the kernel's state or output went NaN/Inf where the reference is finite;
 - fail: with --repeat, a decode step whose runs from the same state differ bit for bit (unless the
   kernel is declared nondeterministic); stores that flush subnormals to zero (stats.flushes_subnormals: no
-  rounding takes a value at or above the smallest subnormal to zero); at some checkpoint the state drift
+  rounding takes a value at or above the smallest subnormal to zero); misrounded stores (stats.store_sums: a store
+  farther from the exact update of the kernel's own previous state than half an ulp to nearest, or an ulp
+  stochastically, plus what float32 arithmetic explains, is no rounding of it); at some checkpoint the state drift
   exceeds the tolerance (tol_factor x the baseline's drift at that step + floor, or --rtol), or the output error
   pooled over the checkpoints exceeds the same rule against the baseline's, or,
   with stochastic rounding, the stores are biased (stats.is_biased; a bias whose stores err by more than
@@ -23,7 +25,7 @@ from ssmcheck.core.formats import DTYPES, subnormal_range
 from ssmcheck.core.output_bias import bias_clause
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
-from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference
+from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference, StoreErrors
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.drift.stats import crossing_step, flushes_subnormals, growth_exponent, is_biased
 
@@ -56,6 +58,17 @@ def nondeterminism_message(r: RepeatDifference) -> str:
     where = f"batch {r.batch}, head {r.head}, channel {r.channel}"
     return (f"nondeterministic: runs 1 and {r.run} of trial {r.trial}, step {r.step} differ in {r.output} "
             f"({where}; max |Δ| = {r.max_abs:.3g})")
+
+
+def misrounded_clause(stores: StoreErrors, rounding: str) -> str:
+    """The verdict's clause on stores that no rounding of the exact update of the kernel's own state gives."""
+    reach = "half an ulp (to nearest)" if rounding == "nearest" else "an ulp (stochastic rounding: either neighbour)"
+    where = ""
+    if stores.misrounded_at is not None:
+        batch, head, channel = stores.misrounded_at
+        where = f"; most in batch {batch}, head {head}, channel {channel}"
+    return (f"misrounded: {stores.misrounded} of {stores.count} stores lie farther than {reach} from the exact update "
+            f"of the kernel's own previous state, beyond what float32 arithmetic explains{where}")
 
 
 def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondeterministic: bool = False) -> DriftVerdict:
@@ -100,15 +113,19 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
         problems.append(f"flushes subnormals to zero: {stores.flushed} of {stores.subnormal} stores whose exact value "
                         f"lay in {case.state_dtype}'s subnormal range ({smallest:.3g} to {normal:.3g}) were stored "
                         "as 0, which no rounding gives")
-    elif case.rounding == "stochastic" and is_biased(stores):
-        if stores.rms is not None and stores.rms > 1.0:
-            # No rounding of the exact value errs by a whole ulp: the step stored another value (a wrong parameter,
-            # a missing term), which a bias of the rounding cannot explain.
-            problems.append(f"stores off by more than a rounding: mean error {stores.mean:+.3g} ulp, rms "
-                            f"{stores.rms:.3g} ulp per store (a rounding errs by less than 1): the step computes "
-                            "another value")
-        else:
-            problems.append(f"biased: mean rounding error {stores.mean:+.3g} ulp per store (z = {stores.z:.1f})")
+    else:
+        if stores.misrounded:
+            problems.append(misrounded_clause(stores, case.rounding))
+        if case.rounding == "stochastic" and is_biased(stores):
+            if stores.rms is not None and stores.rms > 1.0:
+                # No rounding of the exact value errs by a whole ulp: the step stored another value (a wrong parameter,
+                # a missing term), which a bias of the rounding cannot explain (and the misrounded clause names).
+                if not stores.misrounded:
+                    problems.append(f"stores off by more than a rounding: mean error {stores.mean:+.3g} ulp, rms "
+                                    f"{stores.rms:.3g} ulp per store (a rounding errs by less than 1): the step "
+                                    "computes another value")
+            else:
+                problems.append(f"biased: mean rounding error {stores.mean:+.3g} ulp per store (z = {stores.z:.1f})")
     beyond = [(e / l if l > 0 else math.inf, s, e, l) for s, e, l in zip(steps, errors, limits) if not e <= l]
     if beyond:
         _, step, error, limit = max(beyond)
