@@ -49,7 +49,7 @@ def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named(seed):
     assert case["status"] == "fail" and slots["untouched"]["status"] == "fail"
     assert slots["untouched"]["changed"] == [0] and "slot 0 (no row's)" in slots["untouched"]["message"]
     # In the ends layout a live row sits on slot 0, where the pad rows' writes land: only there may it fail.
-    assert slots["live"]["status"] == "pass" or "(live rows on the pool's first and last slots)" in slots["live"][
+    assert slots["live"]["status"] == "pass" or "live rows on the pool's first and last slots)" in slots["live"][
         "message"]
 
 
@@ -67,7 +67,8 @@ def test_the_ends_layout_puts_live_rows_on_the_first_and_last_slots():
         case = _case(f"{KERNELS}:{kernel}", batch=[batch])
         ends = case["slots"]["ends"]
         live = [s for r, s in enumerate(ends["slots"]) if r not in ends["pad_rows"]]
-        assert ends["placement"] == "ends" and len(live) == max(batch, 2) == len(set(live))
+        assert ends["placement"] == "ends" and len(live) == max(batch, 2) == len(set(live)) == len(ends["slots"])
+        assert ends["pad_rows"] == [] and -1 not in ends["slots"]
         assert {0, ends["pool"] - 1} <= set(live) and ends["pool"] == len(ends["slots"]) + SPARE_SLOTS
         assert case["status"] == "pass", case["message"]
 
@@ -83,7 +84,8 @@ def test_a_live_row_on_an_end_of_the_pool_left_behind_fails(kernel, seed):
     row = ends["slots"].index(end)
     assert case["status"] == "fail" and slots["live"]["status"] == "fail", case["message"]
     assert slots["live"]["message"].startswith(
-        f"slots (live rows on the pool's first and last slots): slot {end} (row {row}): its state kept every bit "
+        f"slots (a full batch, no pad rows, live rows on the pool's first and last slots): slot {end} (row {row}): "
+        "its state kept every bit "
         "(the row skipped, as a pad row is, or its store sent to another slot): state error "), case["message"]
     assert slots["untouched"]["status"] == slots["pad_out"]["status"] == "pass"
 
@@ -147,6 +149,19 @@ def test_a_kernel_told_its_pad_id_is_also_told_the_null_block_and_a_pad_test_by_
 
     (plain,) = ssmcheck.drift(kernel=without_the_keyword, **SMALL).to_json()["cases"]
     assert plain["status"] == "pass" and "ends" in plain["slots"] and "null_slot" not in plain["slots"]
+
+
+def test_a_path_for_full_batches_that_drops_the_slots_fails_in_the_ends_layout():
+    """The ends layout has no pad rows, as a CUDA-graph batch that is full. A kernel whose path for such a batch
+    stores row b at slot b (its index in the batch) passes the padded layouts, and fails there: a row's slot at an
+    end of the pool left behind, spares written."""
+    case = _case(f"{KERNELS}:rows_at_their_batch_index_without_pads")
+    slots = case["slots"]
+    assert case["status"] == "fail", case["message"]
+    placed = "(a full batch, no pad rows, live rows on the pool's first and last slots)"
+    assert slots["live"]["message"].startswith(f"slots {placed}: slot "), slots["live"]["message"]
+    assert "pad rows [" not in slots["live"]["message"] and "pad rows [" not in slots["untouched"]["message"]
+    assert slots["untouched"]["message"].startswith(f"slots untouched {placed}: the step wrote ")
 
 
 def test_pad_rows_left_unwritten_are_reported_not_failed():

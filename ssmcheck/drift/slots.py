@@ -10,8 +10,10 @@ the regime's own states and inputs. It runs in two layouts of the pool (LAYOUTS)
 - inner: the spares at the pool's two ends, the live rows on a random permutation of the rest. A pad
   row's index clamped into range or wrapped around (-1) writes a spare, where the write shows whatever
   the order of the stores (on a live row's slot it races that row's own store);
-- ends: live rows on the pool's first and last slots (the pad slot aside), the spares inside. A bounds
-  or pad test off by one (`slot > 0`, `slot < pool - 1`) leaves a live row there behind;
+- ends: live rows on the pool's first and last slots (the pad slot aside), the spares inside, and no pad rows: a
+  full batch, as a CUDA graph's that is. A bounds or pad test off by one (`slot > 0`, `slot < pool - 1`) leaves a
+  live row there behind, and so does a path of its own for a batch without pad rows (no pad test needed) that
+  stores row b at slot b, its index in the batch;
 - null_slot, for a kernel told its pad slot id (a keyword) whose default is not 0: the inner layout with pad
   rows given slot id 0, vLLM's null block, in the pool. A kernel that finds pad rows by a negative index, not
   by the id it was told, writes slot 0.
@@ -67,7 +69,7 @@ SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
 INNER, ENDS, NULL_SLOT = "inner", "ends", "null_slot"  # the pool's layouts (the module docstring)
 LAYOUTS = (INNER, ENDS, NULL_SLOT)
 FAR = "far"  # drift.far_slots' rows, judged by live_verdict
-_PLACED = {INNER: "", ENDS: " (live rows on the pool's first and last slots)",
+_PLACED = {INNER: "", ENDS: " (a full batch, no pad rows, live rows on the pool's first and last slots)",
            NULL_SLOT: " (pad rows given slot id 0, a null block)", FAR: " (rows on slots past 2**32 elements)"}
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
@@ -76,7 +78,7 @@ _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
 def run_check(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str,
               transcript: Transcript) -> tuple[list[SlotCheck], dict]:
     """The three verdicts of `case` for `kernel` (which takes slot indices), and the layouts they ran (the inner
-    one's pool, slots and pad rows, the ends one's under ENDS)."""
+    one's pool, slots and pad rows, each other's under its name)."""
     # A kernel told its pad slot id (a keyword) is also told vLLM's, 0: one that finds pad rows by another test
     # (a negative index) takes them for live rows there.
     placements = [p for p in LAYOUTS if p != NULL_SLOT or (kernel.takes_pad_slot_id and kernel.pad_slot_id != 0)]
@@ -131,13 +133,13 @@ def _layout(case: DriftCase, pad: int, placement: str) -> dict:
     # The inner layout's seed is the one it had before the ends layout came: its draws are unchanged.
     seed = sweep.case_seed(case.seed, {"check": "slots", **({} if placement == INNER else {"layout": placement})})
     generator = torch.Generator().manual_seed(seed)
-    live_rows = case.batch if placement == INNER else max(case.batch, 2)
-    rows = live_rows + PAD_ROWS
+    live_rows = max(case.batch, 2) if placement == ENDS else case.batch
+    rows = live_rows + (0 if placement == ENDS else PAD_ROWS)
     pool = rows + SPARE_SLOTS
     if 0 <= pad <= pool:  # the pad id names a slot of the pool (vLLM's null block): never a live one
         pool += 1
     live = (end_slots if placement == ENDS else inner_slots)(live_rows, pool, generator, skip=pad)
-    pad_rows = sorted(torch.randperm(rows, generator=generator)[:PAD_ROWS].tolist())
+    pad_rows = sorted(torch.randperm(rows, generator=generator)[:rows - live_rows].tolist())
     it = iter(live)
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
     return {"placement": placement, "seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots,
@@ -238,8 +240,9 @@ def _untouched(layout, paged: PagedPool, out_buffer: torch.Tensor | None) -> Slo
 
     wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out),
              *([paged.past_states_text(past_state)] if past_state else [])]
+    pads = f"; pad rows {layout['pad_rows']} carry slot id {pad}" if layout["pad_rows"] else ""
     return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_PLACED[layout['placement']]}: the step wrote "
-                     f"{', '.join(wrote)}; pad rows {layout['pad_rows']} carry slot id {pad}", figures)
+                     f"{', '.join(wrote)}{pads}", figures)
 
 
 def _pad_out(layout, out: torch.Tensor, was_poisoned: bool) -> SlotCheck:
