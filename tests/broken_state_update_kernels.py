@@ -13,7 +13,8 @@ skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, z_read_wit
 softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
 narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
 bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, out_stored_toward_zero,
-out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6 and sr_spacing_of_the_nearest_value,
+out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6, sr_spacing_of_the_nearest_value and
+sr_8_bits_toward_minus_inf,
 which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -588,6 +589,24 @@ def sr_spacing_of_the_nearest_value(state, x, dt, A, B, C, D=None, z=None, dt_bi
     spacing = torch.exp2((exponent - 1 - _FRACTION_BITS[state.dtype]).float())
     down = torch.floor(new / spacing) * spacing
     state.copy_(torch.where(uniform < (new - down) / spacing, down + spacing, down).to(state.dtype))
+    return out
+
+
+def sr_8_bits_toward_minus_inf(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                               rounding="nearest", seed=0):
+    """Stochastic rounding by 8 random bits added below the kept bits of the value and a floor (toward -inf, not
+    toward zero): up with probability floor(256 f) / 256, 1/512 ulp toward -inf on average whatever the sign, so
+    that the errors along the values cancel over a state of mixed signs. To nearest it is right."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding != "stochastic":
+        state.copy_(new.to(state.dtype))
+        return out
+    generator = torch.Generator(device=new.device).manual_seed(seed)
+    r = torch.randint(0, 256, new.shape, device=new.device, generator=generator).float() / 256
+    magnitude = new.abs().clamp_min(torch.finfo(state.dtype).tiny)
+    _, exponent = torch.frexp(magnitude)
+    spacing = torch.exp2((exponent - 1 - _FRACTION_BITS[state.dtype]).float())
+    state.copy_((torch.floor(new / spacing + r) * spacing).to(state.dtype))
     return out
 
 

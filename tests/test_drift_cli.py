@@ -451,6 +451,18 @@ def test_a_sr_on_the_grid_of_its_round_to_nearest_is_misrounded(tmp_path):
         assert case["misrounded_stores"]["most_at"] is not None
 
 
+def test_a_sr_that_leans_toward_minus_inf_whatever_the_sign_is_biased(tmp_path):
+    """8 random bits and a floor: 1/512 ulp toward -inf per store for either sign, which cancels along the values of
+    a state of mixed signs (the bias test's own sign) and shows with each error signed toward +inf. 2M stores (1000
+    steps of 16 x 128) put its z near -7; to nearest the kernel is right and passes."""
+    _, report = drift("--kernel", f"{BROKEN}:sr_8_bits_toward_minus_inf", "--regime", "normal", "--state-dtype",
+                      "fp16", "--rounding", "nearest,stochastic", "--nheads", "1", "--headdim", "16", "--dstate", "128",
+                      "--steps", "1000", json_path=tmp_path / "m.json")
+    (case,) = planted_bug_cases(report, lambda p: p["rounding"] == "stochastic")
+    assert case["status"] == "fail" and case["message"].startswith("biased toward -inf: "), case["message"]
+    assert case["store_bias_up"]["z"] < -4 and abs(case["bias_z"]) < 4
+
+
 def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
     """A state update that advances every batch row with row 0's inputs passes every one-row case, and fails
     the default preset's cases of 2 rows (on the CPU the widths sub-sweep; on a GPU every case)."""

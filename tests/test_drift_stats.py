@@ -18,6 +18,7 @@ from ssmcheck.drift.stats import (
     flushes_subnormals,
     growth_exponent,
     is_biased,
+    leans_up_or_down,
     log_checkpoints,
     store_allowance,
     store_sums,
@@ -222,7 +223,7 @@ def test_a_flush_is_named_from_a_few_stores_that_are_most_of_the_subnormal_ones(
     assert flushes_subnormals(1000, 500) and not flushes_subnormals(1000, 499)
     assert not flushes_subnormals(0, 0)
     moments = SignedErrorMoments()
-    moments.running(torch.device("cpu")).add_(torch.tensor([2.0, 0.0, 0.0, 10.0, 9.0, 0.0], dtype=torch.float64))
+    moments.running(torch.device("cpu")).add_(torch.tensor([2.0, 0.0, 0.0, 10.0, 9.0, 0.0, 0.0], dtype=torch.float64))
     assert (moments.count, moments.subnormal, moments.flushed) == (2, 10, 9)
 
 
@@ -294,3 +295,36 @@ def test_the_allowance_is_what_float32_arithmetic_may_add():
     assert store_sums(exact, stored, torch.float16, allowance, "nearest")[5] == 0
     far = round_to(exact + allowance + 2 * ulp(exact, torch.float16), torch.float16, "nearest").double()
     assert store_sums(exact, far, torch.float16, allowance, "nearest")[5] == 3
+
+
+def _sr_toward_minus_inf(exact: torch.Tensor, dtype: torch.dtype, g: torch.Generator, bits: int | None):
+    """exact rounded on `dtype`'s grid to the point below it (toward -inf, whatever the sign) plus one spacing with
+    probability its fraction, drawn with `bits` random bits (None: a float64 uniform, exact SR)."""
+    spacing = ulp(exact, dtype)
+    lower = torch.floor(exact / spacing) * spacing
+    fraction = (exact - lower) / spacing
+    if bits is None:
+        r = torch.rand(exact.shape, generator=g, dtype=torch.float64)
+    else:
+        r = torch.randint(0, 2**bits, exact.shape, generator=g).double() / 2**bits
+    return lower + (fraction + r >= 1).double() * spacing
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_rounding_that_leans_toward_minus_inf_is_caught_where_the_errors_along_the_values_cancel(seed):
+    """8 random bits added before a floor: up with probability floor(256 f) / 256, 1/512 ulp toward -inf on average
+    for either sign, so that along the values (positive and negative alike) the mean cancels. Signed toward +inf it
+    shows; exact SR on the same values shows in neither."""
+    g = torch.Generator().manual_seed(seed)
+    n = 4_000_000  # the lean's z ~ (1/512) / (0.41 / sqrt(n)): about 9.5
+    exact = (torch.rand(n, generator=g, dtype=torch.float64) + 0.5) * (torch.randint(0, 2, (n,), generator=g) * 2 - 1)
+    none = torch.zeros_like(exact)
+    for bits, leans in ((8, True), (None, False)):
+        moments = SignedErrorMoments()
+        stored = _sr_toward_minus_inf(exact, torch.float16, g, bits)
+        moments.running(exact.device).add_(store_sums(exact, stored, torch.float16, none, "stochastic"))
+        assert not is_biased(moments) and moments.misrounded == 0
+        assert leans_up_or_down(moments) == leans, (bits, moments.mean_up, moments.z_up)
+        if leans:
+            assert moments.mean_up == pytest.approx(-1 / 512, rel=0.3)

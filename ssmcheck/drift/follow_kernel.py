@@ -205,6 +205,7 @@ def _follow_kernel(
     tl.store(sums, tl.load(sums, mask=row) + tl.sum(counted.to(tl.float64), 1), mask=row)
     tl.store(sums + s_sk, tl.load(sums + s_sk, mask=row) + tl.sum(kept, 1), mask=row)
     tl.store(sums + 2 * s_sk, tl.load(sums + 2 * s_sk, mask=row) + tl.sum(kept * kept, 1), mask=row)
+    tl.store(sums + 6 * s_sk, tl.load(sums + 6 * s_sk, mask=row) + tl.sum(kept * sign, 1), mask=row)  # toward +inf
     if SUBNORMALS:
         magnitude = tl.abs(exact)
         subnormal = (magnitude >= SMALLEST) & (magnitude < NORMAL) & tile

@@ -8,6 +8,8 @@ JSON case keys (always present; figures a case did not produce are null):
                   step_out_rel}]                     (step_out_rel: out vs the exact step from its own state),
     growth_exponent                                  alpha in state_rel ~ step**alpha,
     bias_z, store_bias_ulp                           z and mean of the per-store rounding error (ulps),
+    store_bias_up {mean_ulp, z}                      the same mean with each error signed toward +inf, not along
+                                                     its exact value, and its z (null: no steps ran),
     bias_resolution_ulp                              the smallest such mean the bias test could see at these
                                                      stores' count and spread (stochastic cases; else null),
     subnormal_stores {subnormal, flushed}            an fp16 state's stores whose exact value lay in fp16's
@@ -65,6 +67,7 @@ def case_json(result: DriftResult) -> dict:
         "growth_exponent": v.growth_exponent,
         "bias_z": v.bias_z,
         "store_bias_ulp": v.store_bias_ulp,
+        "store_bias_up": {"mean_ulp": run.store_errors.mean_up, "z": run.store_errors.z_up} if run else None,
         "bias_resolution_ulp": v.bias_resolution_ulp,
         "output_bias": _bias(run.output_bias) if run else None,
         "subnormal_stores": {"subnormal": run.store_errors.subnormal,

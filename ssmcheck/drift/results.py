@@ -58,6 +58,9 @@ class StoreErrors:
     # (stats.store_sums), and the state row (batch, head, channel) holding the most of them
     misrounded: int = 0
     misrounded_at: tuple[int, ...] | None = None
+    # The mean error signed toward +inf (ulps) and its z: a lean whatever the sign, which `mean` cancels
+    mean_up: float | None = None
+    z_up: float | None = None
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
             break
     summary = StoreErrors(store_errors.count, store_errors.mean, store_errors.z, store_errors.rms,
                           store_errors.subnormal, store_errors.flushed, store_errors.resolution,
-                          store_errors.misrounded, store_errors.most_misrounded())
+                          store_errors.misrounded, store_errors.most_misrounded(), store_errors.mean_up,
+                          store_errors.z_up)
     repeated = None
     if repeat > 1:
         repeated = RepeatDifference(repeat, differs is None, max_abs, **(differs or {}))

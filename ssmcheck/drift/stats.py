@@ -40,7 +40,7 @@ DT_ABS = 2.0**-20
 # stochastically.
 ROUNDING_RADIUS = {"nearest": 0.5, "stochastic": 1.0}
 # The layout of store_sums' rows and of SignedErrorMoments' sums.
-STORE_SUMS = ("count", "total", "total of squares", "subnormal", "flushed", "misrounded")
+STORE_SUMS = ("count", "total", "total of squares", "subnormal", "flushed", "misrounded", "total up")
 
 
 def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
@@ -86,8 +86,9 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, al
                rounding: str) -> torch.Tensor:
     """A step's stores summed up along each state row (the last axis) in SignedErrorMoments' layout (STORE_SUMS):
     error_sums of the signed rounding errors (ulps, along the exact value), then how many exact values lie in
-    `dtype`'s subnormal range, how many of those were stored as zero, and how many stores are misrounded; shape
-    (6, *exact.shape[:-1]). Per row, not in all: a compiled drift step fuses sums along a row into the kernel that
+    `dtype`'s subnormal range, how many of those were stored as zero, how many stores are misrounded, and the sum of
+    the errors signed toward +inf (a rounding that leans toward -inf whatever the sign, a floor, cancels over mixed
+    signs along the value); shape (7, *exact.shape[:-1]). Per row, not in all: a compiled drift step fuses sums along a row into the kernel that
     computes the row, where one sum over the whole state took a kernel of its own, a fifth of the step's device time
     on an H200.
     No rounding, to nearest or stochastic, takes a value at or above the smallest
@@ -95,7 +96,9 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, al
     (core.formats.own_subnormals: fp16), zeros for the others.
     A store is misrounded where it lies farther from the exact value than `rounding` takes a value there (`reach`)
     plus `allowance` (store_allowance: the kernel's float32 arithmetic); both finite."""
-    errors = error_sums(signed_ulp_errors(stored, exact, dtype), dim=-1)
+    along = signed_ulp_errors(stored, exact, dtype)
+    errors = error_sums(along, dim=-1)
+    up = torch.where(finite(along), along * torch.sign(exact), 0.0).sum(-1)
     stored = stored.double()
     misrounded = finite(stored) & finite(exact) & ((stored - exact).abs() > reach(exact, stored, dtype, rounding)
                                                    + allowance)
@@ -107,7 +110,7 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, al
         counts = [subnormal, flushed, misrounded]
     else:
         counts = [torch.zeros_like(misrounded), torch.zeros_like(misrounded), misrounded]
-    return torch.cat([errors, torch.stack([c.sum(-1).double() for c in counts])])
+    return torch.cat([errors, torch.stack([*(c.sum(-1).double() for c in counts), up])])
 
 
 def row_totals(sums: torch.Tensor) -> torch.Tensor:
@@ -129,7 +132,7 @@ class SignedErrorMoments:
         self._sums: torch.Tensor | None = None
 
     def running(self, device: torch.device, rows: tuple[int, ...] = ()) -> torch.Tensor:
-        """The running sums themselves (store_sums' layout, shape (6, *rows)), zeros until something is added:
+        """The running sums themselves (store_sums' layout, shape (7, *rows)), zeros until something is added:
         add to them in place (a CUDA graph that captured the addition keeps adding to the same tensor)."""
         if self._sums is None:
             self._sums = torch.zeros((len(STORE_SUMS), *rows), dtype=torch.float64, device=device)
@@ -212,6 +215,19 @@ class SignedErrorMoments:
         found = self._mean_and_error()
         return None if found is None else z_statistic(*found)
 
+    @property
+    def mean_up(self) -> float | None:
+        """The mean error per store signed toward +inf, in ulps."""
+        count, _, _ = self._read()
+        return self._totals()[6] / count if count else None
+
+    @property
+    def z_up(self) -> float | None:
+        """The z statistic of `mean_up` against zero (the same spread: an error's square is its square either way)."""
+        count, _, total_sq = self._read()
+        found = mean_and_error(count, self._totals()[6], total_sq)
+        return None if found is None else z_statistic(*found)
+
 
 def flushes_subnormals(subnormal: int, flushed: int) -> bool:
     """Whether the stores took subnormal values to zero: of `subnormal` stores whose exact value is subnormal,
@@ -220,8 +236,18 @@ def flushes_subnormals(subnormal: int, flushed: int) -> bool:
 
 
 def is_biased(moments: SignedErrorMoments) -> bool:
-    """Whether the mean signed rounding error (in ulps) is statistically and materially nonzero."""
-    z, mean = moments.z, moments.mean
+    """Whether the mean signed rounding error (in ulps) is statistically and materially nonzero, along the exact
+    values (toward or away from zero)."""
+    return _beyond(moments.z, moments.mean)
+
+
+def leans_up_or_down(moments: SignedErrorMoments) -> bool:
+    """Whether the mean rounding error signed toward +inf (in ulps) is statistically and materially nonzero: a
+    rounding toward -inf or +inf whatever the sign, whose errors along the values cancel over mixed signs."""
+    return _beyond(moments.z_up, moments.mean_up)
+
+
+def _beyond(z: float | None, mean: float | None) -> bool:
     return z is not None and abs(z) > BIAS_Z_LIMIT and abs(mean) > BIAS_FLOOR_ULP
 
 

@@ -9,7 +9,8 @@
   exceeds the tolerance (tol_factor x the baseline's drift at that step + floor, or --rtol), or the output error
   pooled over the checkpoints exceeds the same rule against the baseline's, or,
   with stochastic rounding, the stores are biased (stats.is_biased; a bias whose stores err by more than
-  an ulp on average, rms, is named a computation error instead: no rounding errs that much), or the fp16/bf16
+  an ulp on average, rms, is named a computation error instead: no rounding errs that much; or, where the errors
+  along the values cancel, signed toward +inf: stats.leans_up_or_down), or the fp16/bf16
   output is stored with a bias (core.output_bias: its mean signed error at the checkpoints, against the exact
   output of the kernel's own state, a quarter ulp or more from the baseline's), or the output's error against that
   exact output exceeds the tolerance rule against the baseline's (its rounding into the output dtype);
@@ -27,7 +28,7 @@ from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.drift.results import DriftRun, DriftVerdict, RepeatDifference, StoreErrors
 from ssmcheck.drift.spec import DriftCase
-from ssmcheck.drift.stats import crossing_step, flushes_subnormals, growth_exponent, is_biased
+from ssmcheck.drift.stats import crossing_step, flushes_subnormals, growth_exponent, is_biased, leans_up_or_down
 
 
 def skipped_verdict(reason: str) -> DriftVerdict:
@@ -126,6 +127,11 @@ def judge(case: DriftCase, run: DriftRun, tolerance: Tolerance, allow_nondetermi
                                     "computes another value")
             else:
                 problems.append(f"biased: mean rounding error {stores.mean:+.3g} ulp per store (z = {stores.z:.1f})")
+        elif case.rounding == "stochastic" and leans_up_or_down(stores):
+            toward = "+inf" if stores.mean_up > 0 else "-inf"
+            problems.append(f"biased toward {toward}: mean rounding error {stores.mean_up:+.3g} ulp per store signed "
+                            f"toward +inf (z = {stores.z_up:.1f}), whatever the value's sign (along the values "
+                            f"{stores.mean:+.3g}: it cancels over mixed signs)")
     beyond = [(e / l if l > 0 else math.inf, s, e, l) for s, e, l in zip(steps, errors, limits) if not e <= l]
     if beyond:
         _, step, error, limit = max(beyond)
