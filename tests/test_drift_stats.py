@@ -328,3 +328,15 @@ def test_a_rounding_that_leans_toward_minus_inf_is_caught_where_the_errors_along
         assert leans_up_or_down(moments) == leans, (bits, moments.mean_up, moments.z_up)
         if leans:
             assert moments.mean_up == pytest.approx(-1 / 512, rel=0.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_float32_subnormal_flushed_to_zero_is_not_misrounded(dtype):
+    """A bf16 or fp32 state's exact value below float32's smallest normal, stored as 0 by arithmetic that flushes
+    float32 subnormals (an approximate exp's .ftz), is within the allowance; the same value stored as 2**-120 is
+    not."""
+    exact = torch.full((16,), 2.0**-130, dtype=torch.float64)
+    terms = torch.zeros_like(exact)
+    allowance = store_allowance(terms, terms, torch.tensor(0.0), terms, terms)
+    assert store_sums(exact, torch.zeros_like(exact), dtype, allowance, "nearest")[5] == 0
+    assert store_sums(exact, torch.full_like(exact, 2.0**-120), dtype, allowance, "nearest")[5] == 16

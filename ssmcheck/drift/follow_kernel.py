@@ -56,7 +56,8 @@ def follow_triton(*, ref, baseline, before, after, out, x, dt, z, A, B, C, D, dt
         DT_SOFTPLUS=dt_softplus, HAS_Z=z is not None, STOCHASTIC=stochastic, NARROW=dtype != torch.float32,
         EMIN=fmt.emin, MANTISSA_BITS=fmt.mantissa_bits, OVERFLOW=2.0 ** (fmt.emax + 1),
         SUBNORMALS=own_subnormals(dtype), SMALLEST=smallest, NORMAL=normal, RADIUS=stats.ROUNDING_RADIUS[rounding],
-        ARITHMETIC_REL=stats.ARITHMETIC_REL, DT_ABS=stats.DT_ABS, INTERPRETED=interpreting(),
+        ARITHMETIC_REL=stats.ARITHMETIC_REL, DT_ABS=stats.DT_ABS, FLOAT32_TINY=stats.FLOAT32_TINY,
+        INTERPRETED=interpreting(),
         BLOCK_P=block_p, BLOCK_N=block_n, enable_fp_fusion=False)
     return ref_out, baseline_out, exact_out
 
@@ -127,7 +128,7 @@ def _follow_kernel(
     DT_SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr, STOCHASTIC: tl.constexpr, NARROW: tl.constexpr,
     EMIN: tl.constexpr, MANTISSA_BITS: tl.constexpr, OVERFLOW: tl.constexpr, SUBNORMALS: tl.constexpr,
     SMALLEST: tl.constexpr, NORMAL: tl.constexpr, RADIUS: tl.constexpr, ARITHMETIC_REL: tl.constexpr,
-    DT_ABS: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_P: tl.constexpr,
+    DT_ABS: tl.constexpr, FLOAT32_TINY: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -215,7 +216,7 @@ def _follow_kernel(
     # Misrounded: farther from the exact value than the rounding moves a value plus stats.store_allowance.
     xB = tl.abs(x)[:, None] * tl.abs(Bh)[None, :]
     allowance = (ARITHMETIC_REL * (tl.abs(decayed) + tl.abs(drive))
-                 + DT_ABS * (1 + tl.abs(dt))[:, None] * (tl.abs(A) * tl.abs(decayed) + xB))
+                 + DT_ABS * (1 + tl.abs(dt))[:, None] * (tl.abs(A) * tl.abs(decayed) + xB) + FLOAT32_TINY)
     # (stats.reach: the spacing between the store and its neighbour on the exact value's side)
     side = ((stored > exact).to(tl.float64) - (stored < exact).to(tl.float64)) * _store_spacing(stored, EMIN,
                                                                                                   MANTISSA_BITS) / 4

@@ -33,9 +33,12 @@ FLUSH_MIN_SHARE = 0.5
 # itself times the update's derivative in dt, A * decayed + x * B: softplus as log(exp(v) + 1) in float32 (as vLLM
 # and mamba_ssm compute it) errs by up to 2**-24 absolute where exp(v) vanishes beside 1, with an approximate log
 # by 2**-22, and by about 2**-23 * dt where dt is large. Both bounds are 8-16x those errors; a store still farther
-# from the exact value than its rounding can move it is no rounding of it (misrounded).
+# from the exact value than its rounding can move it is no rounding of it (misrounded). Plus FLOAT32_TINY, float32's
+# smallest normal: arithmetic that flushes float32 subnormals to zero (a compiler's mode, an approximate exp's .ftz)
+# errs by that much absolute, which only a bf16 or fp32 state below it can show (fp16's smallest spacing is 2**-24).
 ARITHMETIC_REL = 2.0**-15
 DT_ABS = 2.0**-20
+FLOAT32_TINY = 2.0**-126
 # How far a rounding moves a value, in spacings of the storage dtype (reach): half of one to nearest, less than one
 # stochastically.
 ROUNDING_RADIUS = {"nearest": 0.5, "stochastic": 1.0}
@@ -67,11 +70,11 @@ def store_allowance(decayed: torch.Tensor, drive: torch.Tensor, dt: torch.Tensor
                     xB: torch.Tensor) -> torch.Tensor:
     """How far a kernel's float32 arithmetic may put each new state element from the exact update, float64: from the
     exact terms of that update (ops.state_update.naive.state_update_parts: decayed = state * exp(dt * A) and
-    drive = dt * x * B; dt per channel, A like the state's rows, xB = |x| * |B| like the state); ARITHMETIC_REL and
-    DT_ABS say what it covers."""
+    drive = dt * x * B; dt per channel, A like the state's rows, xB = |x| * |B| like the state); ARITHMETIC_REL,
+    DT_ABS and FLOAT32_TINY say what it covers."""
     decayed = decayed.abs()
     return (ARITHMETIC_REL * (decayed + drive.abs())
-            + DT_ABS * (1 + dt.abs())[..., None] * (A.abs() * decayed + xB))
+            + DT_ABS * (1 + dt.abs())[..., None] * (A.abs() * decayed + xB) + FLOAT32_TINY)
 
 
 def reach(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
