@@ -83,7 +83,7 @@ def test_untied_gate_is_half_a_row_of_its_own_as_mamba1s_z():
     assert step.z.stride(0) == 2 * width != step.x.stride(0)
     assert step.z.untyped_storage().data_ptr() != step.x.untyped_storage().data_ptr()
     assert torch.equal(step.z, problem.host_inputs(2, 1).z[0]) and not step.z.isnan().any()
-    assert torch.equal(window.fused["z"][window.counter[0], :, :width].view(step.x.shape), step.x)
+    assert torch.equal(window.fused["gate"][window.counter[0], :, :width].view(step.x.shape), step.x)
 
 
 @pytest.mark.parametrize("window_steps", [100, STEP_BLOCK, 300])

@@ -72,13 +72,16 @@ class StepWindow:
             for name in FUSED_ORDER:
                 self.columns[name] = (start, start + given[name][0].numel(), given[name].shape[1:])
                 start += given[name][0].numel()
-            row = torch.empty((self.size, first.x.shape[0], start), dtype=first.x.dtype, device=problem.device)
-            self.fused = dict.fromkeys(FUSED_ORDER, row)  # input name -> its buffer
+            # The buffers by name, and the buffer each input lies in.
+            self.fused = {"conv": torch.empty((self.size, first.x.shape[0], start), dtype=first.x.dtype,
+                                              device=problem.device)}
+            self._buffer_of = dict.fromkeys(FUSED_ORDER, "conv")
             if "z" in given:
                 width = given["z"][0].numel()
                 self.columns["z"] = (width, 2 * width, given["z"].shape[1:])
-                self.fused["z"] = torch.empty((self.size, first.x.shape[0], 2 * width), dtype=first.x.dtype,
-                                              device=problem.device)
+                self.fused["gate"] = torch.empty((self.size, first.x.shape[0], 2 * width), dtype=first.x.dtype,
+                                                 device=problem.device)
+                self._buffer_of["z"] = "gate"
         else:
             # Each input whole and contiguous, but a step's inputs of one dtype side by side in one row of a
             # buffer (`packed`), so that a step gathers them in one index_select: a kernel each is ~2 us of a
@@ -110,8 +113,7 @@ class StepWindow:
         if not self.holds(step):
             start = step - 1
             count = min(self.size, self.problem.nsteps - start)
-            buffers = list({id(b): b for b in self.fused.values()}.values()) if self.problem.fused else list(
-                self.packed.values())
+            buffers = list((self.fused if self.problem.fused else self.packed).values())
             staged = {id(buffer): _staging(buffer) for buffer in buffers}
             # Block by block, as many drawn at once as torch has CPU threads: a window of 8192 steps at the default
             # GPU widths took ~0.12 s drawn in one thread and joined, ~12 s of the default GPU drift in all (on a
@@ -121,9 +123,9 @@ class StepWindow:
                     lo, hi, _ = self.columns[name]
                     rows = slice(at, at + values.shape[0])
                     if self.problem.fused:
-                        staged[id(self.fused[name])][rows, :, lo:hi].copy_(values.flatten(2))
-                        if name == "x" and "z" in self.fused:  # the gate's row: [x | z]
-                            staged[id(self.fused["z"])][rows, :, :hi - lo].copy_(values.flatten(2))
+                        staged[id(self.fused[self._buffer_of[name]])][rows, :, lo:hi].copy_(values.flatten(2))
+                        if name == "x" and "gate" in self.fused:  # the gate's row: [x | z]
+                            staged[id(self.fused["gate"])][rows, :, :hi - lo].copy_(values.flatten(2))
                     else:
                         staged[id(self.packed[values.dtype])][rows, lo:hi].copy_(values.flatten(1))
             for buffer in buffers:
@@ -137,8 +139,8 @@ class StepWindow:
         problem that is not fused in memory of its own, as a caller passes them, so that NaN fences around each
         (core.fences, core.outside) tell which one a kernel reads or writes past; else views into one row."""
         if self.problem.fused:
-            rows = {id(b): b.index_select(0, self.counter)[0] for b in self.fused.values()}
-            step = StepInputs(**{name: rows[id(self.fused[name])][:, lo:hi].unflatten(-1, shape)
+            rows = {key: b.index_select(0, self.counter)[0] for key, b in self.fused.items()}  # one gather a buffer
+            step = StepInputs(**{name: rows[self._buffer_of[name]][:, lo:hi].unflatten(-1, shape)
                                  for name, (lo, hi, shape) in self.columns.items()})
         else:
             rows = {dtype: buffer.index_select(0, self.counter)[0] for dtype, buffer in self.packed.items()}

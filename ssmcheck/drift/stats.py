@@ -44,6 +44,7 @@ FLOAT32_TINY = 2.0**-126
 ROUNDING_RADIUS = {"nearest": 0.5, "stochastic": 1.0}
 # The layout of store_sums' rows and of SignedErrorMoments' sums.
 STORE_SUMS = ("count", "total", "total of squares", "subnormal", "flushed", "misrounded", "total up")
+_MISROUNDED, _UP = STORE_SUMS.index("misrounded"), STORE_SUMS.index("total up")
 
 
 def log_checkpoints(nsteps: int, count: int = 16) -> list[int]:
@@ -91,9 +92,9 @@ def store_sums(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype, al
     error_sums of the signed rounding errors (ulps, along the exact value), then how many exact values lie in
     `dtype`'s subnormal range, how many of those were stored as zero, how many stores are misrounded, and the sum of
     the errors signed toward +inf (a rounding that leans toward -inf whatever the sign, a floor, cancels over mixed
-    signs along the value); shape (7, *exact.shape[:-1]). Per row, not in all: a compiled drift step fuses sums along a row into the kernel that
-    computes the row, where one sum over the whole state took a kernel of its own, a fifth of the step's device time
-    on an H200.
+    signs along the value); shape (7, *exact.shape[:-1]). Per row, not in all: a compiled drift step fuses sums along
+    a row into the kernel that computes the row, where one sum over the whole state took a kernel of its own, a fifth
+    of the step's device time on an H200.
     No rounding, to nearest or stochastic, takes a value at or above the smallest
     subnormal to zero: a store that does flushes subnormals. Counted only for a dtype with subnormals of its own
     (core.formats.own_subnormals: fp16), zeros for the others.
@@ -179,14 +180,14 @@ class SignedErrorMoments:
     @property
     def misrounded(self) -> int:
         """Stores that no rounding of the exact value gives (store_sums)."""
-        return int(self._totals()[5])
+        return int(self._totals()[_MISROUNDED])
 
     def most_misrounded(self) -> tuple[int, ...] | None:
         """The index of the state row (batch, head, channel) holding the most misrounded stores; None where none is,
         or the sums are not kept per row."""
         if self._sums is None or self._sums.dim() == 1 or not self.misrounded:
             return None
-        rows = self._sums[5]
+        rows = self._sums[_MISROUNDED]
         return tuple(int(i) for i in torch.unravel_index(rows.flatten().argmax(), rows.shape))
 
     @property
@@ -221,14 +222,14 @@ class SignedErrorMoments:
     @property
     def mean_up(self) -> float | None:
         """The mean error per store signed toward +inf, in ulps."""
-        count, _, _ = self._read()
-        return self._totals()[6] / count if count else None
+        totals = self._totals()
+        return totals[_UP] / totals[0] if totals[0] else None
 
     @property
     def z_up(self) -> float | None:
         """The z statistic of `mean_up` against zero (the same spread: an error's square is its square either way)."""
-        count, _, total_sq = self._read()
-        found = mean_and_error(count, self._totals()[6], total_sq)
+        totals = self._totals()
+        found = mean_and_error(totals[0], totals[_UP], totals[2])
         return None if found is None else z_statistic(*found)
 
 
