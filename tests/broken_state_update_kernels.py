@@ -8,11 +8,11 @@ whole_dstate_blocks, dstate_capped_at_128, softplus_without_threshold, per_head_
 interleaved_groups, groups_by_ngroups, parameters_of_head_mod_8, parameters_of_first_64_channels, gate_in_fp16,
 softplus_in_inputs_dtype, update_in_inputs_dtype, update_in_half_for_fp16_inputs,
 channels_in_blocks_of_32_from_8_rows, softplus_only_with_a_bias, skip_term_from_x_without_D, flushes_subnormals, random_bits_ignore_the_seed,
-random_bits_from_the_global_generator,
+random_bits_from_the_global_generator, random_bits_from_an_8_bit_seed, random_bits_from_a_seed_through_float32,
 skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, z_read_with_x_strides, updates_a_contiguous_copy,
 softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
 narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
-bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, out_stored_toward_zero,
+bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, d_read_with_dt_bias_strides, out_stored_toward_zero,
 out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6, sr_spacing_of_the_nearest_value and
 sr_8_bits_toward_minus_inf,
 which implement both modes
@@ -502,6 +502,19 @@ def skip_term_flag_from_dt_bias(state, x, dt, A, B, C, D=None, z=None, dt_bias=N
     return out
 
 
+def d_read_with_dt_bias_strides(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                rounding="nearest", seed=0):
+    """Reads D through dt_bias's strides (a launcher passing dt_bias.stride() for both): right wherever the two have
+    the same strides (both per head, as Mamba2 passes them, or both per channel, as Mamba1's), and where dt_bias is
+    not given; with D per channel beside a per-head dt_bias every channel of a head takes D[h, 0]. Both rounding
+    modes, as `_store` does."""
+    if D is not None and dt_bias is not None:
+        D = torch.as_strided(D, D.shape, dt_bias.stride())
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
 def narrow_states_round_to_nearest(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                                    rounding="nearest", seed=0):
     """A path of its own for states of NARROW_DSTATE state indices or fewer (Mamba1's: whole rows in registers),
@@ -761,6 +774,27 @@ def random_bits_ignore_the_seed(state, x, dt, A, B, C, D=None, z=None, dt_bias=N
     rounds with the same bits. Right to nearest."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store(state, new, rounding, 0)
+    return out
+
+
+def random_bits_from_an_8_bit_seed(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                   rounding="nearest", seed=0):
+    """Stochastic rounding keyed by `seed % 256` (a key cut to a byte): exact SR, bits of their own for every element
+    and for most pairs of seeds, but every two decode steps whose seeds agree in their low byte round with the same
+    bits (one pair of steps in 256; a run of 8192 steps repeats its bits every 256 steps on average). Right to
+    nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed % 256)
+    return out
+
+
+def random_bits_from_a_seed_through_float32(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                            *, rounding="nearest", seed=0):
+    """Stochastic rounding keyed by its seed passed through a 32-bit float (a seed tensor made float32 on its way
+    in): seeds past 2**24 lose their low bits, and steps whose seeds round to the same float round with the same
+    bits. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, int(torch.tensor(float(seed), dtype=torch.float32).item()))
     return out
 
 

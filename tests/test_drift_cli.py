@@ -278,6 +278,16 @@ def test_the_default_preset_catches_a_skip_term_flag_taken_from_dt_bias(tmp_path
     assert case["status"] == "fail" and "output error" in case["message"], case["message"]
 
 
+def test_the_default_preset_catches_d_read_with_dt_bias_strides(tmp_path):
+    """A state update that reads D through dt_bias's strides is right wherever they have the same strides: it fails
+    `no-softplus` alone (D per channel, dt_bias per head), on its output."""
+    _, report = drift("--kernel", f"{BROKEN}:d_read_with_dt_bias_strides", "--preset", "default",
+                      json_path=tmp_path / "s.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] == "no-softplus")
+    assert len(cases) == 4, [c["id"] for c in cases]  # fp16 and bf16, both rounding modes
+    assert all(c["status"] == "fail" and "output error" in c["message"] for c in cases), [c["message"] for c in cases]
+
+
 def test_the_default_preset_catches_a_path_for_narrow_states_that_rounds_to_nearest(tmp_path):
     """A state update whose path for dstate <= 16 rounds to nearest whatever it is asked passes every case of a wider
     state and every one to nearest, and fails `stagnation`'s stochastic case of dstate 16 (fp16) as biased."""

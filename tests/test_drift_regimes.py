@@ -69,10 +69,12 @@ def test_inputs_have_mamba2_shapes_strides_and_replay(regime, shape, seed):
     assert problem.initial_state.dtype == torch.float16
     assert problem.A.shape == (s.nheads, s.headdim, s.dstate)
     assert problem.D.shape == problem.dt_bias.shape == (s.nheads, s.headdim)
-    # Per-head values expanded with stride 0, as Mamba2 passes them; in `untied`, whole tensors.
-    for param in (problem.A, problem.D, problem.dt_bias):
+    # Per-head values expanded with stride 0, as Mamba2 passes them; in `untied`, whole tensors, and in `no-softplus`
+    # D alone (per channel beside a per-head dt_bias).
+    for name, param in {"A": problem.A, "D": problem.D, "dt_bias": problem.dt_bias}.items():
         inner = [stride for stride, size in zip(param.stride()[1:], param.shape[1:]) if size > 1]
-        assert all(stride != 0 for stride in inner) if regime == "untied" else all(stride == 0 for stride in inner)
+        whole = regime == "untied" or (regime == "no-softplus" and name == "D")
+        assert all(stride != 0 for stride in inner) if whole else all(stride == 0 for stride in inner)
     first, again = list(problem.steps()), list(problem.steps())
     assert len(first) == 3
     for a, b in zip(first, again):

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ssmcheck
-from ssmcheck.drift.independence import AXES, CALLS, FALSE_ALARM, LAG_Z, LAGS, TWINS, lower_tail_bound
+from ssmcheck.drift.independence import AXES, CALLS, FALSE_ALARM, LAG_Z, LAGS, SEED_BITS, TWINS, lower_tail_bound
 from ssmcheck.ops.rounding.naive import fraction_between_neighbours
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -36,7 +36,8 @@ def _stochastic_cases(kernel: str) -> list[dict]:
 # pairings as (distance, pairs): rows and heads (2 long) neighbours only, channels and state indices also a
 # period apart (64 and 8).
 PAIRINGS = {"rows": [(1, 4096)], "heads": [(1, 2048)], "channels": [(1, 2048), (64, 2048)],
-            "state_indices": [(1, 2048), (8, 2048)], CALLS: [(1, 8192)]}
+            "state_indices": [(1, 2048), (8, 2048)], CALLS: [(1, 8192)], "seed_bit_30": [(1, 8192)],
+            "seed_bit_0": [(1, 8192)]}
 
 
 @pytest.mark.parametrize("kernel", ["builtin", f"{BROKEN}:plain_stochastic"])
@@ -49,7 +50,9 @@ def test_twins_of_a_correct_stochastic_rounding_differ_as_independent_draws_do(k
         assert case["status"] == "pass", case["message"]
         assert check["widths"] == [2, 2, 128, 16]
         for axis in TWINS:
-            assert [(f["distance"], f["pairs"]) for f in check[axis]] == PAIRINGS[axis], check
+            # The seed's bits are flipped for a kernel told its seed (plain_stochastic draws from torch's generator).
+            expected = [] if axis in SEED_BITS and kernel != "builtin" else PAIRINGS[axis]
+            assert [(f["distance"], f["pairs"]) for f in check[axis]] == expected, check
             for figures in check[axis]:
                 assert figures["expected"] > 300, check  # a third of the pairs, or a sixth (stagnation), differ
                 assert abs(figures["differ"] - figures["expected"]) < 6 * figures["sigma"], check
@@ -87,6 +90,26 @@ def test_random_bits_that_ignore_the_seed_fail_every_stochastic_case_and_name_it
             f"where independent draws differ in {check[CALLS][0]['expected']:.0f} ± {check[CALLS][0]['sigma']:.0f}: "
             "the stochastic rounding's random bits do not depend on the seed")
         for axis in AXES:  # along the state's axes its bits are independent
+            assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
+
+
+@pytest.mark.parametrize(("kernel", "bit"), [("random_bits_from_an_8_bit_seed", 30),
+                                             ("random_bits_from_a_seed_through_float32", 0)])
+def test_random_bits_from_a_seed_cut_to_fewer_bits_fail_every_stochastic_case_and_name_the_bit(kernel, bit):
+    """A key of `seed % 256` ignores the seed's bit 30, and a seed through a 32-bit float (drift's seeds pass 2**24)
+    its bit 0: the call with that bit flipped stores the first call's bits, every element; two random seeds still
+    give other bits (they differ in the bits these keep), and the state's axes pass."""
+    for case in _stochastic_cases(f"{BROKEN}:{kernel}"):
+        check = case["independence"]
+        flipped = check[f"seed_bit_{bit}"][0]
+        assert check["status"] == "fail" and flipped["differ"] == 0, check
+        assert check[CALLS][0]["differ"] > 0
+        assert check["message"] == (
+            f"random bits: twin calls whose seeds differ only in bit {bit} (given the same state and inputs) stored the "
+            f"same bits in 8192 of 8192 elements where independent draws differ in {flipped['expected']:.0f} ± "
+            f"{flipped['sigma']:.0f}: the stochastic rounding's random bits do not depend on bit {bit} of the seed (a "
+            "seed cut to fewer bits: steps whose seeds agree in the rest round with the same bits)")
+        for axis in AXES:
             assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
 
 

@@ -17,7 +17,12 @@ repeat. The twins along each axis (AXES: rows, heads, channels, state indices), 
 are compared apart; and so is the step called twice on the same twin state and inputs with two seeds (CALLS), every
 element its own twin. A kernel told its seed (a `seed` keyword) is called a third time with the first call's seed,
 and must store the same bits (`the same step called twice with the same seed stored other bits in ...`: bits from a
-global generator or a counter kept between calls reproduce no run). An element
+global generator or a counter kept between calls reproduce no run), and twice more with that seed's bit 30 and then
+its bit 0 flipped (SEED_BITS: drift's seeds are 31 bits), each call every element the first call's twin: a kernel
+that keeps fewer bits of its seed (a key of `seed % 256`, a seed through a 32-bit float, `seed >> 8`) rounds every
+two steps whose seeds agree in the bits it keeps with the same bits, and two random seeds agree there too rarely for
+the calls above to show it (`twin calls whose seeds differ only in bit 30 ...: the stochastic rounding's random bits
+do not depend on bit 30 of the seed`). An element
 whose float64 update lies a fraction p of the way from its lower to its upper neighbour in the state dtype is
 stored differently by two independent draws with probability q = 2p(1 - p): over an axis's pairs the number
 that differ has mean E = Σq (the message gives √(Σq(1 - q)) beside it). So few that independent draws differ
@@ -79,7 +84,15 @@ AXES = {"rows": ("batch rows", "the batch row"), "heads": ("heads", "the head"),
 # generator, which the first call advances): a kernel whose bits ignore the seed (a constant Philox key, an
 # offset that never advances) rounds every decode step with the same bits.
 CALLS = "calls"
-TWINS = {**AXES, CALLS: ("calls", "the seed")}
+# And the first call made again with its seed's top bit (of the 31 that drift's seeds have) and then its lowest bit
+# flipped: a kernel that cuts its seed to fewer bits (a key of `seed % 256`, a seed in 32-bit float, `seed >> 8`)
+# reads one seed for every step whose seeds agree in what it keeps, and repeats their bits; two random seeds rarely
+# agree there (1 in 256 for an 8-bit key), so the two seeds above pass it.
+SEED_BITS = {"seed_bit_30": 30, "seed_bit_0": 0}
+TWINS = {**AXES, CALLS: ("calls", "the seed"),
+         **{name: (f"calls whose seeds differ only in bit {bit}",
+                   f"bit {bit} of the seed (a seed cut to fewer bits: steps whose seeds agree in the rest round "
+                   "with the same bits)") for name, bit in SEED_BITS.items()}}
 # Where each axis lies in each input: (batch, heads, channels, state indices); None where it has none. A, D and
 # dt_bias are parameters (no batch axis); B and C have groups for heads (made one group's, below).
 _INPUT_AXES = {
@@ -207,11 +220,17 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     state, again, alike_state = steps.state.clone(), steps.state.clone(), steps.alike_state.clone()
     # A kernel told its seed is called a third time with the first call's: its bits must be the same ones.
     repeated = steps.state.clone() if kernel.takes_seed else None
-    calls = [(state, 1), (again, 2)] + ([(repeated, 1)] if repeated is not None else [])
+    # And with the first call's seed, one bit flipped (SEED_BITS).
+    flipped = {name: steps.state.clone() for name in SEED_BITS} if kernel.takes_seed else {}
+    first_seed = sweep.case_seed(steps.seed, {"step": 1})
+    calls = [(state, first_seed), (again, sweep.case_seed(steps.seed, {"step": 2}))]
+    if repeated is not None:
+        calls.append((repeated, first_seed))
+    calls += [(flipped[name], first_seed ^ (1 << bit)) for name, bit in SEED_BITS.items() if name in flipped]
     try:
-        for twin, step_seed in calls:  # the same step with two seeds (and the first again)
-            _step(kernel, twin, steps.arguments, case.rounding, sweep.case_seed(steps.seed, {"step": step_seed}),
-                  "independence check", transcript, through_slots)
+        for twin, call_seed in calls:  # the same step with two seeds (the first again, and with a bit flipped)
+            _step(kernel, twin, steps.arguments, case.rounding, call_seed, "independence check", transcript,
+                  through_slots)
         _step(kernel, alike_state, steps.alike_arguments, case.rounding, sweep.case_seed(steps.seed, {"step": 3}),
               "independence check (every element alike)", transcript, through_slots)
     except KernelRaised as exc:
@@ -230,12 +249,16 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     pairings = [(name, distance, p[first], stored[first], stored[second]) for axis, name in enumerate(AXES)
                 for distance, first, second in _pairs(axis, stored.shape[axis])]
     pairings.append((CALLS, 1, p, stored, bits(again)))
+    pairings += [(name, 1, p, stored, bits(twin)) for name, twin in flipped.items()]
     figures, failed = {"widths": list(state.shape), **{name: [] for name in TWINS}, LAGS: lags}, []
     for name, distance, *twins_of in pairings:
         pairing, fails = _pairing(distance, *twins_of)
         figures[name].append(pairing)
         if fails:
             failed.append((name, pairing))
+    if any(name == CALLS and f["differ"] == 0 for name, f in failed):
+        # Bits that ignore the seed ignore each of its bits: the calls' clause says it.
+        failed = [(name, f) for name, f in failed if name not in SEED_BITS]
     if not failed:
         if lags["fails"]:
             return SlotCheck(NAME, Status.FAIL, f"{TITLE}: {_lag_failure(lags, lags['widths'])}", figures)

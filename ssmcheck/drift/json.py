@@ -36,9 +36,12 @@ JSON case keys (always present; figures a case did not produce are null):
                                                      indices (drift.slots; each check {status, message, ...}),
                                                      and speculative, drafts, kept for one verifying draft
                                                      tokens (drift.speculative),
-    independence {status, message, widths, rows, heads, channels, state_indices, calls}   for a stochastic-
+    independence {status, message, widths, rows, heads, channels, state_indices, calls, seed_bit_30,
+                  seed_bit_0}                        for a stochastic-
                                                      rounding case: twin state elements along each axis (and the
-                                                     step called twice with two seeds: calls), each a list of
+                                                     step called twice with two seeds: calls; with the first seed
+                                                     and its bit 30, then bit 0, flipped, for a kernel that takes
+                                                     a seed: seed_bit_30, seed_bit_0), each a list of
                                                      {distance, pairs, differ, expected, sigma} (neighbours and a
                                                      period apart): the twins whose stored bits differ and how
                                                      many independent draws would differ in (drift.independence);

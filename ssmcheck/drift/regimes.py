@@ -62,7 +62,10 @@ DRIFT_REGIMES: dict[str, str] = {
     "e^-40..e^-23, leaving it as it is; dt_bias -4..4; B and C >= 0",
     "no-softplus": "normal's ranges with dt_softplus off: raw dt 1e-3..0.05 + dt_bias 0.01..0.05 is the step's dt, "
     "as a caller that takes its own softplus passes it; a kernel that takes a softplus "
-    "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it)",
+    "it was not asked for, or adds dt_bias only with one, fails here (serving engines always ask for it). D is per "
+    "channel, a whole (nheads, headdim) tensor beside dt_bias's per-head stride-0 view (Mamba2 with D_has_hdim): "
+    "the one regime where D and dt_bias have strides of their own, so a kernel that reads one with the other's "
+    "strides fails here",
     "optional-none": "normal's values with D and dt_bias left out (None, as the signature's defaults allow; dt's "
     "bias folded into dt itself) and dt_softplus on: a kernel whose path without them goes wrong (a softplus taken "
     "only with a bias, a skip term read from a placeholder) fails here",
@@ -361,18 +364,18 @@ def _no_softplus(shape, state_dtype, nsteps, generator):
     """normal's A, x, B and C, passed with dt_softplus off: the step's dt is raw dt (log-uniform in 1e-3..0.05) +
     dt_bias (0.01..0.05 a head), 0.011..0.1. softplus of it is 0.70..0.74, so a kernel that takes one anyway decays
     the state 7x..70x too fast; one that drops the bias (adding it only with a softplus) takes a dt a half to
-    a fiftieth of the right one."""
+    a fiftieth of the right one. D per channel (0.5..1.5 each), dt_bias per head: their strides differ."""
     s = shape
     A_head = -torch.exp(_uniform(generator, (s.nheads,), 0.0, math.log(16.0)))
     dt_bias_head = _uniform(generator, (s.nheads,), 0.01, 0.05).float()
-    D_head = _uniform(generator, (s.nheads,), 0.5, 1.5).float()
+    D_channel = _uniform(generator, (s.nheads, s.headdim), 0.5, 1.5).float()
     initial = 0.5 * torch.randn((s.batch, s.nheads, s.headdim, s.dstate), generator=generator, dtype=torch.float64)
 
     def dt_draw(g, n):
         raw = _log_uniform(g, (n, s.batch, s.nheads), 1e-3, 0.05).float()
         return raw[..., None].expand(n, s.batch, s.nheads, s.headdim)
 
-    return _RegimeParams(initial, A_head.float(), D_head, dt_bias_head, _unit_steps(s, dt_draw), dt_softplus=False)
+    return _RegimeParams(initial, A_head.float(), D_channel, dt_bias_head, _unit_steps(s, dt_draw), dt_softplus=False)
 
 
 def _half_inputs(activations: torch.dtype) -> Callable:
