@@ -4,6 +4,7 @@ Each wraps the same-precision baseline (a correct kernel) and breaks it the way
 real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:NAME`.
 """
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -863,6 +864,17 @@ def gate_only_with_d(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, i
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def softplus_only_with_a_bias_in_varlen(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                        initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                        dt_limit=(0.0, float("inf")), return_final_states=False,
+                                        return_varlen_states=False):
+    """Its varlen path takes the softplus inside its branch for dt_bias (`if HAS_DT_BIAS: dt = softplus(dt + bias)`):
+    right wherever a packed call passes a bias with its softplus, or asks for none; batch mode is right."""
+    softplus = dt_softplus and (dt_bias is not None or cu_seqlens is None)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def dt_limit_only_with_a_lower_end(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                                    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                                    return_final_states=False, return_varlen_states=False):
@@ -1251,6 +1263,27 @@ def y_stored_toward_zero(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
     out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith,
                    y_dtype=torch.float32)
     y = out.y if x.dtype == torch.float32 else _stored_toward_zero(out.y, x.dtype)
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def _stored_toward_minus_inf(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 `y` stored in `dtype` toward -inf: to nearest, then one step down where that went above."""
+    nearest = y.to(dtype)
+    above = nearest.float() > y
+    return torch.where(above, torch.nextafter(nearest, torch.full_like(nearest, -math.inf)), nearest)
+
+
+def y_stored_toward_minus_inf(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """Its epilogue stores the float32 y into bf16 and fp16 rounding down (`cvt.rm` where `cvt.rn` belongs): at most
+    one ulp off per element, every element toward -inf, a mean of -1/2 ulp signed toward +inf; signed along the
+    values it cancels over mixed signs (toward zero for positive values, away for negative ones). The baseline's
+    arithmetic otherwise; fp32 y is stored as computed, and the states are right."""
+    arith = Arithmetic(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False)
+    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith,
+                   y_dtype=torch.float32)
+    y = out.y if x.dtype == torch.float32 else _stored_toward_minus_inf(out.y, x.dtype)
     return _mamba_result(y, out, return_final_states, return_varlen_states)
 
 

@@ -13,6 +13,7 @@ skip_after_gate, inputs_of_row_0, contiguous_inputs, contiguous_gate, z_read_wit
 softplus_regardless, bias_only_with_softplus, gate_of_head_0, rows_in_tiles_of_16, heads_in_blocks_of_32,
 narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random_bits_from_the_head_mod_16,
 bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, d_read_with_dt_bias_strides, out_stored_toward_zero,
+out_stored_toward_minus_inf,
 out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6, sr_spacing_of_the_nearest_value and
 sr_8_bits_toward_minus_inf,
 which implement both modes
@@ -550,6 +551,20 @@ def out_stored_toward_zero(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     if x.dtype == torch.float32:
         return out
     return _round_magnitude_bits(out.contiguous(), x.dtype, torch.zeros_like(out, dtype=torch.int32))
+
+
+def out_stored_toward_minus_inf(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                rounding="nearest", seed=0):
+    """Stores its fp16/bf16 output rounding down (`cvt.rm` where `cvt.rn` belongs): each element errs by up to an ulp
+    toward -inf, toward zero where the output is positive and away from it where it is negative, so that its mean
+    signed along the values cancels over an output of either sign. The state is right, in both modes, as `_store`
+    does; an fp32 output is right too."""
+    new, out = _fp32_step(state, x.float(), dt, A, B, C, D, z, dt_bias, dt_softplus)  # out in fp32
+    _store(state, new, rounding, seed)
+    if x.dtype == torch.float32:
+        return out
+    nearest = out.to(x.dtype)
+    return torch.where(nearest.float() > out, torch.nextafter(nearest, torch.full_like(nearest, -torch.inf)), nearest)
 
 
 def out_of_the_stored_state(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

@@ -580,7 +580,10 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
                                                                           "long", "continuation",
                                                                           "conv-output-varlen"), 19),
-    ("gate_only_with_d", lambda p: p["regime"] == "dt-extreme", 3),
+    # dt-extreme, and initial-state: the one varlen regime with a gate and no D
+    ("gate_only_with_d", lambda p: p["regime"] in ("dt-extreme", "initial-state"), 12),
+    # initial-state: the one varlen regime with a softplus and no dt_bias
+    ("softplus_only_with_a_bias_in_varlen", lambda p: p["regime"] == "initial-state", 9),
     ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 11),
     ("softplus_always_in_varlen", lambda p: p["regime"] == "aligned", 2),
     # initial-state's 3 sequences in 36 tokens, and continuation's batch rows of 40 tokens at chunk 64
@@ -623,6 +626,8 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
      and not _is_varlen(p), 2),
     # every case of a 16-bit y (its mean signed error near -1/2 ulp; 8 of them over the norm-wise limit too)
     ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 57),
+    # the same cases: rounded down, its mean signed along y cancels over y's two signs; toward +inf it is -1/2 ulp
+    ("y_stored_toward_minus_inf", lambda p: p["dtype"] in ("bf16", "fp16"), 57),
     # every case of fp16/bf16 final states (their mean signed error near -1/2 ulp), but an fp16 state from bf16 inputs
     # to nearest (ragged's), where the baseline's own arithmetic errs by over an fp16 ulp in 70% of the elements
     ("final_states_stored_toward_zero", lambda p: p["state_dtype"] in ("bf16", "fp16")
@@ -641,13 +646,14 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
         "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks",
-        "initial-states-only-with-returned-states", "gate-without-d", "dt-limit-without-lower-end",
+        "initial-states-only-with-returned-states", "gate-without-d", "varlen-softplus-without-a-bias",
+        "dt-limit-without-lower-end",
         "varlen-processed-dt", "initial-states-under-a-chunk", "sequences-past-8", "one-token-prefill",
         "varlen-dt-limit-lower-end", "training-forward", "prefill-under-a-chunk", "micro-batches",
         "groups-past-32-heads", "dt-limit-in-softplus-linear-branch", "varlen-gate-from-in-proj",
         "dt-limit-without-upper-end", "per-channel-D-without-a-gate", "initial-state-past-its-start-block",
         "fp32-dstate-blocks", "training-forward-in-fp32", "sequences-past-4-in-a-chunk", "initial-state-padded-headdim",
-        "varlen-processed-dt-limit", "one-token-last-chunk-state", "y-stored-toward-zero",
+        "varlen-processed-dt-limit", "one-token-last-chunk-state", "y-stored-toward-zero", "y-stored-toward-minus-inf",
         "final-states-stored-toward-zero", "varlen-final-state-of-the-row", "past-128-chunks",
         "varlen-states-of-a-partial-dstate-block", "per-head-D-as-long-as-headdim"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
@@ -656,7 +662,8 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     groups, headdim past dstate, initial states of heads wider than their states, several rows of whole chunks,
     more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
     sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
-    batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D, a dt_limit
+    batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D (batch mode
+    and packed), packed sequences with a softplus and no dt_bias, a dt_limit
     without a lower end, packed sequences with dt processed already, packed sequences from initial states in under
     one chunk, more than 8 packed sequences, a prefill of one token, a packed dt_limit with a lower end, the training
     forward's call for y alone with D and z, a batch-mode prompt under one chunk, more than two batch rows, more than
@@ -665,7 +672,7 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     sequence from an initial state starting mid-chunk at a chunk past 64 tokens, fp32 inputs past dstate 64, the
     training forward's call for y alone in fp32, more than 4 packed sequences in a chunk, initial states at a headdim
     that is no power of two, a packed dt_limit on dt processed already, a batch-mode final state whose last chunk is
-    one token, a y stored in fp16 or bf16, final states stored in fp16 or bf16, a packed row's final state (both flags),
+    one token, a y stored in fp16 or bf16 (toward zero, toward -inf), final states stored in fp16 or bf16, a packed row's final state (both flags),
     more than 128 chunks, packed sequences' states of a dstate that fills no block of 16, a per-head D as long as a
     head has channels. The default preset has cases for each (and every other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")

@@ -321,6 +321,23 @@ def test_the_default_preset_catches_an_output_stored_toward_zero(tmp_path):
         assert -0.6 < case["output_bias"]["mean_ulp"] < -0.4 and abs(case["baseline"]["output_bias"]["mean_ulp"]) < 0.1
 
 
+def test_the_default_preset_catches_an_output_stored_toward_minus_inf(tmp_path):
+    """A state update that stores its bf16/fp16 output rounding down errs toward zero for positive outputs and away
+    from it for negative ones: along the values its mean cancels; signed toward +inf it is -1/2 ulp, which fails every
+    case of a narrow output, and only those."""
+    _, report = drift("--kernel", f"{BROKEN}:out_stored_toward_minus_inf", "--preset", "default",
+                      json_path=tmp_path / "m.json")
+    narrow = planted_bug_cases(report, lambda p: p["regime"] in ("bf16-inputs", "fp16-inputs"))
+    assert len(narrow) == 4
+    for case in narrow:
+        assert case["status"] == "fail", case["message"]
+        assert "output stored with a bias: mean error signed toward +inf -0." in case["message"], case["message"]
+        assert "rounded toward -inf, not to nearest" in case["message"]
+        bias = case["output_bias"]
+        assert -0.6 < bias["mean_up_ulp"] < -0.4 and abs(bias["mean_ulp"]) < 0.25, bias
+        assert abs(case["baseline"]["output_bias"]["mean_up_ulp"]) < 0.1
+
+
 def test_the_default_preset_catches_an_output_of_the_stored_state(tmp_path):
     """A state update whose output is C·h of the state it stored (rounded), not of its fp32 state, errs by the state's
     rounding in every output, within what the drift before the step lets the output's error against the reference

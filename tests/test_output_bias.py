@@ -32,11 +32,14 @@ def _exact(seed: int, count: int = ELEMENTS) -> torch.Tensor:
 
 
 def _stored(exact: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
-    """`exact` stored in `dtype` to nearest, toward zero or away from zero."""
+    """`exact` stored in `dtype` to nearest, toward zero, away from zero or toward -inf."""
     nearest = round_to(exact, dtype, "nearest")
     moved = nearest.double().abs() - exact.abs()  # > 0: to nearest went away from zero
     if rounding == "toward zero":
         return torch.where(moved > 0, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest)
+    if rounding == "toward -inf":
+        return torch.where(nearest.double() > exact, torch.nextafter(nearest, torch.full_like(nearest, -math.inf)),
+                           nearest)
     if rounding == "away from zero":
         away = torch.full_like(nearest, math.inf).copysign(nearest)
         return torch.where(moved < 0, torch.nextafter(nearest, away), nearest)
@@ -45,7 +48,7 @@ def _stored(exact: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Ten
 
 def _bias(exact: torch.Tensor, dtype: torch.dtype, rounding: str) -> OutputBias:
     stored = _stored(exact, dtype, rounding)
-    return output_bias(moment_sums(signed_ulp_errors(stored, exact, dtype)), dtype)
+    return output_bias(moment_sums(signed_ulp_errors(stored, exact, dtype), exact), dtype)
 
 
 def test_signed_errors_count_toward_zero_negative_for_either_sign():
@@ -57,29 +60,43 @@ def test_signed_errors_count_toward_zero_negative_for_either_sign():
     assert errors[:5].tolist() == [-0.25, -0.25, 0.25, 3.0, 0.0] and math.isnan(errors[5])
 
 
+def _sums(errors: list[float], signs: list[float] | None = None) -> torch.Tensor:
+    """moment_sums of `errors` at exact values of `signs` (all positive where None)."""
+    return moment_sums(torch.tensor(errors), torch.tensor(signs or [1.0] * len(errors)))
+
+
 def test_moment_sums_skip_non_finite_errors_and_clip_and_count_those_past_an_ulp():
-    sums = moment_sums(torch.tensor([0.5, -1.0, math.nan, 0.25, 3.0]))
-    assert sums.dtype == torch.float64 and sums.tolist() == [4.0, 0.75, 0.25 + 1.0 + 0.0625 + 1.0, 1.0]
+    sums = _sums([0.5, -1.0, math.nan, 0.25, 3.0], [1.0, -1.0, 1.0, -1.0, 1.0])
+    # toward +inf: 0.5 + 1.0 - 0.25 + 1.0 (each clipped error times its value's sign)
+    assert sums.dtype == torch.float64 and sums.tolist() == [4.0, 0.75, 0.25 + 1.0 + 0.0625 + 1.0, 1.0, 2.25]
 
 
 def test_output_bias_mean_and_z():
-    bias = output_bias(moment_sums(torch.tensor([-1.0, 0.0])), torch.float16)
+    bias = output_bias(_sums([-1.0, 0.0]), torch.float16)
     # mean -0.5; sample variance 0.5; standard error sqrt(0.5 / 2) = 0.5
     assert (bias.dtype, bias.count, bias.mean, bias.z) == ("fp16", 2, -0.5, pytest.approx(-1.0))
-    assert bias.as_dict() == {"dtype": "fp16", "count": 2, "mean_ulp": -0.5, "z": bias.z, "beyond": 0}
-    constant = output_bias(moment_sums(torch.full((4,), -0.5)), torch.bfloat16)
-    assert constant.z == -math.inf and output_bias(moment_sums(torch.zeros(4)), torch.bfloat16).z == 0.0
+    assert (bias.mean_up, bias.z_up) == (-0.5, pytest.approx(-1.0))  # positive values: toward +inf is along them
+    assert bias.as_dict() == {"dtype": "fp16", "count": 2, "mean_ulp": -0.5, "z": bias.z, "beyond": 0,
+                              "mean_up_ulp": -0.5, "z_up": bias.z_up}
+    negative = output_bias(_sums([-1.0, 0.0], [-1.0, -1.0]), torch.float16)
+    assert (negative.mean, negative.mean_up) == (-0.5, 0.5)
+    constant = output_bias(_sums([-0.5] * 4), torch.bfloat16)
+    assert constant.z == -math.inf and output_bias(_sums([0.0] * 4), torch.bfloat16).z == 0.0
 
 
 def test_an_fp32_output_or_a_single_element_has_no_bias():
-    assert output_bias(moment_sums(torch.tensor([-1.0, 0.0])), torch.float32) is None
-    assert output_bias(moment_sums(torch.tensor([-1.0, math.nan])), torch.bfloat16) is None
+    assert output_bias(_sums([-1.0, 0.0]), torch.float32) is None
+    assert output_bias(_sums([-1.0, math.nan]), torch.bfloat16) is None
     assert not is_biased(None)
 
 
 def test_is_biased_needs_both_the_quarter_ulp_floor_and_z():
     assert is_biased(OutputBias("bf16", 1000, -0.3, -20.0))
-    assert not is_biased(OutputBias("bf16", 1000, -0.3, -20.0), baseline_mean=-0.1)  # 0.2 from the baseline's
+    assert not is_biased(OutputBias("bf16", 1000, -0.3, -20.0), OutputBias("bf16", 1000, -0.1, -5.0))  # 0.2 off
+    # toward +inf alone (mixed signs: along the values it cancels)
+    assert is_biased(OutputBias("bf16", 1000, 0.01, 0.5, 0, -0.3, -20.0))
+    assert not is_biased(OutputBias("bf16", 1000, 0.01, 0.5, 0, -0.3, -20.0),
+                         OutputBias("bf16", 1000, 0.0, 0.0, 0, -0.1, -5.0))
     assert not is_biased(OutputBias("bf16", 10, -0.3, -7.9))
     assert not is_biased(OutputBias("bf16", 10**6, -0.2, -200.0))
 
@@ -97,6 +114,9 @@ def test_bias_message_names_the_direction_and_the_baseline():
     half = bias_message("y", OutputBias("bf16", 100, 0.46, 40.0, 47), baseline)
     assert half.startswith("y errs one way") and "47% of them by more than an ulp (the baseline's 4%)" in half
     assert "rounded away from zero" in away and "baseline" not in away
+    down = bias_message("y", OutputBias("bf16", 100, 0.01, 0.2, 12, -0.49, -30.0), OutputBias("bf16", 100, 0.0, 0.0, 3))
+    assert down == ("y stored with a bias: mean error signed toward +inf -0.490 ulp of bf16 over 100 elements (z -30.0; "
+                    "the same-precision baseline's +0.000): rounded toward -inf, not to nearest")
 
 
 @settings(max_examples=20, deadline=None)
@@ -105,9 +125,14 @@ def test_stores_to_nearest_are_unbiased_and_stores_toward_or_away_from_zero_bias
     exact = _exact(seed)
     nearest = _bias(exact, dtype, "nearest")
     assert abs(nearest.mean) < 0.05 and not is_biased(nearest)
+    assert abs(nearest.mean_up) < 0.05
     toward, away = _bias(exact, dtype, "toward zero"), _bias(exact, dtype, "away from zero")
-    assert toward.mean == pytest.approx(-0.5, abs=0.05) and is_biased(toward, nearest.mean)
-    assert away.mean == pytest.approx(0.5, abs=0.05) and is_biased(away, nearest.mean)
+    assert toward.mean == pytest.approx(-0.5, abs=0.05) and is_biased(toward, nearest)
+    assert away.mean == pytest.approx(0.5, abs=0.05) and is_biased(away, nearest)
+    # Down whatever the sign: along values of either sign (as many of each) it cancels; toward +inf it is -1/2.
+    down = _bias(exact, dtype, "toward -inf")
+    assert abs(down.mean) < 0.05 and down.mean_up == pytest.approx(-0.5, abs=0.05) and is_biased(down, nearest)
+    assert "rounded toward -inf, not to nearest" in bias_message("y", down, nearest)
 
 
 @settings(max_examples=20, deadline=None)

@@ -13,7 +13,12 @@ Errors come from the output's own arithmetic too (a kernel's bf16 operands in th
 cancel), unbiased for any rounding to nearest: each element's error is clipped to CLIP_ULPS, so that a few
 large ones do not swamp the mean's standard error, and the elements past it are counted: where many more err by
 over an ulp than the baseline's do, the bias is the computation's (a scale off by a few ulps), not a store's, and
-the message says so. Pure functions of tensors and numbers.
+the message says so.
+
+The same errors are also pooled signed toward +inf (`mean_up`, `z_up`): a store that rounds down whatever the sign
+(`cvt.rm` where `cvt.rn` belongs) is toward zero for positive values and away from it for negative ones, so along
+the values it cancels over an output of mixed signs, where toward +inf it averages -1/2 ulp. Pure functions of
+tensors and numbers.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ ROUNDING_MEAN_ULP = 0.6
 BEYOND_SHARE = 0.25
 
 
+# moment_sums' sums, in order (OutputBias reads them by name).
+MOMENT_SUMS = ("count", "total", "total of squares", "beyond", "total up")
+
+
 def signed_ulp_errors(stored: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(stored - exact) in ulps of `dtype` at each exact value, signed along it (negative: toward zero); float64,
     NaN where either is non-finite (moment_sums leaves those out: a non-finite output is judged as such, not as a
@@ -53,29 +62,35 @@ def signed_ulp_errors(stored: torch.Tensor, exact: torch.Tensor, dtype: torch.dt
     return torch.where(finite(errors), errors, math.nan)
 
 
-def moment_sums(errors: torch.Tensor) -> torch.Tensor:
-    """(count, total, total of squares, count past CLIP_ULPS) of the finite values of `errors`, each clipped to
-    +-CLIP_ULPS, as one float64 tensor of 4."""
+def moment_sums(errors: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """MOMENT_SUMS of the finite values of `errors` (signed_ulp_errors' at `exact`), each clipped to +-CLIP_ULPS:
+    count, total, total of squares, count past CLIP_ULPS, and the total signed toward +inf (each error times the
+    sign of its exact value), as one float64 tensor."""
     errors = errors.double()
     counted = finite(errors)
     kept = torch.where(counted, errors, 0.0)
     beyond = kept.abs() > CLIP_ULPS
     kept = kept.clamp(-CLIP_ULPS, CLIP_ULPS)
-    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum(), beyond.sum().double()])
+    up = kept * torch.sign(exact.double())
+    return torch.stack([counted.sum().double(), kept.sum(), kept.square().sum(), beyond.sum().double(), up.sum()])
 
 
 @dataclass(frozen=True)
 class OutputBias:
-    """An output's mean signed error in ulps of its dtype over `count` elements, and the mean's z statistic."""
+    """An output's mean signed error in ulps of its dtype over `count` elements (signed along each value, and toward
+    +inf), and each mean's z statistic."""
 
     dtype: str  # fp16 or bf16
     count: int
     mean: float
     z: float
     beyond: int = 0  # elements that err by more than CLIP_ULPS (no store does)
+    mean_up: float = 0.0
+    z_up: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"dtype": self.dtype, "count": self.count, "mean_ulp": self.mean, "z": self.z, "beyond": self.beyond}
+        return {"dtype": self.dtype, "count": self.count, "mean_ulp": self.mean, "z": self.z, "beyond": self.beyond,
+                "mean_up_ulp": self.mean_up, "z_up": self.z_up}
 
     @property
     def beyond_share(self) -> float:
@@ -100,26 +115,36 @@ def z_statistic(mean: float, error: float) -> float:
 
 
 def output_bias(sums, dtype: torch.dtype) -> OutputBias | None:
-    """The OutputBias of moment_sums' (count, total, total of squares, count past an ulp) (added up over parts), None
-    with fewer than two elements or for an output dtype that is not narrow."""
-    count, total, total_sq, beyond = (float(v) for v in sums)
+    """The OutputBias of moment_sums' MOMENT_SUMS (added up over parts), None with fewer than two elements or for an
+    output dtype that is not narrow."""
+    count, total, total_sq, beyond, total_up = (float(v) for v in sums)
     found = mean_and_error(count, total, total_sq)
     if dtype not in NARROW_OUTPUTS or found is None:
         return None
     mean, error = found
-    return OutputBias(dtype_name(dtype), int(count), mean, z_statistic(mean, error), int(beyond))
+    mean_up, error_up = mean_and_error(count, total_up, total_sq)
+    return OutputBias(dtype_name(dtype), int(count), mean, z_statistic(mean, error), int(beyond), mean_up,
+                      z_statistic(mean_up, error_up))
 
 
-def is_biased(bias: OutputBias | None, baseline_mean: float = 0.0) -> bool:
-    """Whether the output's stores are biased: its mean signed error BIAS_FLOOR_ULP or more away from the
-    baseline's (a correct computation of the same precision: 0 where none is measured), at |z| > BIAS_Z_LIMIT."""
-    return bias is not None and abs(bias.mean - baseline_mean) > BIAS_FLOOR_ULP and abs(bias.z) > BIAS_Z_LIMIT
+def _past(mean: float, z: float, baseline_mean: float) -> bool:
+    return abs(mean - baseline_mean) > BIAS_FLOOR_ULP and abs(z) > BIAS_Z_LIMIT
+
+
+def is_biased(bias: OutputBias | None, baseline: OutputBias | None = None) -> bool:
+    """Whether the output's stores are biased: its mean signed error, along the values or toward +inf,
+    BIAS_FLOOR_ULP or more away from the baseline's (a correct computation of the same precision: 0 where none is
+    measured), at |z| > BIAS_Z_LIMIT."""
+    if bias is None:
+        return False
+    base_mean, base_up = (0.0, 0.0) if baseline is None else (baseline.mean, baseline.mean_up)
+    return _past(bias.mean, bias.z, base_mean) or _past(bias.mean_up, bias.z_up, base_up)
 
 
 def bias_clause(output: str, bias: OutputBias | None, baseline: OutputBias | None,
                 rounding: str = "nearest") -> str | None:
     """The verdict's clause on `output`'s bias against its baseline's (bias_message), where it is biased; else None."""
-    if not is_biased(bias, baseline.mean if baseline is not None else 0.0):
+    if not is_biased(bias, baseline):
         return None
     return bias_message(output, bias, baseline, rounding)
 
@@ -127,13 +152,18 @@ def bias_clause(output: str, bias: OutputBias | None, baseline: OutputBias | Non
 def bias_message(output: str, bias: OutputBias, baseline: OutputBias | None = None, rounding: str = "nearest") -> str:
     """One clause naming the bias and what rounds that way (not as `rounding`, "nearest" or "stochastic", declares);
     or, where no rounding explains it (ROUNDING_MEAN_ULP, BEYOND_SHARE against the baseline's), the computation that
-    errs one way."""
-    direction = "toward zero" if bias.mean < 0 else "away from zero"
-    base_mean, base_share = (0.0, 0.0) if baseline is None else (baseline.mean, baseline.beyond_share)
-    beside = "" if baseline is None else f"; the same-precision baseline's {base_mean:+.3f}"
-    figures = (f"mean signed error {bias.mean:+.3f} ulp of {bias.dtype} over {bias.count} elements "
-               f"(z {bias.z:.1f}{beside})")
-    if abs(bias.mean - base_mean) > ROUNDING_MEAN_ULP or bias.beyond_share - base_share > BEYOND_SHARE:
+    errs one way. Along the values where that mean is past the floor, else toward +inf."""
+    base_mean, base_up, base_share = (0.0, 0.0, 0.0) if baseline is None else (
+        baseline.mean, baseline.mean_up, baseline.beyond_share)
+    if _past(bias.mean, bias.z, base_mean):
+        direction = "toward zero" if bias.mean < 0 else "away from zero"
+        mean, z, base, signed = bias.mean, bias.z, base_mean, "signed error"
+    else:
+        direction = "toward -inf" if bias.mean_up < 0 else "toward +inf"
+        mean, z, base, signed = bias.mean_up, bias.z_up, base_up, "error signed toward +inf"
+    beside = "" if baseline is None else f"; the same-precision baseline's {base:+.3f}"
+    figures = f"mean {signed} {mean:+.3f} ulp of {bias.dtype} over {bias.count} elements (z {z:.1f}{beside})"
+    if abs(mean - base) > ROUNDING_MEAN_ULP or bias.beyond_share - base_share > BEYOND_SHARE:
         return (f"{output} errs one way: {figures}, {bias.beyond_share:.0%} of them by more than an ulp (the "
                 f"baseline's {base_share:.0%}): no rounding does that, the computation errs {direction}")
     declared = "to nearest" if rounding == "nearest" else "stochastically"

@@ -19,9 +19,10 @@ JSON case keys (always present; figures a case did not produce are null):
                                                      than their rounding moves a value plus what float32 arithmetic
                                                      explains (drift.stats.store_sums), of `stores`, and the state
                                                      row holding the most, {batch, head, channel} (null: none),
-    output_bias {dtype, count, mean_ulp, z, beyond}  an fp16/bf16 output's mean signed rounding error (ulps of its
-                                                     dtype, along the exact output of the kernel's own state, over
-                                                     the checkpoints; core.output_bias); null for fp32,
+    output_bias {dtype, count, mean_ulp, z, beyond,  an fp16/bf16 output's mean signed rounding error (ulps of its
+                 mean_up_ulp, z_up}                  dtype, along the exact output of the kernel's own state, over
+                                                     the checkpoints; the *_up pair signed toward +inf;
+                                                     core.output_bias); null for fp32,
     baseline {checkpoints, growth_exponent, output_bias}   the rounded float64 recurrence vs the reference,
     ratio                                            worst kernel / baseline state drift over checkpoints,
     crossing_step, crossing_observed                 where state_rel reaches the tolerance,

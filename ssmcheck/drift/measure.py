@@ -13,7 +13,14 @@ import math
 
 import torch
 
-from ssmcheck.core.output_bias import NARROW_OUTPUTS, OutputBias, moment_sums, output_bias, signed_ulp_errors
+from ssmcheck.core.output_bias import (
+    MOMENT_SUMS,
+    NARROW_OUTPUTS,
+    OutputBias,
+    moment_sums,
+    output_bias,
+    signed_ulp_errors,
+)
 from ssmcheck.core.pool import POISON_BITS, poisoned
 from ssmcheck.core.tensors import bits, nonfinite_mask
 from ssmcheck.drift.results import Checkpoint, NonfiniteStep
@@ -25,7 +32,7 @@ class CheckpointSums:
 
     def __init__(self):
         self.sums: dict[int, list[float]] = {}
-        self.output_moments = [0.0, 0.0, 0.0, 0.0]
+        self.output_moments = [0.0] * len(MOMENT_SUMS)
         self.output_dtype: torch.dtype | None = None
 
     def add(self, step: int, figures: list[float], output_dtype: torch.dtype) -> None:
@@ -52,15 +59,15 @@ def _relative(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def figures(state64, out, ref, ref_out, exact_out, out_dtype: torch.dtype) -> list[float]:
     """(state_rel, out_rel, bias) of a state and output against the reference, the output's relative error against
     `exact_out`, the exact output of the step from the same state (step_out_rel), then the moment sums
-    (core.output_bias: count, total, total of squares, count past an ulp) of the output's signed rounding errors in
+    (core.output_bias.MOMENT_SUMS: count, total, total of squares, count past an ulp, total up) of the output's signed rounding errors in
     ulps of `out_dtype` (the kernel's, where `out` may be a float64 copy of values in it) against `exact_out`; one
     transfer."""
     diff = state64 - ref
     bias = (torch.sign(ref) * diff).mean() / ref.square().mean().sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     if out_dtype in NARROW_OUTPUTS:
-        rounding = moment_sums(signed_ulp_errors(out, exact_out, out_dtype))
+        rounding = moment_sums(signed_ulp_errors(out, exact_out, out_dtype), exact_out)
     else:  # an fp32 output's error is its arithmetic's, not a store's
-        rounding = torch.zeros(4, dtype=torch.float64, device=ref.device)
+        rounding = torch.zeros(len(MOMENT_SUMS), dtype=torch.float64, device=ref.device)
     return torch.cat([torch.stack([_relative(diff, ref), _relative(out.double() - ref_out, ref_out), bias,
                                    _relative(out.double() - exact_out, exact_out)]), rounding]).tolist()
 

@@ -4,8 +4,9 @@ Keys are always present; figures a case did not produce (skipped, error) are nul
 `y_max_rel` and `state_max_rel` are the norm-wise relative errors ||out - ref|| / ||ref||.
 `stdout` is what the kernel printed ("" when nothing).
 `error`'s `y_bias` and `baseline_y_bias` (null for fp32 y, and where a case measured none) are {"dtype", "count",
-"mean_ulp", "z", "beyond"}: the mean signed error of y (the kernel's, the baseline's) in ulps of its dtype, negative
-toward zero, its z statistic, and how many elements erred by more than an ulp (core.output_bias); `state_bias` and
+"mean_ulp", "z", "beyond", "mean_up_ulp", "z_up"}: the mean signed error of y (the kernel's, the baseline's) in ulps
+of its dtype, negative toward zero, its z statistic, how many elements erred by more than an ulp, and the mean and z
+with each error signed toward +inf instead (core.output_bias); `state_bias` and
 `baseline_state_bias` the same of the final states (null where they are stored in fp32).
 `stages` (with --stages, and for failing cases where the kernel offers its stages; else null) is {"first_wrong":
 null | {"stage", "label", "status", "sequence", "chunk", "head"}, "note", "figures": {stage: StageFigure's fields}}

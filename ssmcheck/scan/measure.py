@@ -107,7 +107,7 @@ class BiasSum:
 
     def add(self, out: torch.Tensor, ref: torch.Tensor) -> BiasSum:
         if self.dtype in NARROW_OUTPUTS:  # an fp32 output has no figure: nothing to compute
-            sums = moment_sums(signed_ulp_errors(out, ref, self.dtype))
+            sums = moment_sums(signed_ulp_errors(out, ref, self.dtype), ref)
             self.sums = sums if self.sums is None else self.sums + sums
         return self
 

@@ -192,14 +192,15 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
             boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT,
             processed_dt: bool = False, dt_centres: tuple[float, float] | None = None,
-            linear_softplus: float = 0.0) -> ScanInputs:
+            linear_softplus: float = 0.0, bare: bool = False) -> ScanInputs:
     """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
     no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel).
     `processed_dt`: dt passed as softplus(raw + dt_bias) already, with no dt_bias and dt_softplus False (the same
     draws), as a caller that applies the softplus itself passes it. `dt_centres`: the range of the heads' dt centres
     (dt_bias drawn for them), instead of the trained range, so that a dt_limit clamps every head as `long`'s does.
     `linear_softplus`: the fraction of (token, head) whose raw dt + dt_bias is set to 21..40, where softplus is the
-    identity (kernels take its linear branch past 20), drawn last."""
+    identity (kernels take its linear branch past 20), drawn last. `bare`: no D and no dt_bias, the bias folded into
+    the raw dt (the same softplus(dt) as with it) and the gate z kept."""
     g = _generator(seed)
     total = shape.batch * shape.seqlen
     cu = boundaries(g, shape.batch, total, shape.chunk_size)
@@ -209,6 +210,8 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
         dt_bias = _inverse_softplus(torch.exp(_uniform(g, shape.nheads, *(math.log(c) for c in dt_centres))))
     if processed_dt:
         dt, dt_bias = torch.nn.functional.softplus(dt.double() + dt_bias.double()).float(), None
+    elif bare:
+        dt, dt_bias = dt + dt_bias, None
     extra = {}
     if with_initial_states:
         extra["initial_states"] = _normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate))
@@ -217,10 +220,13 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
         extra["D"] = _normal(g, (shape.nheads, shape.headdim))  # D per channel
         if not gated:
             u.pop("z")
+    if bare:
+        extra.pop("D")
     note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
     note += ", D per channel under a gate z" if gated else ""
     note += f", dt clamped to {dt_limit}" if dt_limit != NO_DT_LIMIT else ""
     note += ", dt processed (softplus applied, no dt_bias)" if processed_dt else ""
+    note += ", a gate z, no D and no dt_bias (softplus of the raw dt)" if bare else ""
     A = _trained_A(g, shape.nheads)
     if linear_softplus:
         linear = torch.rand(dt.shape, generator=g) < linear_softplus
@@ -283,8 +289,12 @@ def padded_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
 def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """Packed sequences from initial states, with long's two-sided dt_limit and dt centres (both ends clamp tokens of
     every head): the one packed regime whose dt_limit has a lower end above 0, so a varlen path that clamps above
-    only, or decays an initial state by dt before its clamp, fails here."""
-    return _varlen(shape, dtype, seed, with_initial_states=True, dt_limit=LONG_DT_LIMIT, dt_centres=LONG_DT_CENTRES)
+    only, or decays an initial state by dt before its clamp, fails here. A gate z with no D, and a softplus with no
+    dt_bias (its bias folded into the raw dt): the one varlen regime with either (since the fifty-ninth session; D per
+    head and a dt_bias before), so a varlen path that gates only along with its skip term, or takes the softplus
+    only along with a bias, fails here."""
+    return _varlen(shape, dtype, seed, with_initial_states=True, dt_limit=LONG_DT_LIMIT, dt_centres=LONG_DT_CENTRES,
+                   bare=True)
 
 
 def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -575,8 +585,8 @@ REGIMES: dict[str, Regime] = {
                "state: chunked-prefill continuations in a padded batch (kernels that take pad tokens)",
                padded_initial_state, pad_tokens=True),
         Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
-               "(batch 1: a lone sequence); dt_limit (0.006, 0.03), both ends clamping tokens of every head",
-               initial_state),
+               "(batch 1: a lone sequence); dt_limit (0.006, 0.03), both ends clamping tokens of every head; a gate "
+               "z without D, a softplus without dt_bias", initial_state),
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
                "state per sequence", aligned_initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "

@@ -170,12 +170,14 @@ def _limit(runner, baseline_error: float | None) -> float:
 
 def _bias(baseline) -> dict | None:
     """What the script judges the rounding bias of y and of the final states by (core.output_bias): the baseline's
-    mean of each (None for one stored in fp32), the floor and the z limit; None where neither is narrow."""
+    mean of each, along the values and toward +inf (None for one stored in fp32), the floor and the z limit; None
+    where neither is narrow."""
     if baseline is None or (baseline.y_bias is None and baseline.states_bias is None):
         return None
-    means = {name: None if bias is None else bias.mean
-             for name, bias in (("y", baseline.y_bias), ("final states", baseline.states_bias))}
-    return {"baseline_mean": means, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
+    outputs = (("y", baseline.y_bias), ("final states", baseline.states_bias))
+    means = {name: None if bias is None else bias.mean for name, bias in outputs}
+    ups = {name: None if bias is None else bias.mean_up for name, bias in outputs}
+    return {"baseline_mean": means, "baseline_mean_up": ups, "floor": BIAS_FLOOR_ULP, "z_limit": BIAS_Z_LIMIT}
 
 
 def _seed_check(case: ScanCase, reference_states: torch.Tensor) -> dict:

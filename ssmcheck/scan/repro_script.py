@@ -119,31 +119,41 @@ def first_nonfinite(y, ref, sequence, position):
 
 
 def signed_bias(y, ref):
-    """(mean, z) of an output's signed errors in ulps of its dtype (fp16, bf16) at each reference value, negative
-    toward zero, each clipped to one ulp: ssmcheck's core.output_bias."""
+    """((mean, z) signed along each value, negative toward zero; (mean, z) signed toward +inf) of an output's errors
+    in ulps of its dtype (fp16, bf16) at each reference value, each clipped to one ulp: ssmcheck's core.output_bias."""
     info = torch.finfo(y.dtype)
     emin, fraction_bits = round(math.log2(info.tiny)), round(-math.log2(info.eps))
     _, exponent = torch.frexp(ref.abs())
     exponent = torch.where(ref == 0, emin, torch.clamp(exponent.long() - 1, min=emin))
     ulp = torch.ldexp(torch.ones_like(ref), exponent - fraction_bits)
-    errors = torch.sign(ref) * (y.double() - ref) / ulp
-    errors = errors[torch.isfinite(errors)].clamp(-1, 1)
+    sign = torch.sign(ref)
+    along = sign * (y.double() - ref) / ulp
+    kept = torch.isfinite(along)
+    along = along[kept].clamp(-1, 1)
+    return tuple(_mean_and_z(errors) for errors in (along, sign[kept] * along))
+
+
+def _mean_and_z(errors):
     mean, error = float(errors.mean()), float(errors.std() / math.sqrt(errors.numel()))
     return mean, (mean / error if error > 0 else math.copysign(math.inf, mean) if mean else 0.0)
 
 
 def bias_clauses(bias, outputs):
-    """A clause for each output (name -> (stored, reference)) whose rounding bias lies past the floor from the
-    baseline's mean, at |z| past the limit (`bias`: those, saved; no mean for an output stored in fp32)."""
+    """A clause for each output (name -> (stored, reference)) whose rounding bias, along its values or toward +inf,
+    lies past the floor from the baseline's mean, at |z| past the limit (`bias`: those, saved; no mean for an output
+    stored in fp32)."""
     clauses = []
     for name, (out, ref) in outputs.items():
         base = None if bias is None else bias["baseline_mean"][name]
         if base is None or out.dtype == torch.float32:
             continue
-        mean, z = signed_bias(out, ref)
-        if abs(mean - base) > bias["floor"] and abs(z) > bias["z_limit"]:
-            clauses.append(f"{name} stored with a bias: mean signed error {mean:+.3f} ulp (z {z:.1f}; the "
-                           f"same-precision baseline's {base:+.3f})")
+        base_up = bias.get("baseline_mean_up", {}).get(name) or 0.0
+        for (mean, z), base_mean, signed in zip(signed_bias(out, ref), (base, base_up),
+                                                ("signed error", "error signed toward +inf")):
+            if abs(mean - base_mean) > bias["floor"] and abs(z) > bias["z_limit"]:
+                clauses.append(f"{name} stored with a bias: mean {signed} {mean:+.3f} ulp (z {z:.1f}; the "
+                               f"same-precision baseline's {base_mean:+.3f})")
+                break
     return clauses
 
 

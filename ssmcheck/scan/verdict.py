@@ -10,6 +10,7 @@
   global figure averages a local error away: a 2% error in a partial last chunk, or a 1% error in
   C·h under the larger D·x, passes bf16 cases that way;
 - fail also (beside any of the above clauses) where y, stored in fp16 or bf16, is biased: its mean signed error
+  (along the values, or toward +inf: a store rounding down whatever the sign cancels along values of both signs)
   more than a quarter ulp from the baseline's at |z| > 8 (core.output_bias). A store toward zero errs by at most
   one ulp per element, within 2 x the baseline's half ulp, and the norm-wise rule sees it only by chance; and
   where the final states, stored in fp16 or bf16 (--state-dtype), are biased by the same rule: the state a
