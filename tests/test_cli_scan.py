@@ -97,7 +97,7 @@ def test_json_report_has_the_stable_keys(tmp_path):
     assert {"y_max_rel", "y_max_abs", "state_max_rel", "baseline_y_max_rel", "ratio"} <= set(ran["error"])
     assert set(ran["drift"]) == {"per_chunk", "growth"} and len(ran["drift"]["per_chunk"]) == 3
     assert ran["status"] == "pass" and ran["error"]["ratio"] == 1.0 and ran["first_nonfinite"] is None
-    assert set(ran["error"]["y_bias"]) == {"dtype", "count", "mean_ulp", "z", "beyond"}
+    assert set(ran["error"]["y_bias"]) == {"dtype", "count", "mean_ulp", "z", "beyond", "mean_up_ulp", "z_up"}
     assert ran["error"]["y_bias"]["dtype"] == "bf16"
     assert ran["error"]["y_bias"] == ran["error"]["baseline_y_bias"]  # the torch kernel is the baseline
     assert ran["error"]["state_bias"] is ran["error"]["baseline_state_bias"] is None  # fp32 states

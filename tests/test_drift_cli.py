@@ -84,11 +84,11 @@ def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
 
 def test_the_default_preset_catches_a_kernel_that_reads_one_parameter_per_head(tmp_path):
     """A state update that takes A, dt, D and dt_bias at channel 0 of each head (right for Mamba2's stride-0
-    views) passes every regime but `untied`, and fails that one in every state dtype and rounding mode (and its
-    fp32 case)."""
+    views) passes every regime but `untied` and `no-softplus` (D per channel), and fails those in every state dtype
+    and rounding mode (and untied's fp32 case)."""
     _, report = drift("--kernel", f"{BROKEN}:per_head_parameters", "--preset", "default", json_path=tmp_path / "u.json")
-    untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
-    assert len(untied) == 5 and all(c["status"] == "fail" for c in untied)
+    per_channel = planted_bug_cases(report, lambda p: p["regime"] in ("untied", "no-softplus"))
+    assert len(per_channel) == 9 and all(c["status"] == "fail" for c in per_channel)
 
 
 @pytest.mark.parametrize("kernel", ["softplus_regardless", "bias_only_with_softplus"])
