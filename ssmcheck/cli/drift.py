@@ -41,7 +41,11 @@ DRIFT_HELP = "\n\n".join([
     "flush subnormals to zero. NaN/Inf in the state or output is 'nonfinite' "
     "(with the first step, batch, head, channel and state index); a kernel that raises gives 'error'. The "
     "state and, at the first step and the checkpoints, the inputs lie between NaN fences: a load past one is "
-    "'nonfinite' (named: 'it reads outside its input C'), a store past one 'error'.",
+    "'nonfinite' (named: 'it reads outside its input C'), a store past one 'error'. An fp16/bf16 output "
+    "whose mean rounding error (along the values, or toward +inf) is a quarter ulp off fails 'stored with a "
+    "bias'. A stochastic-rounding case also calls the step on twin elements (the same state and inputs) and "
+    "with other seeds: bits shared along an axis, by elements a fixed distance apart, by two seeds, or by "
+    "seeds that differ only in bit 30 or bit 0 fail ('random bits').",
     "Kernels without a `rounding` keyword are judged against what --rounding declares; torch's generator is "
     "seeded at every trial, so kernels drawing random bits from it are reproducible.",
     "With no options the 'default' preset (configs/default.toml) runs; an option given replaces the preset's "

@@ -21,7 +21,9 @@ SCAN_HELP = "\n\n".join([
     "A case passes when its error (norm-wise, relative, for y and for the final states) is at most "
     "--tol-factor x the error of the same math in plain PyTorch in the kernel's dtype (the baseline) "
     "+ --floor; with --rtol, when it is at most rtol. NaN/Inf where the reference is finite is 'nonfinite'; "
-    "a kernel that raises gives 'error'; impossible combinations are 'skipped' with the reason.",
+    "a kernel that raises gives 'error'; impossible combinations are 'skipped' with the reason. A y or final "
+    "states stored in fp16/bf16 whose mean rounding error (along the values, or toward +inf) lies a quarter "
+    "ulp from the baseline's fails 'stored with a bias', however small its norm-wise error.",
     "The kernel gets copies of its inputs between NaN fences and NaN where it allocates uninitialised memory: "
     "a load past an input is 'nonfinite' (named: 'it reads outside its input x'), a store past one 'error'.",
     "Sweep axes take comma-separated lists; their cartesian product is the set of cases. With no options "
