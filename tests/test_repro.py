@@ -52,9 +52,10 @@ def test_planted_nan_reproduces_in_a_fresh_process(tmp_path):
     assert lines[-1].startswith("nonfinite: y non-finite from sequence 0 token"), run.stdout
 
 
-def _script_verdict_on_a_bias(tmp_path, kernel: str, output: str, *options: str) -> str:
+def _script_verdict_on_a_bias(tmp_path, kernel: str, output: str, *options: str,
+                              signed: str = "signed error") -> str:
     """The last line the reproducer prints for the one case of `options`, which fails on `output`'s rounding bias
-    alone in the sweep and must in the script too (exit 1, on that bias)."""
+    alone in the sweep and must in the script too (exit 1, on that bias: its mean `signed` negative)."""
     out = tmp_path / "repros"
     result, report = invoke("scan", "--kernel", f"tests/broken_scan_kernels.py:{kernel}", *options, "--repro", out,
                             "--quiet", json_path=tmp_path / "r.json")
@@ -63,7 +64,7 @@ def _script_verdict_on_a_bias(tmp_path, kernel: str, output: str, *options: str)
     run = _run_script(case["repro"], tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     last = run.stdout.splitlines()[-1]
-    assert last.startswith("fail: ") and f"{output} stored with a bias: mean signed error -0." in last, run.stdout
+    assert last.startswith("fail: ") and f"{output} stored with a bias: mean {signed} -0." in last, run.stdout
     return last
 
 
@@ -72,6 +73,14 @@ def test_y_stored_toward_zero_reproduces_on_its_bias(tmp_path):
     _script_verdict_on_a_bias(tmp_path, "y_stored_toward_zero", "y", "--regime", "normal", "--dtype", "bf16",
                               "--seqlen", "64", "--chunk-size", "16", "--batch", "2", "--nheads", "2", "--headdim",
                               "16", "--dstate", "8", "--ngroups", "1")
+
+
+def test_y_stored_toward_minus_inf_reproduces_on_its_bias_toward_plus_inf(tmp_path):
+    """A y rounded down whatever its sign cancels along its values of both signs: the sweep and the script both fail
+    it on the mean signed toward +inf."""
+    _script_verdict_on_a_bias(tmp_path, "y_stored_toward_minus_inf", "y", "--regime", "normal", "--dtype", "bf16",
+                              "--seqlen", "64", "--chunk-size", "16", "--batch", "1", "--nheads", "2", "--headdim",
+                              "16", "--dstate", "8", "--ngroups", "1", signed="error signed toward +inf")
 
 
 def test_final_states_stored_toward_zero_reproduce_on_their_bias(tmp_path):
