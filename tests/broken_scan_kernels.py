@@ -956,6 +956,19 @@ def stochastic_rounding_to_nearest(x, dt, A, B, C, chunk_size, D=None, z=None, d
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def stochastic_rounding_from_an_8_bit_seed(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                           initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                           dt_limit=(0.0, float("inf")), return_final_states=False,
+                                           return_varlen_states=False, *, state_dtype=torch.float32,
+                                           rounding="nearest", seed=0):
+    """Rounds its states stochastically with a key of `seed % 256` (a key cut to a byte): exact stochastic rounding,
+    other bits for seed + 1, but every prefill whose seed agrees in its low byte rounds its states alike."""
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype,
+                        rounding=rounding, seed=seed % 256)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def compounding_per_chunk(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                           seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                           return_final_states=False, return_varlen_states=False):

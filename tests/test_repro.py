@@ -140,6 +140,23 @@ def test_seed_ignored_reproduces_on_the_seed_check(tmp_path):
                                                    "the same bits in all"), run.stdout + run.stderr
 
 
+def test_a_seed_cut_to_a_byte_reproduces_on_the_flipped_bit(tmp_path):
+    """A kernel keyed on `seed % 256` passes seed + 1 and fails the seed with bit 30 flipped, in the sweep and in the
+    script, which makes the same third call."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:stochastic_rounding_from_an_8_bit_seed",
+                            "--regime", "ragged", "--dtype", "fp32", "--chunk-size", "64", "--seqlen", "40", "--batch",
+                            "3", *WIDTHS, "--state-dtype", "fp16", "--rounding", "stochastic", "--repro", out,
+                            "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    expected = "stochastic rounding: its states stored with seeds that differ only in bit 30 are the same bits"
+    assert result.exit_code == 1 and case["message"].startswith(expected), result.output
+    run = _run_script(case["repro"], tmp_path)
+    last = run.stdout.splitlines()[-1]
+    assert run.returncode == 1 and last.startswith(f"fail: {expected} in all"), run.stdout + run.stderr
+    assert last.endswith("the rounding does not depend on bit 30 of the seed"), last
+
+
 def test_the_scripts_seed_check_passes_two_draws():
     """The script's seed check fails equal bits only: two states that differ in one element pass it."""
     spec = importlib.util.spec_from_file_location("repro_script", repro.SCRIPT)

@@ -26,6 +26,18 @@ def test_a_kernel_that_rounds_to_nearest_when_told_stochastic_fails():
                in case.message, case.message
 
 
+def test_a_kernel_that_keys_its_rounding_on_a_byte_of_its_seed_fails_on_bit_30():
+    """seed + 1 gives it other bits; the seed with bit 30 flipped, the same ones."""
+    report = api.scan(kernel=f"{BROKEN}:stochastic_rounding_from_an_8_bit_seed", **SR)
+    assert [c.status for c in report.cases] == ["fail", "fail"], [c.message for c in report.cases]
+    for case in report.cases:
+        assert case.message.startswith("stochastic rounding: its states stored with seeds that differ only in bit 30 "
+                                       "are the same bits in all 1536 elements, where independent draws differ in "), \
+            case.message
+        assert case.message.endswith("the rounding does not depend on bit 30 of the seed (a seed cut to fewer bits: "
+                                     "prefills whose seeds agree in the rest round their states alike)"), case.message
+
+
 def test_the_baseline_run_as_the_kernel_draws_on_its_seed():
     report = api.scan(kernel="torch", **SR)
     assert [c.status for c in report.cases] == ["pass", "pass"], [c.message for c in report.cases]

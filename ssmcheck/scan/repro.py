@@ -182,9 +182,10 @@ def _bias(baseline) -> dict | None:
 
 def _seed_check(case: ScanCase, reference_states: torch.Tensor) -> dict:
     """What the script's seed check needs (scan.draws): how many stored elements two independent draws store
-    differently, on average, and the false-alarm chance below which equal bits fail."""
+    differently, on average, the false-alarm chance below which equal bits fail, and the bit of the seed its third
+    call flips."""
     return {"expected": draws.expected_differences(reference_states, DTYPES[case.state_dtype]),
-            "false_alarm": draws.FALSE_ALARM}
+            "false_alarm": draws.FALSE_ALARM, "flipped_bit": draws.FLIPPED_SEED_BIT}
 
 
 def _config_text(tuned, index: int) -> str:

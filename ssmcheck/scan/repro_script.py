@@ -162,16 +162,26 @@ def same_bits(a, b):
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def seed_ignored(first, second, check):
+def other_seeds(seed, check):
+    """(how the message names the two seeds, what equal bits show the rounding does not depend on, the other seed):
+    seed + 1, and `seed` with the check's bit flipped (ssmcheck's scan.draws.OTHER_SEEDS)."""
+    seeds = [("two seeds", "the seed", seed + 1)]
+    if "flipped_bit" in check:
+        bit = check["flipped_bit"]
+        seeds.append((f"seeds that differ only in bit {bit}", f"bit {bit} of the seed", seed ^ (1 << bit)))
+    return seeds
+
+
+def seed_ignored(first, second, check, seeds="two seeds", depends="the seed"):
     """The failing clause where the states stored with two seeds are the same bits everywhere and independent
     draws would almost surely have differed somewhere (ssmcheck's scan.draws); None otherwise."""
     if not same_bits(first, second):
         return None
     if math.exp(-check["expected"]) >= check["false_alarm"]:
         return None
-    return (f"stochastic rounding: its states stored with two seeds are the same bits in all {first.numel()} "
+    return (f"stochastic rounding: its states stored with {seeds} are the same bits in all {first.numel()} "
             f"elements, where independent draws differ in {check['expected']:.0f} on average: the rounding does not "
-            "depend on the seed")
+            f"depend on {depends}")
 
 
 Y_ALONE = "the call without the return flags"
@@ -248,7 +258,8 @@ def main():
         y_alone = call_without_flags(fn, case, args, kwargs) if calls.get("y_alone") else None
         both = call_both_flags(fn, args, kwargs) if calls.get("both_flags") else None
         seed_check = case.get("seed_check")
-        reseeded = call(fn, case, args, {**kwargs, "seed": kwargs["seed"] + 1})[1] if seed_check else None
+        reseeded = [(seeds, depends, call(fn, case, args, {**kwargs, "seed": seed})[1])
+                    for seeds, depends, seed in other_seeds(kwargs["seed"], seed_check)] if seed_check else []
     except Exception as exc:  # noqa: BLE001 (a kernel that raises is this case's verdict)
         print(f"error: {type(exc).__name__}: {exc}")
         return 4
@@ -259,10 +270,11 @@ def main():
                 print(f"fail: nondeterministic: runs 1 and {run} differ in {name}")
                 return 1
     status, message = verdict(case, y, states, y_ssm, y_alone, both)
-    if reseeded is not None and status in ("pass", "fail"):
-        clause = seed_ignored(states, reseeded, seed_check)
+    for seeds, depends, states2 in reseeded if status in ("pass", "fail") else ():
+        clause = seed_ignored(states, states2, seed_check, seeds, depends)
         if clause is not None:
             status, message = "fail", clause if status == "pass" else f"{message}; {clause}"
+            break
     if case.get("unmade"):
         print(f"not made here: the serving-shaped checks that failed in ssmcheck ({', '.join(case['unmade'])}; "
               "`ssmcheck scan --invariance` makes them): the verdict below judges the kernel's own calls alone")

@@ -377,17 +377,19 @@ def judges_seed(case: ScanCase, kernel: ScanAdapter, storage: torch.dtype) -> bo
 
 def _check_seed(result: ScanResult, kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, transcript,
                 device: str, states: torch.Tensor, reference_states: torch.Tensor, storage: torch.dtype) -> None:
-    """Fold scan.draws' seed check into a stochastically rounded case: the kernel called again with another
-    seed."""
-    try:
-        again = _calls(kernel, inputs, replace(case, seed=case.seed + 1), transcript, device, 1)[0][1]
-    except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
-        failed = _kernel_failed(case, exc, inputs, transcript, " (the call with another seed)")
-        result.status, result.message = failed.status, failed.message
-        return
-    clause = draws.seed_ignored(states, again, reference_states, storage)
-    if clause is not None:
-        _found(result, Status.FAIL, clause)
+    """Fold scan.draws' seed check into a stochastically rounded case: the kernel called again with each of
+    draws.OTHER_SEEDS; the first whose states are the first call's bits fails the case."""
+    for seeds, depends, other in draws.OTHER_SEEDS:
+        try:
+            again = _calls(kernel, inputs, replace(case, seed=other(case.seed)), transcript, device, 1)[0][1]
+        except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
+            failed = _kernel_failed(case, exc, inputs, transcript, " (the call with another seed)")
+            result.status, result.message = failed.status, failed.message
+            return
+        clause = draws.seed_ignored(states, again, reference_states, storage, seeds, depends)
+        if clause is not None:
+            _found(result, Status.FAIL, clause)
+            return
 
 
 def _found(result: ScanResult, status: Status, clause: str) -> None:
