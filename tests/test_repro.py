@@ -123,37 +123,36 @@ def test_both_flags_failure_reproduces(tmp_path):
     assert "final states of the call with both return flags, off its last sequence's varlen state error" in last
 
 
+def _seed_check_failure(tmp_path, kernel: str) -> tuple[str, str, int]:
+    """(the sweep's message, the script's last line, its exit code) for the ragged fp16-state stochastic case of a
+    scan kernel that fails the seed check alone."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", f"tests/broken_scan_kernels.py:{kernel}", "--regime", "ragged",
+                            "--dtype", "fp32", "--chunk-size", "64", "--seqlen", "40", "--batch", "3", *WIDTHS,
+                            "--state-dtype", "fp16", "--rounding", "stochastic", "--repro", out, "--quiet",
+                            json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1, result.output
+    run = _run_script(case["repro"], tmp_path)
+    return case["message"], run.stdout.splitlines()[-1], run.returncode
+
+
 def test_seed_ignored_reproduces_on_the_seed_check(tmp_path):
     """A kernel that takes the state options and rounds to nearest when told stochastic fails the sweep's seed check
     alone; the script calls it again with another seed and fails it on the same bits."""
-    out = tmp_path / "repros"
-    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:stochastic_rounding_to_nearest",
-                            "--regime", "ragged", "--dtype", "fp32", "--chunk-size", "64", "--seqlen", "40", "--batch",
-                            "3", *WIDTHS, "--state-dtype", "fp16", "--rounding", "stochastic", "--repro", out,
-                            "--quiet", json_path=tmp_path / "r.json")
-    case = report["cases"][0]
-    assert result.exit_code == 1 and case["message"].startswith("stochastic rounding: its states stored with two "
-                                                                "seeds are the same bits"), result.output
-    run = _run_script(case["repro"], tmp_path)
-    last = run.stdout.splitlines()[-1]
-    assert run.returncode == 1 and last.startswith("fail: stochastic rounding: its states stored with two seeds are "
-                                                   "the same bits in all"), run.stdout + run.stderr
+    message, last, code = _seed_check_failure(tmp_path, "stochastic_rounding_to_nearest")
+    assert message.startswith("stochastic rounding: its states stored with two seeds are the same bits"), message
+    assert code == 1 and last.startswith("fail: stochastic rounding: its states stored with two seeds are the same "
+                                         "bits in all"), last
 
 
 def test_a_seed_cut_to_a_byte_reproduces_on_the_flipped_bit(tmp_path):
     """A kernel keyed on `seed % 256` passes seed + 1 and fails the seed with bit 30 flipped, in the sweep and in the
     script, which makes the same third call."""
-    out = tmp_path / "repros"
-    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:stochastic_rounding_from_an_8_bit_seed",
-                            "--regime", "ragged", "--dtype", "fp32", "--chunk-size", "64", "--seqlen", "40", "--batch",
-                            "3", *WIDTHS, "--state-dtype", "fp16", "--rounding", "stochastic", "--repro", out,
-                            "--quiet", json_path=tmp_path / "r.json")
-    case = report["cases"][0]
+    message, last, code = _seed_check_failure(tmp_path, "stochastic_rounding_from_an_8_bit_seed")
     expected = "stochastic rounding: its states stored with seeds that differ only in bit 30 are the same bits"
-    assert result.exit_code == 1 and case["message"].startswith(expected), result.output
-    run = _run_script(case["repro"], tmp_path)
-    last = run.stdout.splitlines()[-1]
-    assert run.returncode == 1 and last.startswith(f"fail: {expected} in all"), run.stdout + run.stderr
+    assert message.startswith(expected), message
+    assert code == 1 and last.startswith(f"fail: {expected} in all"), last
     assert last.endswith("the rounding does not depend on bit 30 of the seed"), last
 
 
