@@ -49,7 +49,7 @@ ROUNDING_MEAN_ULP = 0.6
 BEYOND_SHARE = 0.25
 
 
-# moment_sums' sums, in order (OutputBias reads them by name).
+# moment_sums' sums, in order (output_bias unpacks them so; drift.measure sizes its running sums by them).
 MOMENT_SUMS = ("count", "total", "total of squares", "beyond", "total up")
 
 

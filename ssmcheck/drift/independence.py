@@ -226,7 +226,7 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     calls = [(state, first_seed), (again, sweep.case_seed(steps.seed, {"step": 2}))]
     if repeated is not None:
         calls.append((repeated, first_seed))
-    calls += [(flipped[name], first_seed ^ (1 << bit)) for name, bit in SEED_BITS.items() if name in flipped]
+    calls += [(twin, first_seed ^ (1 << SEED_BITS[name])) for name, twin in flipped.items()]
     try:
         for twin, call_seed in calls:  # the same step with two seeds (the first again, and with a bit flipped)
             _step(kernel, twin, steps.arguments, case.rounding, call_seed, "independence check", transcript,

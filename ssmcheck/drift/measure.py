@@ -59,9 +59,9 @@ def _relative(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def figures(state64, out, ref, ref_out, exact_out, out_dtype: torch.dtype) -> list[float]:
     """(state_rel, out_rel, bias) of a state and output against the reference, the output's relative error against
     `exact_out`, the exact output of the step from the same state (step_out_rel), then the moment sums
-    (core.output_bias.MOMENT_SUMS: count, total, total of squares, count past an ulp, total up) of the output's signed rounding errors in
-    ulps of `out_dtype` (the kernel's, where `out` may be a float64 copy of values in it) against `exact_out`; one
-    transfer."""
+    (core.output_bias.MOMENT_SUMS: count, total, total of squares, count past an ulp, total up) of the output's
+    signed rounding errors in ulps of `out_dtype` (the kernel's, where `out` may be a float64 copy of values in it)
+    against `exact_out`; one transfer."""
     diff = state64 - ref
     bias = (torch.sign(ref) * diff).mean() / ref.square().mean().sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     if out_dtype in NARROW_OUTPUTS:

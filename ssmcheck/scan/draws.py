@@ -29,9 +29,11 @@ FALSE_ALARM = 1e-9
 # rounding does not depend on, the seed from the case's): seed + 1, and the seed with bit 30 flipped.
 FLIPPED_SEED_BIT = 30
 OTHER_SEEDS = (
-    ("two seeds", "the seed", lambda seed: seed + 1),
-    (f"seeds that differ only in bit {FLIPPED_SEED_BIT}", f"bit {FLIPPED_SEED_BIT} of the seed (a seed cut to fewer "
-     "bits: prefills whose seeds agree in the rest round their states alike)", lambda seed: seed ^ (1 << FLIPPED_SEED_BIT)),
+    ("two seeds", "the seed (rounded to nearest, or random bits that ignore it)", lambda seed: seed + 1),
+    (f"seeds that differ only in bit {FLIPPED_SEED_BIT}",
+     f"bit {FLIPPED_SEED_BIT} of the seed (a seed cut to fewer bits: prefills whose seeds agree in the rest round "
+     "their states alike)",
+     lambda seed: seed ^ (1 << FLIPPED_SEED_BIT)),
 )
 
 
@@ -43,7 +45,7 @@ def expected_differences(reference_states: torch.Tensor, storage: torch.dtype) -
 
 
 def seed_ignored(first: torch.Tensor, second: torch.Tensor, reference_states: torch.Tensor,
-                 storage: torch.dtype, seeds: str = "two seeds", depends: str = "the seed") -> str | None:
+                 storage: torch.dtype, seeds: str = OTHER_SEEDS[0][0], depends: str = OTHER_SEEDS[0][1]) -> str | None:
     """The failing clause where the states stored with two seeds (`first`, `second`; `seeds` and `depends` as
     OTHER_SEEDS names them) are the same bits everywhere and independent draws would almost surely have differed
     somewhere; None otherwise."""
@@ -52,7 +54,6 @@ def seed_ignored(first: torch.Tensor, second: torch.Tensor, reference_states: to
     expected = expected_differences(reference_states, storage)
     if math.exp(-expected) >= FALSE_ALARM:
         return None
-    why = " (rounded to nearest, or random bits that ignore it)" if depends == "the seed" else ""
     return (f"stochastic rounding: its states stored with {seeds} are the same bits in all {first.numel()} "
             f"elements, where independent draws differ in {expected:.0f} on average: the rounding does not depend "
-            f"on {depends}{why}")
+            f"on {depends}")

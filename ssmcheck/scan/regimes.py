@@ -220,7 +220,7 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
         extra["D"] = _normal(g, (shape.nheads, shape.headdim))  # D per channel
         if not gated:
             u.pop("z")
-    if bare:
+    if bare:  # D drawn all the same, so that the draws after it (A, the linear branch's) are those without `bare`
         extra.pop("D")
     note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
     note += ", D per channel under a gate z" if gated else ""

@@ -147,7 +147,7 @@ def bias_clauses(bias, outputs):
         base = None if bias is None else bias["baseline_mean"][name]
         if base is None or out.dtype == torch.float32:
             continue
-        base_up = bias.get("baseline_mean_up", {}).get(name) or 0.0
+        base_up = bias["baseline_mean_up"][name]
         for (mean, z), base_mean, signed in zip(signed_bias(out, ref), (base, base_up),
                                                 ("signed error", "error signed toward +inf")):
             if abs(mean - base_mean) > bias["floor"] and abs(z) > bias["z_limit"]:
