@@ -669,6 +669,22 @@ def softplus_without_threshold(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bi
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def softplus_exp_overflowing_as_fp16(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                     seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                     return_final_states=False, return_varlen_states=False):
+    """Its softplus takes the linear branch past 20, and below it log1p(exp(dt + dt_bias)) with the exp in fp16 for
+    fp16 inputs (the rest in fp32): inf wherever dt + dt_bias lies in (11.09, 20], every input finite."""
+    if dt_softplus and dt.dtype == torch.float16:
+        raw = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+        exp = torch.exp(raw)
+        # What an exp stored in fp16 holds past its range; below it the fp32 value, so that nothing else differs.
+        exp = torch.where(exp > torch.finfo(torch.float16).max, float("inf"), exp)
+        dt = torch.where(raw <= SOFTPLUS_THRESHOLD, torch.log1p(exp), raw)
+        dt_bias, dt_softplus = None, False
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def ssm_part_1pct(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
                   cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
                   return_varlen_states=False):

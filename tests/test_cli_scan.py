@@ -769,6 +769,17 @@ def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
     assert len(extreme) == 3 and all(c["status"] == "nonfinite" for c in extreme)
 
 
+def test_the_default_preset_catches_a_softplus_whose_exp_overflows_as_fp16(tmp_path):
+    """A kernel whose softplus takes its exp in fp16 for fp16 inputs (inf past 11.09) but its linear branch past 20
+    passes every case but `dt-extreme`'s fp16 one, whose odd heads' raw dt of 12..20 lies between the two: y is
+    non-finite from head 1 on, every input finite."""
+    _, report = scan("--kernel", f"{BROKEN}:softplus_exp_overflowing_as_fp16", "--preset", "default",
+                     json_path=tmp_path / "s.json")
+    band = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme" and p["dtype"] == "fp16")
+    assert len(band) == 1 and band[0]["status"] == "nonfinite" and " head 1 " in band[0]["message"]
+    assert "inputs finite" in band[0]["message"]
+
+
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):
     args = ("--kernel", f"{BROKEN}:tf32_matmuls", "--regime", "normal,ragged", "--dtype", "fp32", "--chunk-size", "32",
             "--seqlen", "96", "--batch", "2", "--nheads", "2", "--headdim", "16", "--dstate", "16", "--ngroups", "1")

@@ -7,7 +7,9 @@ In particular the log-decays of decay-extreme and dt-extreme are integers
 (multiples of a power of two) so every partial sum of their cumulative sums is
 exact in fp32, whatever order a kernel adds them in: a decay is then either
 exactly 1 (only zero-dt tokens in between) or negligibly small, and never a
-moderate decay computed as the difference of two huge, rounded cumsums.
+moderate decay computed as the difference of two huge, rounded cumsums
+(dt-extreme's heads of a raw dt under softplus's threshold have moderate
+decays and small cumulative sums instead, as normal's).
 
 Inputs are drawn on the CPU from a generator seeded with the case's seed, so a
 case is the same on every device; `ScanInputs.to` moves them.
@@ -330,12 +332,17 @@ def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
 
 def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """Raw dt of 21..100 (softplus is the identity there; past 88.7 an exp in fp32 overflows, so a softplus without
-    its linear branch is inf) or -40..-23 (dt ~ 1e-10..1e-18), integers (exact in fp16 and bf16).
+    its linear branch is inf) or -40..-23 (dt ~ 1e-10..1e-18), integers (exact in fp16 and bf16); in every other
+    head (1, 3, ...) 12..20 instead of 21..100: below the threshold, where softplus is still log1p(exp(dt)) and an
+    exp taken in fp16 is inf (past 11.09), though every input is finite in fp16.
 
     With A in -1..-16 (powers of two) a large dt gives an exact integer log-decay,
     and a whole chunk of tiny ones sums to under half an ulp of any nonzero
     integer partial sum, so every partial sum of the cumsum rounds to the exact
-    integer whatever the order of additions.
+    integer whatever the order of additions. The heads of 12..20 take A = -2**-5 or -2**-6 instead: softplus's
+    result there is no integer, so their log-decays (0.19..0.63 a token) are moderate, as in `normal`, and their
+    cumulative sums (a few units a chunk) round as little as `normal`'s; a huge cumulative sum of inexact terms
+    would make a decay across tiny-dt tokens depend on the order of the additions (cumsum-cancel's subject).
 
     A gate z and no D: the one regime where y is C·h gated alone, so a kernel that gates only along with D·x
     (or takes D as given) fails here.
@@ -347,9 +354,13 @@ def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: tor
     dt = torch.where(large, _integers(g, (rows, seqlen, nheads), 21, 100),
                      -_integers(g, (rows, seqlen, nheads), 23, 40))
     A = -torch.exp2(_integers(g, nheads, 0, 4))
+    # Drawn after the rest, so that the other heads' inputs are those of the regime before it had these.
+    below_threshold = torch.arange(nheads) % 2 == 1
+    dt = torch.where(below_threshold & large, _integers(g, (rows, seqlen, nheads), 12, 20), dt)
+    A = torch.where(below_threshold, -torch.exp2(-_integers(g, nheads, 5, 6)), A)
     return _finish(
-        dtype, "raw dt = 21..100 or -40..-23 through softplus, A in -1..-16, a gate z and no D", dt=dt, A=A,
-        dt_softplus=True, **u,
+        dtype, "raw dt = 21..100 (heads 1, 3, ...: 12..20, A = -2**-5 or -2**-6) or -40..-23 through softplus, "
+        "A in -1..-16, a gate z and no D", dt=dt, A=A, dt_softplus=True, **u,
     )
 
 
@@ -593,7 +604,8 @@ REGIMES: dict[str, Regime] = {
                "1e4..1e9, exact-zero dt padding; dt passed as dt - 1 with a dt_bias of 1, no softplus, no dt_limit; D per "
                "channel, no gate", decay_extreme),
         Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
-               "(88.7), or -40..-23, very negative (dt ~ 1e-10..1e-18); a gate z and no D", dt_extreme),
+               "(88.7), in every other head 12..20, under the threshold but past fp16's exp overflow (11.09), or "
+               "-40..-23, very negative (dt ~ 1e-10..1e-18); a gate z and no D", dt_extreme),
         Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
