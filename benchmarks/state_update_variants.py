@@ -11,8 +11,9 @@ benchmarks/state_update.py's inputs (Mamba2-2.7B widths, tied A/dt/D), for fp16 
 - whether each build's SR step, same seed, is bitwise the first build's (builds meant to draw alike must);
 - the graph time (state_update.time_step: checked against float64 first, rotating state buffers) of one
   software-SR step per build, and round to nearest for the first build.
-fp16 is also timed on two adversarial inputs: state column 0 at 2**-20 with B's column 0 zero (every row
-group holds a subnormal: fp16's slow paths everywhere), and both zero (every group holds a zero). Run from
+fp16 is also timed on three adversarial inputs: state column 0 at 2**-20 with B's column 0 zero (every row
+group holds a subnormal below 2**-17: fp16's slow paths everywhere), the same at 2**-16 (every group takes the
+subnormal branch, none can tie), and both zero (every group holds a zero). Run from
 the checkout, e.g.
 
     PYTHONPATH=. python benchmarks/state_update_variants.py a.py b.py
@@ -85,7 +86,8 @@ def main() -> None:
             if state_dtype == torch.float16:
                 zero_b = {**args, "B": args["B"].clone()}
                 zero_b["B"][..., 0] = 0
-                for name, value in (("subnormal column", 2.0**-20), ("zero column", 0.0)):
+                for name, value in (("subnormal column", 2.0**-20), ("subnormal column above the ties", 2.0**-16),
+                                    ("zero column", 0.0)):
                     adversarial = state.clone()
                     adversarial[..., 0] = value
                     compare(builds, zero_b, adversarial, opts.philox_rounds, f"batch {batch} {state_dtype} {name}")

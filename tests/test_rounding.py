@@ -396,6 +396,25 @@ def test_one_unusual_value_among_normals_is_rounded_exactly(dtype, pattern):
     assert _same(got, want), f"x={x[5].item()!r}: got {got[probes].tolist()}, model {want[probes].tolist()}"
 
 
+@pytest.mark.parametrize("pattern", (0x7F800001, 0xFF800001, 0x7FFFFFFF, 0x7FC00000, 0x7F800000, 0x477FF001),
+                         ids=hex)
+def test_special_values_beside_fp16_subnormals_above_the_ties_are_rounded_exactly(pattern):
+    """A part whose smallest nonzero magnitude lies in [2**-17, 2**-14) takes fp16's subnormal branch with nothing to
+    redo: a NaN there (one whose fraction the random bits could carry into inf, among them), inf or an overflowing
+    value must come out as the model's, each with its own random bits."""
+    generator = torch.Generator().manual_seed(pattern % 1013)
+    x = (1 + torch.rand(1024, generator=generator)) * torch.where(torch.rand(1024, generator=generator) < 0.5, -1, 1)
+    x[torch.arange(9, 1024, 32)] = torch.empty(32).uniform_(2.0**-17, 2.0**-14, generator=generator)
+    bits = x.view(torch.int32).clone()
+    probes = torch.arange(5, 1024, 64)
+    bits[probes] = pattern - 2**32 if pattern >= 2**31 else pattern
+    x = bits.view(torch.float32)
+    got = stochastic_round_tensor(x.to(DEVICE), torch.float16, 13).cpu()
+    want = torch.tensor(sr_model.stochastic_round_list(x.tolist(), 13, DEFAULT_PHILOX_ROUNDS, True),
+                        dtype=torch.float16)
+    assert _same(got, want), f"got {got[probes].tolist()}, model {want[probes].tolist()}"
+
+
 def _truncated_bits_sr(x: torch.Tensor, dtype, bits: int, generator) -> torch.Tensor:
     """A biased SR for the power test: only `bits` random bits at the top of the dropped 13/16 bits."""
     dropped = 13 if dtype == torch.float16 else 16

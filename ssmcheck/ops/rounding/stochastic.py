@@ -57,6 +57,9 @@ DEFAULT_PHILOX_ROUNDS = 7
 # fp16's smallest normal magnitude: below it the grid stays 2**-24 and fp16 drops more than 13 bits.
 FP16_MIN_NORMAL = tl.constexpr(2.0**-14)
 FP16_MIN_NORMAL_DOUBLED = tl.constexpr(0x38800000 << 1)  # its fp32 bit pattern shifted left by one
+# Below 2**-17 the 16 bits may tie (the draw needs more); below 2**-24, fp16's smallest subnormal, they never decide.
+FP16_TIES_BELOW_DOUBLED = tl.constexpr(0x37000000 << 1)  # 2**-17's pattern shifted left by one
+FP16_MIN_SUBNORMAL_DOUBLED = tl.constexpr(0x33800000 << 1)  # 2**-24's
 
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -276,8 +279,7 @@ def stochastic_round_pairs(x, words, DTYPE: tl.constexpr):
     a branch that rounds those elements on fp16's fixed subnormal grid, 2**-24, with all 16 bits, which
     decide alone down to 2**-17. Below that the result is still exact unless the rest of the draw could
     change it (a tie: the 16 bits plus the fraction's top 16 are all ones, probability 2**-16) or the
-    value is below 2**-24. `redo` says whether the tile holds such an element (or, in the branch, NaN):
-    the caller must then round the whole tile again with `stochastic_round_exact` and the same `words`,
+    value is below 2**-24. `redo` says whether the tile holds such an element: the caller must then round the whole tile again with `stochastic_round_exact` and the same `words`,
     which continues each draw from a second stream.
     In every path the 16 bits are the top of the element's draw over the bits fp16 drops, so an element's
     result is the same function of its random bits whichever path rounds it: exact SR. The redo needs the
@@ -289,16 +291,20 @@ def stochastic_round_pairs(x, words, DTYPE: tl.constexpr):
     odd_bits = odd.to(tl.uint32, bitcast=True)
     redo = False
     if DTYPE == tl.float16:
-        # 0 < |x| < 2**-14 in one unsigned compare an element, of the magnitude's bits doubled (the sign shifted
-        # out) less 2: zero wraps to the top. NaN takes the branch only along with such a value; elsewhere a select
-        # keeps it NaN, element by element (a reduction of its compare cost 35 more SASS instructions in the state
-        # update). Both branches round the normals: computed before the branch, they would be live through
-        # it (the state update: 93 registers, not 92, and 5% slower).
-        small = tl.min((x.to(tl.uint32, bitcast=True) << 1) - 2) < FP16_MIN_NORMAL_DOUBLED - 2
-        if small:
-            even_out, even_redo = _fp16_below_normal(even, even_bits, _fp16_normal(even_bits, words), words)
-            odd_out, odd_redo = _fp16_below_normal(odd, odd_bits, _fp16_normal(odd_bits, words >> 16), words >> 16)
-            redo = tl.max((even_redo | odd_redo).to(tl.int32)) != 0
+        # The smallest nonzero magnitude's bits doubled (the sign shifted out) less 2, in one unsigned min: zero
+        # wraps to the top, NaN and inf lie above every finite value. It alone says which branch a tile takes, and
+        # whether it holds a value below 2**-24; NaN is kept by a select, element by element, in every branch (a
+        # reduction of its compare cost 35 more SASS instructions in the state update). Both branches round the
+        # normals: computed before the branch, they would be live through it (the state update: 93 registers, not
+        # 92, and 5% slower).
+        smallest = tl.min((x.to(tl.uint32, bitcast=True) << 1) - 2)
+        if smallest < FP16_MIN_NORMAL_DOUBLED - 2:
+            even_out, even_tie = _fp16_below_normal(even, even_bits, _fp16_normal(even_bits, words), words)
+            odd_out, odd_tie = _fp16_below_normal(odd, odd_bits, _fp16_normal(odd_bits, words >> 16), words >> 16)
+            # Ties and values below 2**-24 need a nonzero magnitude below 2**-17: a tile without one (most tiles that
+            # take this branch) has nothing to redo, and skips the ties' reduction.
+            if smallest < FP16_TIES_BELOW_DOUBLED - 2:
+                redo = (smallest < FP16_MIN_SUBNORMAL_DOUBLED - 2) | (tl.max((even_tie | odd_tie).to(tl.int32)) != 0)
         else:
             even_out = tl.where(even != even, even.to(tl.float16), _fp16_normal(even_bits, words))
             odd_out = tl.where(odd != odd, odd.to(tl.float16), _fp16_normal(odd_bits, words >> 16))
@@ -319,9 +325,10 @@ def _fp16_normal(bits, r16):
 
 @triton.jit
 def _fp16_below_normal(x, bits, normal, r16):
-    """(fp16 tile, redo): `normal` (`_fp16_normal`'s result) where |x| >= 2**-14, elsewhere x rounded on
-    fp16's subnormal grid 2**-24 by r16's low 16 bits as the top of the draw. `redo` where that is not
-    the exact result: a tie below 2**-17, a nonzero magnitude below 2**-24, NaN."""
+    """(fp16 tile, tie): `normal` (`_fp16_normal`'s result) where |x| >= 2**-14, NaN where x is NaN, elsewhere x
+    rounded on fp16's subnormal grid 2**-24 by r16's low 16 bits as the top of the draw. `tie` where that may not
+    be the exact result below 2**-17, the rest of the draw deciding; below 2**-24 it never is (the caller knows
+    that from the tile's smallest magnitude)."""
     # |x| in units of 2**-40, 16 bits below the grid: exact from 2**-17 up, truncated below (where the
     # cut-off bits make a tie possible). Clamped first: the conversion must not overflow.
     scaled = (tl.minimum(tl.abs(x), FP16_MIN_NORMAL) * 1099511627776.0).to(tl.uint32)
@@ -329,8 +336,8 @@ def _fp16_below_normal(x, bits, normal, r16):
     # Up to 1024 units of 2**-24: an fp16 subnormal's bit pattern, or 2**-14's.
     rounded = ((drawn >> 16) | ((bits >> 16) & 0x8000)).to(tl.uint16).to(tl.float16, bitcast=True)
     tie = (tl.abs(x) < 0.00000762939453125) & ((drawn & 0xFFFF) == 0xFFFF)
-    redo = tie | ((bits & 0x7FFFFFFF) - 1 < 0x337FFFFF) | (x != x)
-    return tl.where(tl.abs(x) < FP16_MIN_NORMAL, rounded, normal), redo
+    # NaN compares false: `normal`, whose added bits may have made it inf, then NaN again by the outer select.
+    return tl.where(x != x, x.to(tl.float16), tl.where(tl.abs(x) < FP16_MIN_NORMAL, rounded, normal)), tie
 
 
 @triton.jit
