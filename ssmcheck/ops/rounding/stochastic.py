@@ -28,9 +28,9 @@ kernel's other arithmetic per element, so `stochastic_round_pairs` gives each
 element 16 bits, one call per eight elements: exact into bf16, and into fp16
 wherever the 16 bits decide. fp16 normals take a fixed 13-bit field, as bf16
 does; only a tile holding a value below 2**-14 pays for the variable one. The
-rare tile where the 16 bits do not decide (a tie below 2**-17, a value below
-2**-24, or NaN) is rounded again by `stochastic_round_exact`, each draw
-continued from a second stream.
+rare tile where the 16 bits do not decide (a tie below 2**-17, or a value
+below 2**-24) is rounded again by `stochastic_round_exact`, each draw
+continued from a second stream; a NaN stays NaN by a select.
 
 Hardware SR (`cvt.rs.{f16,bf16}x2.f32`) exists only on sm_100 and later;
 `check_rounding` refuses it anywhere else with an explanation.

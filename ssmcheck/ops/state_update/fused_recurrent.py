@@ -26,7 +26,7 @@ channels form four row groups, and elements (r, 2j) and (r, 2j + 1) of group k
 take the low and the high half of word k of Philox(seed, counter), counter =
 the flat state index of group 0's element (r, 2j): one call per eight elements.
 That is exact into bf16; into fp16 a row group holding an element that 16 bits
-cannot round (a tie below 2**-17, a value below 2**-24, or NaN: rare) is not stored
+cannot round (a tie below 2**-17, or a value below 2**-24: rare) is not stored
 but redone from the old state at the end of its block, each draw continued
 from a second stream. Each group is advanced, rounded and stored before the
 next, so that one group's fp32 state is live at a time. SR is bound by its
@@ -362,8 +362,8 @@ def _sr_block(block, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_
                                  DT_SOFTPLUS, DT_PER_HEAD, A_PER_HEAD, STATE_DTYPE, OUT_DTYPE, HARDWARE,
                                  INTERPRET, GROUPS, BLOCK_P, BLOCK_N),)
     if STATE_DTYPE == tl.float16 and not HARDWARE:
-        # Rare: a group holding an element that its 16 random bits cannot round (a tie, a value below
-        # 2**-24, or NaN; ops.rounding.stochastic_round_pairs). Its state was not stored: redo it from the old one,
+        # Rare: a group holding an element that its 16 random bits cannot round (a tie, or a value below
+        # 2**-24; ops.rounding.stochastic_round_pairs). Its state was not stored: redo it from the old one,
         # once nothing else is live (a branch inside the group would hold its registers through the
         # common path, and cost every program occupancy).
         if redo[0] | redo[1] | redo[2] | redo[3]:
