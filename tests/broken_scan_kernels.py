@@ -819,6 +819,16 @@ def varlen_group_of_head_by_ngroups(x, dt, A, B, C, chunk_size, D=None, z=None, 
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def _ssd_with(arith_class, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit,
+              return_final_states, return_varlen_states):
+    """The baseline's SSD form (fp32, operands in x's dtype, decays from cumsum differences) with `arith_class`'s
+    arithmetic."""
+    arith = arith_class(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False)
+    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith,
+                   y_dtype=x.dtype)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 @dataclass(frozen=True)
 class _SecondBlockOfCBDropped(Arithmetic):
     """C·Bᵀ of a 128-token chunk tiled in blocks of 64 tokens, the block of rows 64..127 by columns 64..127 never
@@ -836,13 +846,18 @@ def chunk_128_cb_block_dropped(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bi
                                return_final_states=False, return_varlen_states=False):
     """At chunk 128 (Nemotron-H's; a tuned configuration of 64-token blocks for that size) C·Bᵀ misses its block of
     the chunk's second 64 tokens by themselves; other chunk sizes are right. The baseline's arithmetic otherwise."""
-    if chunk_size != 128:
+    return _at_chunk_size(128, _SecondBlockOfCBDropped, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                          cu_seqlens, dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+def _at_chunk_size(size, arith_class, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                   dt_softplus, dt_limit, return_final_states, return_varlen_states):
+    """`_ssd_with(arith_class)` at chunk `size`, the baseline at any other."""
+    if chunk_size != size:
         out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
         return _mamba_result(out.y, out, return_final_states, return_varlen_states)
-    arith = _SecondBlockOfCBDropped(torch.float32, x.dtype, store_state=lambda s: s.float(), exact_segments=False)
-    out = scan_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit, arith,
-                   y_dtype=x.dtype)
-    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    return _ssd_with(arith_class, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                     dt_limit, return_final_states, return_varlen_states)
 
 
 def initial_states_dropped_at_whole_chunks(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
@@ -1344,3 +1359,211 @@ def final_state_of_the_whole_row(x, dt, A, B, C, chunk_size, D=None, z=None, dt_
         row = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, None, None, dt_softplus, dt_limit)
         out = replace(out, final_states=row.final_states)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+# The fourth red-team round's (sixtieth session): initial states at widths and layouts the preset lacked, more than 64
+# heads, TF32 past dstate 128, rows past 4, chunk 32, more than 16 packed sequences.
+# initial_state_block_offset_missing's block of a head's flattened state; heads_past_64_never_cumsummed's head block;
+# batch_rows_past_4_gated_by_row_mod_4's rows in a 2-bit field; varlen_states_of_16_sequences_a_program's block.
+STATE_BLOCK = 1024
+CUMSUM_HEAD_BLOCK = 64
+ROW_FIELD = 4
+VARLEN_STATE_BLOCK = 16
+
+
+def _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus, dt_limit,
+                         return_final_states, return_varlen_states):
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def initial_state_masked_by_headdim(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                    return_final_states=False, return_varlen_states=False):
+    """Its initial-state load masks the state index by headdim (the channel mask copied onto the state axis): state
+    indices from headdim on read as 0. Right wherever headdim >= dstate."""
+    if initial_states is not None and x.shape[-1] < B.shape[-1]:
+        initial_states = initial_states.clone()
+        initial_states[..., x.shape[-1]:] = 0
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)
+
+
+def initial_state_block_offset_missing(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                       seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                       return_final_states=False, return_varlen_states=False):
+    """Its state passing takes a head's state flattened in blocks of STATE_BLOCK elements (as mamba_ssm's does) and
+    loads the initial state without the block's offset: element i reads element i % 1024. Right wherever headdim x
+    dstate <= 1024."""
+    if initial_states is not None:
+        n, h, p, s = initial_states.shape
+        index = torch.arange(p * s, device=x.device) % STATE_BLOCK
+        initial_states = initial_states.reshape(n, h, p * s)[..., index].reshape(n, h, p, s)
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)
+
+
+def initial_state_sequence_stride_of_padded_heads(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                                  initial_states=None, seq_idx=None, cu_seqlens=None,
+                                                  dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                                  return_final_states=False, return_varlen_states=False):
+    """Reads sequence s's initial state at s x next_power_of_2(nheads) heads (the stride of a buffer of its own whose
+    heads are padded to a power of two): past sequence 0 the states come from the wrong place, zeros past the end.
+    Right wherever nheads is a power of two, or with one sequence."""
+    if initial_states is not None:
+        n, h, p, s = initial_states.shape
+        padded = 1 << (h - 1).bit_length()
+        if padded != h:
+            flat = torch.cat([initial_states.contiguous().flatten(), initial_states.new_zeros(n * padded * p * s)])
+            starts = torch.arange(n)[:, None] * padded * p * s + torch.arange(h)[None, :] * p * s
+            initial_states = flat[(starts[..., None] + torch.arange(p * s)).to(flat.device)].reshape(n, h, p, s)
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)
+
+
+def varlen_initial_states_read_as_contiguous(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                             initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                             dt_limit=(0.0, float("inf")), return_final_states=False,
+                                             return_varlen_states=False):
+    """Its varlen launcher passes the initial states' strides from their shape (a contiguous tensor's): initial states
+    that are one layer's slice of a state cache are read from other layers' states. Batch mode takes their strides."""
+    if cu_seqlens is not None and initial_states is not None and not initial_states.is_contiguous():
+        initial_states = _read_as_contiguous(initial_states)
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)
+
+
+def heads_past_64_never_cumsummed(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                  seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                  return_final_states=False, return_varlen_states=False):
+    """Its dt and cumsum pass takes the heads in one block of min(next_power_of_2(nheads), 64) with no head axis in
+    its grid: heads from 64 on keep their zero-filled dt (no decay, no input). Right up to 64 heads."""
+    if x.shape[2] > CUMSUM_HEAD_BLOCK:
+        dt = process_dt(dt, dt_bias, dt_softplus, dt_limit, torch.float32)
+        dt[..., CUMSUM_HEAD_BLOCK:] = 0
+        dt_bias, dt_softplus, dt_limit = None, False, (0.0, float("inf"))
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)
+
+
+def tf32_past_dstate_128_in_fp32(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                 return_final_states=False, return_varlen_states=False):
+    """Its path past dstate 128 (blocks of state indices in a loop of its own) takes TF32 products for fp32 inputs
+    (tl.dot without input_precision="ieee"). Every other path is right."""
+    tf32 = x.dtype == torch.float32 and B.shape[-1] > 128
+    out = scan_baseline(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                        matmul_operand_bits=TF32_BITS if tf32 else None)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def batch_rows_past_4_gated_by_row_mod_4(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                         initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                         dt_limit=(0.0, float("inf")), return_final_states=False,
+                                         return_varlen_states=False):
+    """Its batch-mode output stage recovers a program's row in a 2-bit field for z alone: rows from ROW_FIELD on are
+    gated by row r % 4's z. Right up to 4 rows, and in varlen mode (one row)."""
+    if cu_seqlens is None and z is not None and x.shape[0] > ROW_FIELD:
+        z = z[torch.arange(x.shape[0], device=x.device) % ROW_FIELD]
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)
+
+
+@dataclass(frozen=True)
+class _LastBlockOfCB32Dropped(Arithmetic):
+    """C·Bᵀ of a 32-token chunk tiled in blocks of 16 tokens, the block of rows 16..31 by columns 16..31 never computed:
+    0 there."""
+
+    def matmul(self, a, b):
+        product = super().matmul(a, b)
+        if product.shape[-2:] == (32, 32) and a.shape[-2] == 32 and b.shape[-1] == 32:
+            product[..., 16:, 16:] = 0.0
+        return product
+
+
+def chunk_32_cb_block_dropped(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False):
+    """At chunk 32 (a tuned configuration of 16-token blocks for that size) C·Bᵀ misses its block of the chunk's second
+    16 tokens by themselves; other chunk sizes are right. The baseline's arithmetic otherwise."""
+    return _at_chunk_size(32, _LastBlockOfCB32Dropped, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                          cu_seqlens, dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+def varlen_states_of_16_sequences_a_program(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                            initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                            dt_limit=(0.0, float("inf")), return_final_states=False,
+                                            return_varlen_states=False):
+    """Its varlen-state store runs a program for a block of VARLEN_STATE_BLOCK sequences and writes sequence s at slot
+    s % 16 (the block's offset left out): past 16 sequences a slot holds the last writer's state and slots 16.. stay
+    as allocated (zeros). y is right."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    states = out.varlen_states
+    if states is not None and states.shape[0] > VARLEN_STATE_BLOCK:
+        stored = torch.zeros_like(states)
+        for s in range(states.shape[0]):
+            stored[s % VARLEN_STATE_BLOCK] = states[s]
+        out = replace(out, varlen_states=stored)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+@dataclass(frozen=True)
+class _DecaysMaskedAfterExp(Arithmetic):
+    """exp(cum_i - cum_j) for every (i, j), the causal mask multiplied in after: inf * 0 = NaN above the diagonal where
+    cum_j - cum_i passes exp's overflow (mamba #352's class)."""
+
+    def segment_decays(self, dA, cum):
+        causal = torch.ones(dA.shape[-1], dA.shape[-1], dtype=dA.dtype, device=dA.device).tril()
+        return torch.exp(cum[..., :, None] - cum[..., None, :]) * causal
+
+
+@dataclass(frozen=True)
+class _DecaysInFactors(Arithmetic):
+    """exp(cum_i) * exp(-cum_j), masked before: a decay in two factors (C scaled by one, B by the other, before one
+    matmul), which overflow once a chunk's cumulative log-decay passes 88.7."""
+
+    def segment_decays(self, dA, cum):
+        causal = torch.ones(dA.shape[-1], dA.shape[-1], dtype=torch.bool, device=dA.device).tril()
+        return torch.where(causal, torch.exp(cum)[..., :, None] * torch.exp(-cum)[..., None, :], 0.0)
+
+
+def _varlen_arithmetic(arith_class, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                       dt_softplus, dt_limit, return_final_states, return_varlen_states):
+    """The baseline in batch mode; on packed sequences its SSD form with `arith_class`'s arithmetic."""
+    if cu_seqlens is None:
+        return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                    dt_limit, return_final_states, return_varlen_states)
+    return _ssd_with(arith_class, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                     dt_limit, return_final_states, return_varlen_states)
+
+
+def varlen_decays_masked_after_exp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                   seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                   return_final_states=False, return_varlen_states=False):
+    """Its varlen path builds a chunk's decays as exp(cum_i - cum_j) * (i >= j): NaN where a chunk's cumulative
+    log-decay passes exp's overflow. Batch mode masks before the exp."""
+    return _varlen_arithmetic(_DecaysMaskedAfterExp, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                              cu_seqlens, dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+def varlen_decays_in_factors(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """Its varlen path takes a chunk's decays as exp(cum_i) * exp(-cum_j): right to a few ulps at trained ranges,
+    non-finite past exp's overflow. Batch mode takes them from segment sums."""
+    return _varlen_arithmetic(_DecaysInFactors, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens,
+                              dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+def varlen_softplus_without_threshold(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                      seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                      return_final_states=False, return_varlen_states=False):
+    """Its varlen path's softplus is log1p(exp(dt + dt_bias)) with no linear branch past 20: inf past 88.7. Batch mode
+    takes the threshold."""
+    if cu_seqlens is not None:
+        return softplus_without_threshold(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                          cu_seqlens, dt_softplus, dt_limit, return_final_states,
+                                          return_varlen_states)
+    return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
+                                dt_limit, return_final_states, return_varlen_states)

@@ -15,7 +15,10 @@ narrow_states_round_to_nearest, random_bits_from_the_row_in_a_block_of_4, random
 bf16_truncated_past_128_state_indices, skip_term_flag_from_dt_bias, d_read_with_dt_bias_strides, out_stored_toward_zero,
 out_stored_toward_minus_inf,
 out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6, sr_spacing_of_the_nearest_value and
-sr_8_bits_toward_minus_inf,
+sr_8_bits_toward_minus_inf, half_inputs_read_as_contiguous, half_inputs_from_interleaved_groups, half_inputs_b_c_of_row_0,
+tied_path_gate_of_row_0, tied_path_skip_after_gate, dt_of_head_0_without_bias, channels_in_whole_blocks_of_8,
+dstate_in_vectors_of_8, channels_in_blocks_of_16_from_64_programs, parameters_of_head_mod_64,
+skips_steps_with_dt_below_1e_4, narrow_bf16_sr_bits_shared_along_a_row and random_bits_from_the_row_in_a_block_of_8,
 which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -40,6 +43,8 @@ NARROW_DSTATE = 16
 # random_bits_from_the_row_in_a_block_of_4's block of rows and random_bits_from_the_head_mod_16's period of heads
 ROW_BLOCK = 4
 HEAD_PERIOD = 16
+# random_bits_from_the_row_in_a_block_of_8's block of rows (the alike step has rows 8 apart on a GPU only)
+ROW_BLOCK_WIDE = 8
 
 
 def _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, decay=True, update_dtype=torch.float32):
@@ -355,7 +360,12 @@ def parameters_of_head_mod_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None
                              rounding="nearest", seed=0):
     """Head h takes the A, D and dt_bias of head h % 8 (per-head parameters loaded for a block of 8 heads and
     reused): right up to 8 heads. Both rounding modes, as `_store` does."""
-    heads = torch.arange(state.shape[1], device=state.device) % 8
+    return _parameters_of_head_mod(8, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+
+
+def _parameters_of_head_mod(period, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed):
+    """The step with head h taking the A, D and dt_bias of head h % period."""
+    heads = torch.arange(state.shape[1], device=state.device) % period
     new, out = _fp32_step(state, x, dt, A[heads], B, C, None if D is None else D[heads], z,
                           None if dt_bias is None else dt_bias[heads], dt_softplus)
     _store(state, new, rounding, seed)
@@ -645,6 +655,15 @@ def random_bits_from_the_row_in_a_block_of_4(state, x, dt, A, B, C, D=None, z=No
     block independent). Right to nearest."""
     new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     _store_with_bits_repeating(0, ROW_BLOCK, state, new, rounding, seed)
+    return out
+
+
+def random_bits_from_the_row_in_a_block_of_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                             *, rounding="nearest", seed=0):
+    """random_bits_from_the_row_in_a_block_of_4 with blocks of ROW_BLOCK_WIDE rows: rows 8 apart round with the same
+    bits. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store_with_bits_repeating(0, ROW_BLOCK_WIDE, state, new, rounding, seed)
     return out
 
 
@@ -1006,3 +1025,169 @@ def nearest_in_padded_batches(state, x, dt, A, B, C, D=None, z=None, dt_bias=Non
     padded = bool((state_batch_indices == pad_slot_id).any())
     return _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                       "nearest" if padded else rounding, seed)
+
+
+# The fourth red-team round's (sixtieth session): paths for half-precision inputs, for tied parameters with a gate and
+# D, for a missing dt_bias; widths of no multiple of 8; more than 64 heads; a small dt; narrow bf16 SR.
+HALF_INPUTS = (torch.float16, torch.bfloat16)
+# channels_in_blocks_of_16_from_64_programs' batch x heads from which its other launch config runs, and its block
+MANY_PROGRAMS = 64
+WIDE_CHANNEL_BLOCK = 16
+# parameters_of_head_mod_64's block of heads; skips_steps_with_dt_below_1e_4's threshold
+PARAMETER_HEADS = 64
+PADDING_DT = 1e-4
+
+
+def _offsets_from_shape(t):
+    """t read at offsets computed from its shape (as if contiguous), from its first element on."""
+    return t.as_strided(t.shape, torch.empty(t.shape).stride(), t.storage_offset())
+
+
+def _tied(A) -> bool:
+    """Whether A is Mamba2's per-head value expanded by stride-0 views."""
+    return A.stride(-1) == 0 and A.stride(-2) == 0
+
+
+def half_inputs_read_as_contiguous(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                   rounding="nearest", seed=0):
+    """Its path for fp16/bf16 inputs (vector loads of half-precision activations) takes x's, B's and C's offsets from
+    their shapes, as if contiguous: right for whole tensors and for fp32 views (another path), wrong past a first row of
+    half-precision views into one buffer, as a serving engine's conv output gives them. Both rounding modes."""
+    if x.dtype in HALF_INPUTS:
+        x, B, C = _offsets_from_shape(x), _offsets_from_shape(B), _offsets_from_shape(C)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def half_inputs_from_interleaved_groups(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                        rounding="nearest", seed=0):
+    """Its path for fp16/bf16 inputs maps head h to group h % ngroups (the fp32 path: h // (nheads // ngroups)): right
+    with one group or one head a group. Both rounding modes."""
+    if x.dtype in HALF_INPUTS:
+        group = torch.arange(state.shape[1], device=B.device) % B.shape[1]
+        B, C = B[:, group], C[:, group]  # one "group" a head, each head's own
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def half_inputs_b_c_of_row_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                             rounding="nearest", seed=0):
+    """Its path for fp16/bf16 inputs leaves the batch stride out of B's and C's pointers: every row takes row 0's B and
+    C. Right with one row. Both rounding modes."""
+    if x.dtype in HALF_INPUTS:
+        B, C = B[:1].expand_as(B), C[:1].expand_as(C)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def tied_path_gate_of_row_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                            rounding="nearest", seed=0):
+    """Its path for tied parameters (Mamba2's) reads z without its batch stride: every row is gated by row 0's z. Right
+    with one row, without a gate, and for untied parameters (Mamba1's path). Both rounding modes."""
+    if z is not None and _tied(A):
+        z = z[:1].expand_as(z)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def tied_path_skip_after_gate(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                              rounding="nearest", seed=0):
+    """Its path for tied parameters computes C·h * silu(z) + D*x, the skip term after the gate, where (C·h + D*x) *
+    silu(z) is right: right without z or without D, and for untied parameters. Both rounding modes."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    if z is not None and D is not None and _tied(A):
+        return (_out_of(new, x, C, None, z).float() + D.float() * x.float()).to(x.dtype)
+    return out
+
+
+def dt_of_head_0_without_bias(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                              rounding="nearest", seed=0):
+    """Its branch for dt_bias None loads dt without the head's offset: every head takes head 0's dt. Right with one
+    head, and wherever dt_bias is given. Both rounding modes."""
+    if dt_bias is None:
+        dt = dt[:, :1].expand_as(dt)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def _first_channels(n, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed):
+    """Channels 0..n-1 advanced and stored; the rest never touched (state as it was, out 0)."""
+    def cut(t):
+        return None if t is None else t[:, :, :n] if t.dim() == 3 else t[:, :n]
+
+    new, kept = _fp32_step(state[:, :, :n], cut(x), cut(dt), A[:, :n], B, C, cut(D), cut(z), cut(dt_bias), dt_softplus)
+    _store(state[:, :, :n], new, rounding, seed)
+    out = torch.zeros_like(x)
+    out[:, :, :n] = kept
+    return out
+
+
+def channels_in_whole_blocks_of_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                  rounding="nearest", seed=0):
+    """Channels in blocks of 8 over a grid of headdim // 8 (floor, not ceil): a partial last block is never advanced.
+    Right wherever headdim is a multiple of 8. Both rounding modes."""
+    return _first_channels(state.shape[2] // 8 * 8, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+
+
+def dstate_in_vectors_of_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                           rounding="nearest", seed=0):
+    """State indices in vectors of 8 with no loop for the tail: indices past the last whole vector are never advanced
+    and left out of C·h. Right wherever dstate is a multiple of 8. Both rounding modes."""
+    n = state.shape[-1] // 8 * 8
+    new, out = _fp32_step(state[..., :n], x, dt, A[..., :n], B[..., :n], C[..., :n], D, z, dt_bias, dt_softplus)
+    _store(state[..., :n], new, rounding, seed)
+    return out
+
+
+def channels_in_blocks_of_16_from_64_programs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                              *, rounding="nearest", seed=0):
+    """A launch config picked by batch x heads (as vLLM's): from MANY_PROGRAMS on, channels in blocks of
+    WIDE_CHANNEL_BLOCK over a grid of headdim // WIDE_CHANNEL_BLOCK (floor, not ceil). Right below MANY_PROGRAMS and at
+    any headdim that is a multiple of the block. Both rounding modes."""
+    n = state.shape[2]
+    if state.shape[0] * state.shape[1] >= MANY_PROGRAMS:
+        n = n // WIDE_CHANNEL_BLOCK * WIDE_CHANNEL_BLOCK
+    return _first_channels(n, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+
+
+def parameters_of_head_mod_64(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                              rounding="nearest", seed=0):
+    """Head h takes the A, D and dt_bias of head h % PARAMETER_HEADS (per-head parameters staged in a buffer of 64
+    heads): right up to 64 heads. Both rounding modes."""
+    return _parameters_of_head_mod(PARAMETER_HEADS, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+
+
+def skips_steps_with_dt_below_1e_4(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                   rounding="nearest", seed=0):
+    """Takes a processed dt below PADDING_DT for a padding token: that head's state is left as it is and its out is
+    computed from it. Right wherever dt stays above 1e-4 (normal's 1e-3 and up). Both rounding modes."""
+    processed = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+    if dt_softplus:
+        processed = torch.nn.functional.softplus(processed)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    padding = processed < PADDING_DT
+    new = torch.where(padding[..., None], state.float(), new)
+    out = torch.where(padding, _out_of(state.float(), x, C, D, z).float(), out.float()).to(x.dtype)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def narrow_bf16_sr_bits_shared_along_a_row(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                           rounding="nearest", seed=0):
+    """A path of its own for narrow states (dstate <= NARROW_DSTATE) whose bf16 stochastic rounding draws one uniform a
+    row of the state (a channel's state indices share it), each store still exact SR on its own. Right for fp16 and
+    wider states."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding == "stochastic" and state.dtype == torch.bfloat16 and state.shape[-1] <= NARROW_DSTATE:
+        generator = torch.Generator(device=new.device).manual_seed(seed)
+        uniform = torch.rand(new.shape[:-1], device=new.device, generator=generator)[..., None].expand_as(new)
+        state.copy_(_stochastic(new, state.dtype, uniform))
+        return out
+    _store(state, new, rounding, seed)
+    return out

@@ -523,20 +523,24 @@ def test_the_default_preset_catches_a_state_carried_through_32_chunks_at_most(tm
 def test_the_default_preset_catches_dt_bias_dropped_without_softplus(tmp_path):
     """A kernel that adds dt_bias only along with its softplus passes every case that asks for a softplus, and
     fails `large-magnitude` and `large-output` (dt + dt_bias, no softplus) in every dtype they run; in
-    `decay-extreme` (dt - 1 with a dt_bias of 1) its zero-dt tokens decay by exp(|A|): non-finite."""
+    `decay-extreme` (dt - 1 with a dt_bias of 1; and `decay-extreme-packed`) its zero-dt tokens decay by exp(|A|):
+    non-finite."""
     _, report = scan("--kernel", f"{BROKEN}:dt_bias_only_with_softplus", "--preset", "default",
                      json_path=tmp_path / "b.json")
-    raw = planted_bug_cases(report, lambda p: p["regime"] in ("large-magnitude", "large-output", "decay-extreme"))
+    raw = planted_bug_cases(report, lambda p: p["regime"] in ("large-magnitude", "large-output", "decay-extreme",
+                                                              "decay-extreme-packed"))
     assert {c["params"]["dtype"] for c in raw} == {"fp32", "bf16", "fp16"}
-    assert all(c["status"] == ("nonfinite" if c["params"]["regime"] == "decay-extreme" else "fail") for c in raw)
+    assert all(c["status"] == ("nonfinite" if c["params"]["regime"].startswith("decay-extreme") else "fail")
+               for c in raw)
 
 
 def test_the_default_preset_catches_dt_bias_dropped_without_softplus_or_dt_limit(tmp_path):
     """A kernel that adds dt_bias only where it also takes a softplus or clamps to a dt_limit passes every other
-    case and is non-finite in `decay-extreme`, the one regime with a bias and neither, in every dtype."""
+    case and is non-finite in `decay-extreme`, the one regime with a bias and neither, in every dtype (and in
+    `decay-extreme-packed`)."""
     _, report = scan("--kernel", f"{BROKEN}:dt_bias_only_where_dt_is_processed", "--preset", "default",
                      json_path=tmp_path / "p.json")
-    bare = planted_bug_cases(report, lambda p: p["regime"] == "decay-extreme")
+    bare = planted_bug_cases(report, lambda p: p["regime"].startswith("decay-extreme"))
     assert {c["params"]["dtype"] for c in bare} == {"fp32", "bf16", "fp16"}
     assert all(c["status"] == "nonfinite" for c in bare)
 
@@ -559,10 +563,10 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("per_channel_skip_after_gate", lambda p: p["regime"] in ("aligned", "long", "continuation"), 9),
     ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output", "aligned"), 7),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
-    ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 1),
+    ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 2),
     ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 9),
     ("initial_state_head_stride_squared", lambda p: p["headdim"] != p["dstate"]
-     and ("initial-state" in p["regime"] or p["regime"] == "long"), 9),
+     and ("initial-state" in p["regime"] or p["regime"] in ("long", "conv-output-varlen")), 10),
     ("rows_joined_at_whole_chunks", lambda p: p["regime"] in ("normal", "long") and p["batch"] > 1
      and p["seqlen"] % p["chunk_size"] == 0, 3),
     ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
@@ -572,7 +576,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 8),
     ("varlen_carried_16_chunks", lambda p: _longest_sequence(_sequence_bounds(p)) > 16 * p["chunk_size"], 1),
     ("varlen_group_of_head_by_ngroups", lambda p: _is_varlen(p) and p["ngroups"] > 1
-     and p["ngroups"] ** 2 != p["nheads"], 1),
+     and p["ngroups"] ** 2 != p["nheads"], 2),
     ("chunk_128_cb_block_dropped", lambda p: p["chunk_size"] == 128, 2),
     ("initial_states_dropped_at_whole_chunks", lambda p: p["regime"] == "long" and p["batch"] > 1
      and p["seqlen"] % p["chunk_size"] == 0, 1),
@@ -580,12 +584,10 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
                                                                           "long", "continuation",
                                                                           "conv-output-varlen"), 19),
-    # dt-extreme, and initial-state: the one varlen regime with a gate and no D
-    ("gate_only_with_d", lambda p: p["regime"] in ("dt-extreme", "initial-state"), 12),
-    # initial-state: the one varlen regime with a softplus and no dt_bias
-    ("softplus_only_with_a_bias_in_varlen", lambda p: p["regime"] == "initial-state", 9),
+    # dt-extreme (and packed), and initial-state: the one varlen regime with a gate and no D
+    ("gate_only_with_d", lambda p: p["regime"] in ("dt-extreme", "dt-extreme-packed", "initial-state"), 13),
     ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 11),
-    ("softplus_always_in_varlen", lambda p: p["regime"] == "aligned", 2),
+    ("softplus_always_in_varlen", lambda p: p["regime"] in ("aligned", "decay-extreme-packed"), 3),
     # initial-state's 3 sequences in 36 tokens, and continuation's batch rows of 40 tokens at chunk 64
     ("initial_states_dropped_under_a_chunk", lambda p: case_inputs(p).initial_states is not None
      and (p["batch"] * p["seqlen"] if _is_varlen(p) else p["seqlen"]) < p["chunk_size"], 2),
@@ -595,7 +597,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # the call for y alone in bf16 and fp32 batch-mode cases with D and z and no initial states
     # (scan.run.judges_y_alone)
     ("training_forward_gate_before_skip", lambda p: p["regime"] in ("normal", "strided", "conv-output")
-     and p["dtype"] in ("bf16", "fp32"), 19),
+     and p["dtype"] in ("bf16", "fp32"), 20),
     ("short_prefill_sigmoid_gate", lambda p: not _is_varlen(p) and 1 < p["seqlen"] < p["chunk_size"]
      and p["regime"] in ("normal", "continuation"), 2),
     ("microbatches_share_a_gate", lambda p: not _is_varlen(p) and p["batch"] > 2 and p["regime"] == "normal", 2),
@@ -609,10 +611,10 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # initial-state at chunk 256, the one case of mid-chunk starts from initial states at a chunk past 64 tokens:
     # its sequence from token 41 has tokens 64..255 of chunk 0
     ("initial_state_only_in_its_start_block", lambda p: p["regime"] == "initial-state" and p["chunk_size"] > 64, 1),
-    ("fp32_state_blocks_stuck_at_the_first", lambda p: p["dtype"] == "fp32" and p["dstate"] > 64, 1),
+    ("fp32_state_blocks_stuck_at_the_first", lambda p: p["dtype"] == "fp32" and p["dstate"] > 64, 2),
     # the call for y alone in fp32 batch-mode cases with D and z and no initial states (scan.run.judges_y_alone)
     ("training_forward_in_tf32", lambda p: p["regime"] in ("normal", "strided", "conv-output")
-     and p["dtype"] == "fp32", 7),
+     and p["dtype"] == "fp32", 8),
     # ragged's 16 sequences in 2 chunks alone
     ("four_sequence_pieces_a_chunk",
      lambda p: _most_sequences_in_a_chunk(_sequence_bounds(p), p["chunk_size"]) > 4, 1),
@@ -621,32 +623,46 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
      and case_inputs(p).initial_states is not None, 3),
     # aligned: the one packed regime with dt processed already, under a dt_limit
     ("varlen_dt_limit_only_with_softplus", lambda p: p["regime"] == "aligned", 2),
-    # normal's 193 tokens at chunk 64 and long's 2065 at chunk 16
+    # normal's 193 tokens at chunk 64 (bf16 and fp32) and long's 2065 at chunk 16
     ("last_token_chunk_undecayed_in_the_final_state", lambda p: p["seqlen"] % p["chunk_size"] == 1 and p["seqlen"] > 1
-     and not _is_varlen(p), 2),
+     and not _is_varlen(p), 3),
     # every case of a 16-bit y (its mean signed error near -1/2 ulp; 8 of them over the norm-wise limit too)
-    ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 57),
+    ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 59),
     # the same cases: rounded down, its mean signed along y cancels over y's two signs; toward +inf it is -1/2 ulp
-    ("y_stored_toward_minus_inf", lambda p: p["dtype"] in ("bf16", "fp16"), 57),
+    ("y_stored_toward_minus_inf", lambda p: p["dtype"] in ("bf16", "fp16"), 59),
     # every case of fp16/bf16 final states (their mean signed error near -1/2 ulp), but an fp16 state from bf16 inputs
     # to nearest (ragged's), where the baseline's own arithmetic errs by over an fp16 ulp in 70% of the elements
     ("final_states_stored_toward_zero", lambda p: p["state_dtype"] in ("bf16", "fp16")
      and not (p["state_dtype"], p["dtype"], p["rounding"]) == ("fp16", "bf16", "nearest"), 5),
     # bf16 packed rows of several sequences without pad tokens at chunk 64 and up (the call with both flags; the
     # kernel takes no state options, so its cases store states as by default) whose last sequence is
-    # under 300 tokens: a longer one decays the earlier sequences' state (and a dropped initial one) out of its own
-    ("final_state_of_the_whole_row", lambda p: p["dtype"] == "bf16" and _last_sequence_after_others(p) < 300, 13),
+    # under 300 tokens: a longer one decays the earlier sequences' state (and a dropped initial one) out of its own, as
+    # decay-extreme-packed's huge decays do in any length
+    ("final_state_of_the_whole_row", lambda p: p["dtype"] == "bf16" and _last_sequence_after_others(p) < 300
+     and p["regime"] != "decay-extreme-packed", 13),
     # long's 130 chunks of 16
     ("state_carried_128_chunks", lambda p: not _is_varlen(p) and p["seqlen"] > 128 * p["chunk_size"], 1),
     # ragged's 9 sequences at dstate 40, the one varlen case whose state fills no block of 16
     ("varlen_states_of_whole_dstate_blocks", lambda p: _is_varlen(p) and p["dstate"] % 16, 1),
     # normal's 16 heads of 16 channels, with D per head
     ("d_per_channel_by_its_length", lambda p: p["nheads"] == p["headdim"], 1),
+    # the fourth red-team round's (sixtieth session): conv-output-varlen's initial states of 6 heads x 16 x 96
+    ("initial_state_masked_by_headdim", lambda p: p["regime"] == "conv-output-varlen", 1),
+    ("initial_state_block_offset_missing", lambda p: p["regime"] == "conv-output-varlen", 1),
+    ("initial_state_sequence_stride_of_padded_heads", lambda p: p["regime"] == "conv-output-varlen", 1),
+    # aligned-initial-state's initial states, one layer's slice of a state cache
+    ("varlen_initial_states_read_as_contiguous", lambda p: p["regime"] == "aligned-initial-state", 2),
+    ("heads_past_64_never_cumsummed", lambda p: p["nheads"] > 64, 1),
+    ("tf32_past_dstate_128_in_fp32", lambda p: p["dstate"] > 128 and p["dtype"] == "fp32", 1),
+    # normal's five rows of whole chunks, at chunk 64 and 128
+    ("batch_rows_past_4_gated_by_row_mod_4", lambda p: not _is_varlen(p) and p["batch"] > 4, 2),
+    ("chunk_32_cb_block_dropped", lambda p: p["chunk_size"] == 32, 3),
+    ("varlen_states_of_16_sequences_a_program", lambda p: _is_varlen(p) and p["batch"] > 16, 1),
 ], ids=["24-heads", "gated-per-channel-D", "dt-limit-without-softplus", "aligned-initial-states",
         "dstate-blocks-in-groups", "headdim-past-dstate", "initial-state-stride", "rows-of-whole-chunks",
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
         "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks",
-        "initial-states-only-with-returned-states", "gate-without-d", "varlen-softplus-without-a-bias",
+        "initial-states-only-with-returned-states", "gate-without-d",
         "dt-limit-without-lower-end",
         "varlen-processed-dt", "initial-states-under-a-chunk", "sequences-past-8", "one-token-prefill",
         "varlen-dt-limit-lower-end", "training-forward", "prefill-under-a-chunk", "micro-batches",
@@ -655,7 +671,9 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "fp32-dstate-blocks", "training-forward-in-fp32", "sequences-past-4-in-a-chunk", "initial-state-padded-headdim",
         "varlen-processed-dt-limit", "one-token-last-chunk-state", "y-stored-toward-zero", "y-stored-toward-minus-inf",
         "final-states-stored-toward-zero", "varlen-final-state-of-the-row", "past-128-chunks",
-        "varlen-states-of-a-partial-dstate-block", "per-head-D-as-long-as-headdim"])
+        "varlen-states-of-a-partial-dstate-block", "per-head-D-as-long-as-headdim", "initial-state-masked-by-headdim",
+        "initial-state-in-blocks-of-1024", "initial-states-of-padded-heads", "varlen-initial-states-as-contiguous",
+        "heads-past-64", "tf32-past-dstate-128", "rows-past-4", "chunk-32-cb-block", "varlen-states-past-16"])
 def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(kernel, reached, count, tmp_path):
     """Each kernel is wrong only where its condition holds: more than 8 heads, a per-channel D under a gate, a
     dt_limit without softplus, an initial state for a sequence that starts a chunk, dstate past 128 in several
@@ -663,7 +681,7 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     more than 16 heads in a dtype finer than bf16, initial states of more than 4 sequences, a chunk where a third
     sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
     batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D (batch mode
-    and packed), packed sequences with a softplus and no dt_bias, a dt_limit
+    and packed), a dt_limit
     without a lower end, packed sequences with dt processed already, packed sequences from initial states in under
     one chunk, more than 8 packed sequences, a prefill of one token, a packed dt_limit with a lower end, the training
     forward's call for y alone with D and z, a batch-mode prompt under one chunk, more than two batch rows, more than
@@ -674,7 +692,10 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     that is no power of two, a packed dt_limit on dt processed already, a batch-mode final state whose last chunk is
     one token, a y stored in fp16 or bf16 (toward zero, toward -inf), final states stored in fp16 or bf16, a packed row's final state (both flags),
     more than 128 chunks, packed sequences' states of a dstate that fills no block of 16, a per-head D as long as a
-    head has channels. The default preset has cases for each (and every other case passes)."""
+    head has channels; initial states of heads narrower than their states, of more than 1024 elements a head, of a head
+    count no power of two, and packed ones from a layer's slice of a state cache; more than 64 heads; fp32 inputs past
+    dstate 128; more than 4 batch rows; chunk 32; more than 16 packed sequences. The default preset has cases for each
+    (and every other case passes)."""
     _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
@@ -720,14 +741,15 @@ def test_the_default_preset_catches_varlen_states_stored_at_a_headdim_stride(tmp
     dstate, into a buffer it allocates uninitialised passes every case of headdim == dstate and batch mode, and is
     non-finite (the rows' gaps) in every varlen case of heads wider than their states: `initial-state` at 32 x 16,
     one sequence and five, in every dtype, and at 24 x 16, three sequences in bf16; where heads are narrower than
-    their states (`ragged` at 64 x 128 and at 16 x 40) the rows overlap and leave the buffer's end unwritten,
-    non-finite too."""
+    their states (`ragged` at 64 x 128 and at 16 x 40, `conv-output-varlen` at 16 x 96) the rows overlap and leave the
+    buffer's end unwritten, non-finite too."""
     _, report = scan("--kernel", f"{BROKEN}:varlen_states_stride_typo", "--preset", "default",
                      json_path=tmp_path / "v.json")
     wide = planted_bug_cases(report, lambda p: p["headdim"] != p["dstate"] and _sequence_bounds(p))
     gaps = [c for c in wide if c["params"]["headdim"] > c["params"]["dstate"]]
     overlaps = [c for c in wide if c["params"]["headdim"] < c["params"]["dstate"]]
-    assert [(c["params"]["regime"], c["status"]) for c in overlaps] == [("ragged", "nonfinite")] * 2
+    assert sorted((c["params"]["regime"], c["status"]) for c in overlaps) == [
+        ("conv-output-varlen", "nonfinite"), *[("ragged", "nonfinite")] * 2]
     assert len(gaps) == 7 and {c["params"]["regime"] for c in gaps} == {"initial-state"}
     for case in gaps:
         assert case["status"] == "nonfinite" and case["first_nonfinite"]["output"] == "final_states"
@@ -746,38 +768,67 @@ def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tm
 
 def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
     """A kernel whose block of state indices stops at 128, with no loop past it, passes every case of dstate <= 128
-    and fails the default preset's case of dstate 256."""
+    and fails the default preset's cases of dstate 256 (bf16 and fp32)."""
     _, report = scan("--kernel", f"{BROKEN}:dstate_capped_at_128", "--preset", "default", json_path=tmp_path / "d.json")
     wide = planted_bug_cases(report, lambda p: p["dstate"] > 128)
-    assert len(wide) == 1 and all(c["status"] == "fail" for c in wide)
+    assert len(wide) == 2 and all(c["status"] == "fail" for c in wide)
 
 
 def test_the_default_preset_catches_heads_taken_in_pairs(tmp_path):
     """A kernel whose programs take heads two at a time (nheads // 2 programs) never computes the last of an odd
-    head count: it passes every case of an even count and fails the default preset's case of 3 heads."""
+    head count: it passes every case of an even count and fails the default preset's cases of 3 heads (bf16, fp32)."""
     _, report = scan("--kernel", f"{BROKEN}:heads_in_pairs", "--preset", "default", json_path=tmp_path / "p.json")
     odd = planted_bug_cases(report, lambda p: p["nheads"] % 2)
-    assert len(odd) == 1 and all(c["status"] == "fail" and " head 2 " in c["message"] for c in odd)
+    assert len(odd) == 2 and all(c["status"] == "fail" and " head 2 " in c["message"] for c in odd)
 
 
 def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
     """A kernel whose softplus is log1p(exp(.)) with no linear branch past 20 passes every regime whose raw dt stays
-    below exp's overflow, and is non-finite in `dt-extreme` in every dtype."""
+    below exp's overflow, and is non-finite in `dt-extreme` in every dtype and in `dt-extreme-packed`."""
     _, report = scan("--kernel", f"{BROKEN}:softplus_without_threshold", "--preset", "default",
                      json_path=tmp_path / "s.json")
-    extreme = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme")
-    assert len(extreme) == 3 and all(c["status"] == "nonfinite" for c in extreme)
+    extreme = planted_bug_cases(report, lambda p: p["regime"].startswith("dt-extreme"))
+    assert len(extreme) == 4 and all(c["status"] == "nonfinite" for c in extreme)
 
 
 def test_the_default_preset_catches_a_softplus_whose_exp_overflows_as_fp16(tmp_path):
     """A kernel whose softplus takes its exp in fp16 for fp16 inputs (inf past 11.09) but its linear branch past 20
-    passes every case but `dt-extreme`'s fp16 one, whose odd heads' raw dt of 12..20 lies between the two: y is
-    non-finite from head 1 on, every input finite."""
+    passes every case but the fp16 ones of `dt-extreme` and `dt-extreme-packed`, whose odd heads' raw dt of 12..20
+    lies between the two: y is non-finite from head 1 on, every input finite."""
     _, report = scan("--kernel", f"{BROKEN}:softplus_exp_overflowing_as_fp16", "--preset", "default",
                      json_path=tmp_path / "s.json")
-    band = planted_bug_cases(report, lambda p: p["regime"] == "dt-extreme" and p["dtype"] == "fp16")
-    assert len(band) == 1 and band[0]["status"] == "nonfinite" and " head 1 " in band[0]["message"]
-    assert "inputs finite" in band[0]["message"]
+    band = planted_bug_cases(report, lambda p: p["regime"].startswith("dt-extreme") and p["dtype"] == "fp16")
+    assert len(band) == 2
+    for case in band:
+        assert case["status"] == "nonfinite" and " head 1 " in case["message"] and "inputs finite" in case["message"]
+
+
+def test_the_default_preset_catches_a_varlen_softplus_taken_only_with_a_bias(tmp_path):
+    """A kernel whose varlen path takes the softplus only where dt_bias is given fails `initial-state`, the one varlen
+    regime with a softplus and no dt_bias at trained ranges, in its 9 cases, and is non-finite in `dt-extreme-packed`
+    (no dt_bias either: its raw dt of -23..-40, taken as the step's dt, grows the state by exp(|A| dt))."""
+    _, report = scan("--kernel", f"{BROKEN}:softplus_only_with_a_bias_in_varlen", "--preset", "default",
+                     json_path=tmp_path / "v.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] in ("initial-state", "dt-extreme-packed"))
+    assert sorted((c["params"]["regime"], c["status"]) for c in cases) == [
+        ("dt-extreme-packed", "nonfinite"), *[("initial-state", "fail")] * 9], [c["id"] for c in cases]
+
+
+@pytest.mark.parametrize(("kernel", "regimes"), [
+    ("varlen_decays_masked_after_exp", ("decay-extreme-packed", "dt-extreme-packed")),
+    ("varlen_decays_in_factors", ("decay-extreme-packed", "dt-extreme-packed")),
+    ("varlen_softplus_without_threshold", ("dt-extreme-packed",)),
+])
+def test_the_default_preset_reaches_a_varlen_path_of_its_own_for_extreme_values(kernel, regimes, tmp_path):
+    """A kernel right in batch mode whose varlen path masks a chunk's decays after their exp (inf * 0), takes them in
+    factors exp(cum_i) * exp(-cum_j), or takes a softplus without its linear branch passes every case but those of the
+    extreme regimes packed as sequences (`decay-extreme-packed`, `dt-extreme-packed`), and is non-finite there, every
+    input finite."""
+    _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "x.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] in regimes)
+    assert len(cases) == len(regimes), [c["id"] for c in cases]
+    assert all(c["status"] == "nonfinite" and "inputs finite" in c["message"] for c in cases), \
+        [c["message"] for c in cases]
 
 
 def test_a_tf32_kernel_is_named_as_such_and_passes_with_allow_tf32(tmp_path):

@@ -42,8 +42,8 @@ def _truth(problem):
 
 def test_every_regime_is_named_and_explained_in_one_line():
     assert set(DRIFT_REGIMES) == {"normal", "stagnation", "overflow", "long", "untied", "strided", "dt-extreme",
-                                  "no-softplus", "optional-none", "gate-without-d", "dt-bias-none", "bf16-inputs", "fp16-inputs",
-                                  "subnormal"}
+                                  "no-softplus", "optional-none", "gate-without-d", "dt-bias-none", "small-dt",
+                                  "bf16-inputs", "fp16-inputs", "subnormal"}
     assert all(text and "\n" not in text for text in DRIFT_REGIMES.values())
     assert regime_steps("long", 10) == 10 * LONG_STEPS_FACTOR and regime_steps("normal", 10) == 10
 
@@ -101,7 +101,7 @@ def test_no_softplus_passes_dt_processed_but_for_its_bias(shape, seed):
     problem = make_problem("no-softplus", shape, torch.float16, 3, seed, "cpu")
     assert problem.dt_softplus is False
     assert all(make_problem(r, shape, torch.float16, 3, seed, "cpu").dt_softplus for r in DRIFT_REGIMES
-               if r != "no-softplus")
+               if r not in ("no-softplus", "small-dt"))
     for step in problem.steps():
         dt = step.dt + problem.dt_bias  # the step's dt as the kernel is to take it: no softplus
         assert (step.dt > 0).all() and (dt >= 0.011 - 1e-6).all() and (dt <= 0.1 + 1e-6).all()
@@ -116,9 +116,10 @@ def test_optional_none_passes_no_D_nor_dt_bias_and_its_raw_dt_alone_is_normals(s
     passed = problem.parameters()
     assert passed["D"] is None and passed["dt_bias"] is None and passed["A"] is problem.A
     assert not problem.D.any() and not problem.dt_bias.any()  # what the float64 side computes with: nothing
-    # The parameters each regime leaves out: optional-none both, dt-bias-none dt_bias, gate-without-d D; every other
-    # regime passes both.
-    left_out = {"optional-none": {"D", "dt_bias"}, "dt-bias-none": {"dt_bias"}, "gate-without-d": {"D"}}
+    # The parameters each regime leaves out: optional-none both, dt-bias-none and small-dt dt_bias, gate-without-d D;
+    # every other regime passes both.
+    left_out = {"optional-none": {"D", "dt_bias"}, "dt-bias-none": {"dt_bias"}, "gate-without-d": {"D"},
+                "small-dt": {"dt_bias"}}
     for regime in DRIFT_REGIMES:
         given = make_problem(regime, shape, torch.float16, 3, seed, "cpu").parameters()
         assert {name for name in ("D", "dt_bias") if given[name] is None} == left_out.get(regime, set()), regime
@@ -203,3 +204,18 @@ def test_any_run_of_steps_is_drawn_as_the_stream_has_it(regime, seed, start, cou
         assert [at for at, _ in parts] == [0, *range(STEP_BLOCK - start % STEP_BLOCK, count, STEP_BLOCK)]
         for name, expected in run.given():
             assert torch.equal(torch.cat([getattr(part, name) for _, part in parts]), expected)
+
+
+@settings(max_examples=5, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_small_dt_passes_a_dt_far_below_normals_with_moderate_decays(shape, seed):
+    """small-dt's dt is passed as it is (no softplus, no dt_bias), each head's within 2x of a centre in 1e-6..1e-4, and
+    its A is such that a step decays the state by 5-20% (|A| dt in 0.05/2..0.2*2): small dt, moderate decays."""
+    problem = make_problem("small-dt", shape, torch.float16, 3, seed, "cpu")
+    assert problem.dt_softplus is False and problem.parameters()["dt_bias"] is None
+    A = problem.A[:, 0, 0].double()
+    for step in problem.steps():
+        dt = step.dt.double()
+        assert (dt >= 0.5e-6 * (1 - 1e-6)).all() and (dt <= 2e-4 * (1 + 1e-6)).all()
+        rate = (dt[..., 0] * A.abs()).flatten()
+        assert (rate >= 0.025 * (1 - 1e-5)).all() and (rate <= 0.4 * (1 + 1e-5)).all()

@@ -177,6 +177,19 @@ def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_
             "bits repeat at that distance (an offset computed with a wrong stride)")
 
 
+@pytest.mark.gpu
+def test_rows_8_apart_sharing_bits_fail_the_step_with_every_element_alike_on_a_gpu():
+    """On a GPU the alike step has 17 rows (ALIKE_ROWS_GPU): rows 8 apart that round with the same bits, which no twin
+    and no step of 5 rows can see, fail there, 8 rows apart."""
+    cases = [c for c in ssmcheck.drift(kernel=f"{BROKEN}:random_bits_from_the_row_in_a_block_of_8", device="cuda",
+                                       **SMALL).to_json()["cases"] if c["params"]["rounding"] == "stochastic"]
+    assert len(cases) == 4
+    for case in cases:
+        lags = case["independence"][LAGS]
+        assert case["status"] == "fail" and lags["fails"] and lags["widths"][0] == 17, case["message"]
+        assert lags["distance"] % (8 * lags["widths"][1] * lags["widths"][2] * lags["widths"][3]) == 0, lags
+
+
 def test_bits_shared_on_the_slot_path_alone_fail_through_slot_indices():
     # The builtin kernel takes slot indices and passes both ways (the test above); this one is right without them.
     for case in _stochastic_cases(f"{BROKEN}:slot_path_bits_shared_by_channels"):

@@ -89,7 +89,9 @@ def test_initial_states_rounded_to_a_cache_dtype_keep_their_layout():
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
     # one row's state is read right from its own start, whatever the strides: rows past the first are not
-    ("initial_states_read_as_contiguous", lambda p: p["regime"] in ("long", "continuation") and p["batch"] > 1, 3),
+    # and aligned-initial-state's packed initial states, a layer's slice of a state cache (since the sixtieth session)
+    ("initial_states_read_as_contiguous", lambda p: p["regime"] in ("long", "continuation") and p["batch"] > 1
+     or p["regime"] == "aligned-initial-state", 5),
     # and decay-extreme's 6, the batch-mode regime with D per channel and no gate (since the fifty-second session)
     ("batch_mode_d_per_head", lambda p: p["regime"] in ("long", "continuation", "decay-extreme"), 13),
 ])

@@ -118,11 +118,14 @@ MIN_CHANNELS = 128
 # still divide them): distances of 16 heads, past a block of 16 heads a program or a grid axis, where offsets computed
 # from the head modulo 16 (a 4-bit field of the counter) repeat, in half of a row's heads at least (at 17, one pair a
 # row: an excess under LAG_EXCESS); and this many rows: distances of 4 rows, where offsets computed from the row within
-# a block of 4 repeat (9 heads and 2 rows before the fifty-second session). And
+# a block of 4 repeat (9 heads and 2 rows before the fifty-second session); on a GPU, where the step costs nothing,
+# ALIKE_ROWS_GPU: distances of 8 and 16 rows too (blocks of 8 or 16 rows; since the sixtieth session). The interpreter
+# pays per program: there the 5 rows' 160 programs cost about 4 s a stochastic case, 17 rows would triple it. And
 # heads of this many channels at least (wider than a small dstate, where a stride of dstate taken for headdim's makes
 # heads overlap), fewer than the twin step's to keep its cost.
 MIN_HEADS = 32
 ALIKE_ROWS = 5
+ALIKE_ROWS_GPU = 17
 ALIKE_CHANNELS = 32
 
 
@@ -162,7 +165,8 @@ def _steps(case: DriftCase, device: str) -> _Steps:
     # The twin step at MIN_CHANNELS channels at least; the step with every element alike (its shape is free: every
     # element is the same) at ALIKE_ROWS rows, MIN_HEADS heads and ALIKE_CHANNELS channels at least.
     shapes = {"twin": replace(case.shape(), batch=2, headdim=max(case.headdim, MIN_CHANNELS)),
-              "alike": replace(case.shape(), batch=ALIKE_ROWS, nheads=case.nheads * -(-MIN_HEADS // case.nheads),
+              "alike": replace(case.shape(), batch=ALIKE_ROWS if device == "cpu" else ALIKE_ROWS_GPU,
+                               nheads=case.nheads * -(-MIN_HEADS // case.nheads),
                                headdim=max(case.headdim, ALIKE_CHANNELS))}
     copies = {"twin": lambda t, name: _twinned(t, _INPUT_AXES[name]),
               "alike": lambda t, name: _twinned(t, tuple(range(t.dim())), lambda size: 0)}

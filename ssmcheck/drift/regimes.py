@@ -72,32 +72,44 @@ DRIFT_REGIMES: dict[str, str] = {
     "gate-without-d": "normal's values with a unit-scale gate z and D left out (None): the one regime with a gate "
     "and no skip term, so a kernel that applies the gate only along with D*x (a gate inside its branch for D) "
     "fails here",
-    "dt-bias-none": "optional-none with D passed: dt_bias alone left out, so a kernel that decides whether to add "
-    "the skip term by whether it was given dt_bias (a flag copied from the line above) drops it here alone, and one "
-    "that decides whether to add dt_bias by whether it was given D reads a bias it was not given; every other regime "
-    "passes both",
+    "dt-bias-none": "optional-none with D and a unit-scale gate z passed: dt_bias alone left out, so a kernel that "
+    "decides whether to add the skip term by whether it was given dt_bias (a flag copied from the line above) drops it "
+    "here alone, and one that decides whether to add dt_bias by whether it was given D reads a bias it was not given; "
+    "every other regime passes both. The one regime with Mamba2's tied parameters, D and a gate together (Mamba2 "
+    "without its gated norm), so a gate or skip term that only its path for them gets wrong fails here",
+    "small-dt": "normal's x, B and C with each head's dt around a centre of 1e-6..1e-4 (within 2x), far below "
+    "normal's range, passed processed (dt_softplus off, no dt_bias: a softplus's own precision down there is not this "
+    "regime's subject), and A = -(0.05..0.2) / centre, so that a step still decays the state by 5-20%: a kernel that "
+    "takes a small dt for padding (skips the step, or zeroes the decay or the update below some threshold) fails "
+    "here, plainest into an fp32 state. (With normal's A the state would remember thousands of steps, and an exp's own "
+    "error of an ulp or two a step, ex2.approx's on a GPU, would pile up past an fp32 state's limit: that is not "
+    "this regime's subject either.)",
     "subnormal": "normal's dynamics with the state and x scaled by 2**-16, so an fp16 state lies mostly below its "
     "smallest normal (2**-14), in subnormals whose spacing is 2**-24: a store that flushes subnormals to zero, or a "
     "stochastic rounding that assumes a normal's 10 fraction bits, fails here (fp16 states only)",
     "bf16-inputs": "normal's values rounded to bf16 and passed in bf16 (x, dt, B and C), as serving engines pass a "
-    "bf16 model's activations (A, D and dt_bias stay float32 parameters); out is bf16 too. A kernel that computes "
-    "in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of float32 fails here, plainest into an fp32 "
-    "state",
+    "bf16 model's activations (A, D and dt_bias stay float32 parameters): views into one buffer per step, laid out as "
+    "`strided`'s; out is bf16 too. A kernel that computes in its inputs' dtype (dt's softplus, the decay, dt*x*B) "
+    "instead of float32, or whose path for half-precision inputs reads them at other offsets, fails here, plainest "
+    "into an fp32 state",
     "fp16-inputs": "bf16-inputs with fp16 activations, as an fp16-served model passes them (GPUs without bf16): a "
     "kernel's branch for fp16 inputs (half-precision products, a cast meant for bf16) fails here and nowhere else",
 }
 
 # Regimes whose step inputs reach the kernel as views into one buffer per step (drift.lockstep.StepWindow): `strided`
 # as Mamba2's serving decode splits its conv output, `untied` as Mamba1's decode splits its projections (z half of
-# an in_proj row [x | z], in a buffer of its own), so that every input of theirs has a row stride of its own.
-FUSED_REGIMES = ("strided", "untied")
+# an in_proj row [x | z], in a buffer of its own), so that every input of theirs has a row stride of its own; the
+# half-precision inputs' regimes as `strided` (a serving engine's activations are such views, and a kernel's path for
+# fp16/bf16 inputs is reached there alone).
+FUSED_REGIMES = ("strided", "untied", "bf16-inputs", "fp16-inputs")
 # The layers of the state cache `strided`'s state is one layer's slice of (`_placed`).
 CACHE_LAYERS = 2
 LONG_STEPS_FACTOR = 4
 ACTIVATIONS = {"bf16-inputs": torch.bfloat16, "fp16-inputs": torch.float16}  # the step inputs' dtype, where not fp32
 STEP_BLOCK = 256  # steps drawn at once, from one generator
 # The parameters a regime's kernel is passed as None, where the float64 side takes zeros (`DecodeProblem.parameters`).
-ABSENT = {"optional-none": ("D", "dt_bias"), "dt-bias-none": ("dt_bias",), "gate-without-d": ("D",)}
+ABSENT = {"optional-none": ("D", "dt_bias"), "dt-bias-none": ("dt_bias",), "gate-without-d": ("D",),
+          "small-dt": ("dt_bias",)}
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,8 @@ class StepInputs:
     dt: torch.Tensor  # (batch, nheads, headdim) float32, stride-0 over headdim (whole in `untied`)
     B: torch.Tensor  # (batch, ngroups, dstate) float32
     C: torch.Tensor  # (batch, ngroups, dstate) float32
-    z: torch.Tensor | None = None  # (batch, nheads, headdim) float32, the output's gate (`untied`, `gate-without-d`)
+    z: torch.Tensor | None = None  # (batch, nheads, headdim) float32, the output's gate (`untied`, `gate-without-d`,
+    # `dt-bias-none`)
 
     def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> StepInputs:
         """fn(name, tensor) applied to every input given (z stays None where there is none)."""
@@ -327,6 +340,33 @@ def _without_bias(shape, state_dtype, nsteps, generator):
     return replace(params, dt_bias=no_bias, draw_steps=_unit_steps(s, dt_draw))
 
 
+def _without_bias_gated(shape, state_dtype, nsteps, generator):
+    """`_without_bias`'s draws and a gate z (`dt-bias-none`)."""
+    return _gated(_without_bias(shape, state_dtype, nsteps, generator))
+
+
+# small-dt: the range of the heads' dt centres, below normal's 1e-3, and of their per-step decay rates |A| * dt.
+SMALL_DT_CENTRES = (1e-6, 1e-4)
+SMALL_DT_DECAY = (0.05, 0.2)
+
+
+def _small_dt(shape, state_dtype, nsteps, generator):
+    """normal's draws with each head's processed dt log-uniform in [centre / 2, 2 centre], the centre in
+    SMALL_DT_CENTRES, passed as it is (dt_softplus off, dt_bias zeros here and None to the kernel), and A =
+    -rate / centre, the rate in SMALL_DT_DECAY (drawn after normal's draws)."""
+    s = shape
+    params = _normal(s, state_dtype, nsteps, generator)
+    centre = _log_uniform(generator, (s.nheads,), *SMALL_DT_CENTRES)
+    A_head = -_log_uniform(generator, (s.nheads,), *SMALL_DT_DECAY) / centre
+
+    def dt_draw(g, n):
+        dt = _log_uniform(g, (n, s.batch, s.nheads), centre / 2, 2 * centre).float()
+        return dt[..., None].expand(n, s.batch, s.nheads, s.headdim)
+
+    return replace(params, A=A_head.float(), dt_bias=torch.zeros_like(params.dt_bias),
+                   draw_steps=_unit_steps(s, dt_draw), dt_softplus=False)
+
+
 def _optional_none(shape, state_dtype, nsteps, generator):
     """`_without_bias`'s draws with no D either (zeros here; None to the kernel)."""
     params = _without_bias(shape, state_dtype, nsteps, generator)
@@ -334,16 +374,20 @@ def _optional_none(shape, state_dtype, nsteps, generator):
 
 
 def _gate_without_skip(shape, state_dtype, nsteps, generator):
-    """normal's draws with no D (zeros here; None to the kernel) and a unit-normal gate z, drawn after each block's
-    other inputs."""
-    params = _normal(shape, state_dtype, nsteps, generator)
+    """normal's draws with no D (zeros here; None to the kernel) and a unit-normal gate z (`_gated`)."""
+    params = _gated(_normal(shape, state_dtype, nsteps, generator))
+    return replace(params, D=torch.zeros_like(params.D))
+
+
+def _gated(params: _RegimeParams) -> _RegimeParams:
+    """`params` with a unit-normal gate z, drawn after each block's other inputs."""
     ungated = params.draw_steps
 
     def draw_steps(g, n):
         inputs = ungated(g, n)
         return replace(inputs, z=torch.randn(inputs.x.shape, generator=g))
 
-    return replace(params, D=torch.zeros_like(params.D), draw_steps=draw_steps)
+    return replace(params, draw_steps=draw_steps)
 
 
 def _unit_steps(s: DecodeShape, dt_draw) -> Callable:
@@ -570,6 +614,6 @@ _BUILDERS = {"normal": _normal, "stagnation": _stagnation, "overflow": _overflow
              "strided": _normal,  # normal's values, laid out by the step window
              "dt-extreme": _dt_extreme, "no-softplus": _no_softplus, "optional-none": _optional_none,
              "gate-without-d": _gate_without_skip,
-             "dt-bias-none": _without_bias,
+             "dt-bias-none": _without_bias_gated, "small-dt": _small_dt,
              **{regime: _half_inputs(dtype) for regime, dtype in ACTIVATIONS.items()}, "subnormal": _subnormal}
 assert set(_BUILDERS) == set(DRIFT_REGIMES)

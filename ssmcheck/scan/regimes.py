@@ -264,8 +264,16 @@ def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
 def aligned_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
                           state_dtype: torch.dtype = torch.float32) -> ScanInputs:
     """aligned's boundaries, each sequence from an initial state: where a sequence starts a chunk, its state is
-    its initial state (a path of its own in kernels: the chunk loads it instead of starting from zero)."""
-    return _varlen(shape, dtype, seed, with_initial_states=True, boundaries=_aligned_cu_seqlens)
+    its initial state (a path of its own in kernels: the chunk loads it instead of starting from zero). The initial
+    states are one layer's slice of a state cache, as `long`'s: the one packed regime whose initial states are not
+    contiguous, so a varlen launcher that takes their strides from their shape reads another layer's states."""
+    inputs = _varlen(shape, dtype, seed, with_initial_states=True, boundaries=_aligned_cu_seqlens)
+    # The other layers' states from a generator of their own: the draws above are the regime's before it had them.
+    cache = _normal(_generator(case_seed(seed, {"cache": CACHE_LAYERS})), (*inputs.initial_states.shape[:1], CACHE_LAYERS,
+                                                                          *inputs.initial_states.shape[1:]))
+    cache[:, CACHE_LAYERS - 1] = inputs.initial_states
+    return replace(inputs, initial_states=cache[:, CACHE_LAYERS - 1],
+                   note=f"{inputs.note}; initial states one layer's slice of a {CACHE_LAYERS}-layer state cache")
 
 
 def _padded(inputs: ScanInputs, shape: ScanShape, seed: int) -> ScanInputs:
@@ -362,6 +370,33 @@ def dt_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: tor
         dtype, "raw dt = 21..100 (heads 1, 3, ...: 12..20, A = -2**-5 or -2**-6) or -40..-23 through softplus, "
         "A in -1..-16, a gate z and no D", dt=dt, A=A, dt_softplus=True, **u,
     )
+
+
+def _packed(inputs: ScanInputs) -> ScanInputs:
+    """`inputs`' batch rows as packed sequences of one row, each from zero (cu_seqlens at the rows' ends): the same
+    values on a kernel's varlen path."""
+    rows, seqlen = inputs.x.shape[:2]
+
+    def flat(t):
+        return None if t is None else t.reshape(1, rows * seqlen, *t.shape[2:])
+
+    return replace(inputs, x=flat(inputs.x), dt=flat(inputs.dt), B=flat(inputs.B), C=flat(inputs.C), z=flat(inputs.z),
+                   cu_seqlens=torch.arange(rows + 1, dtype=torch.int32) * seqlen,
+                   note=f"{inputs.note}; its {rows} rows packed as sequences of one row")
+
+
+def decay_extreme_packed(shape: ScanShape, dtype: torch.dtype, seed: int,
+                         state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """decay-extreme's rows packed as sequences (`_packed`): its huge cumulative log-decays on the varlen path, where
+    a path of its own that masks a decay after its exp (inf * 0), or takes exp(cum_i) * exp(-cum_j), is non-finite."""
+    return _packed(decay_extreme(shape, dtype, seed, state_dtype))
+
+
+def dt_extreme_packed(shape: ScanShape, dtype: torch.dtype, seed: int,
+                      state_dtype: torch.dtype = torch.float32) -> ScanInputs:
+    """dt-extreme's rows packed as sequences (`_packed`): its raw dt past softplus's threshold and past fp16's and
+    fp32's exp overflow on the varlen path, where a softplus of its own without the linear branch is inf."""
+    return _packed(dt_extreme(shape, dtype, seed, state_dtype))
 
 
 def cumsum_cancel(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -599,13 +634,18 @@ REGIMES: dict[str, Regime] = {
                "(batch 1: a lone sequence); dt_limit (0.006, 0.03), both ends clamping tokens of every head; a gate "
                "z without D, a softplus without dt_bias", initial_state),
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
-               "state per sequence", aligned_initial_state),
+               "state per sequence, read from one layer's slice of a state cache (not contiguous)",
+               aligned_initial_state),
         Regime("decay-extreme", "|A|*dt of 2**8..2**22 per token, within-chunk cumulative log-decay reaching "
                "1e4..1e9, exact-zero dt padding; dt passed as dt - 1 with a dt_bias of 1, no softplus, no dt_limit; D per "
                "channel, no gate", decay_extreme),
         Regime("dt-extreme", "raw dt of 21..100, past softplus's linear threshold (20) and fp32's exp overflow "
                "(88.7), in every other head 12..20, under the threshold but past fp16's exp overflow (11.09), or "
                "-40..-23, very negative (dt ~ 1e-10..1e-18); a gate z and no D", dt_extreme),
+        Regime("decay-extreme-packed", "decay-extreme's rows packed as sequences of one row (cu_seqlens): its "
+               "cumulative log-decays of 1e4..1e9 on a kernel's varlen path", decay_extreme_packed),
+        Regime("dt-extreme-packed", "dt-extreme's rows packed as sequences of one row (cu_seqlens): its raw dt "
+               "past softplus's threshold and exp's overflow on a kernel's varlen path", dt_extreme_packed),
         Regime("cumsum-cancel", "|A|*dt of 1e5..1e7 (non-dyadic) between runs of zero-dt tokens: "
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
