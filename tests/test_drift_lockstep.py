@@ -116,7 +116,9 @@ def test_windows_going_through_a_run_draw_each_block_of_its_stream_once(monkeypa
     assert calls == [STEP_BLOCK] * 3 + [20]
 
 
-@pytest.mark.parametrize("regime", ["normal", "bf16-inputs"])
+# (bf16-inputs ran here too before the sixtieth session made the half-precision inputs' regimes fused; gate-without-d
+# has a fifth input, z.)
+@pytest.mark.parametrize("regime", ["normal", "gate-without-d"])
 def test_a_windows_step_is_its_inputs_whole_aligned_and_apart_at_fenced_steps(regime):
     case, _ = _case(regime=regime, state_dtype="fp16", rounding="nearest", steps=12, headdim="6", dstate="10")
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")

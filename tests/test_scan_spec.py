@@ -22,8 +22,10 @@ def test_shipped_presets_cover_every_regime_and_dtype_without_skips(name):
     settings = resolve({}, load_preset(name, "scan"), name)
     cases = build_cases(settings, "builtin")
     # smoke leaves out the padded regimes: most kernels take no pad tokens, and a smoke run of theirs would skip them;
-    # conv-output-varlen, whose layout conv-output runs there in batch mode; and continuation, whose inputs long's are.
-    left_out = {"padded", "padded-initial-state", "conv-output-varlen", "continuation"}
+    # conv-output-varlen, whose layout conv-output runs there in batch mode; continuation, whose inputs long's are; and
+    # the packed extreme regimes, whose values decay-extreme and dt-extreme run there in batch mode.
+    left_out = {"padded", "padded-initial-state", "conv-output-varlen", "continuation", "decay-extreme-packed",
+                "dt-extreme-packed"}
     assert {c.regime for c in cases} == set(REGIMES) - (left_out if name == "smoke" else set())
     assert not [c for c in cases if c.skip_reason]
     assert (settings.reference, settings.tolerance.tol_factor, settings.tolerance.floor) == (
