@@ -480,8 +480,8 @@ def heads_in_blocks_of_32(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, d
 
 
 def _never_launched(start, axis, state, new, out):
-    """`new` and `out` with the rows (axis 0) or heads (axis 1) from `start` on as no program touched them: the state
-    as it was, out 0."""
+    """`new` and `out` with the rows (axis 0), heads (axis 1) or channels (axis 2) from `start` on as no program
+    touched them: the state as it was, out 0."""
     index = (slice(None),) * axis + (slice(start, None),)
     new[index] = state[index].float()
     out = out.clone()
@@ -777,11 +777,8 @@ def contiguous_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_so
     """Reads x, B and C at offsets computed from their shapes, as if contiguous (a kernel that ignores the
     strides it is given): right for whole tensors, and for the first row of views into a wider buffer only.
     Both rounding modes, as `_store` does."""
-    def as_contiguous(t):
-        return t.as_strided(t.shape, torch.empty(t.shape).stride(), t.storage_offset())
-
-    new, out = _fp32_step(state, as_contiguous(x), dt, A, as_contiguous(B), as_contiguous(C), D, z, dt_bias,
-                          dt_softplus)
+    new, out = _fp32_step(state, _offsets_from_shape(x), dt, A, _offsets_from_shape(B), _offsets_from_shape(C), D, z,
+                          dt_bias, dt_softplus)
     _store(state, new, rounding, seed)
     return out
 
@@ -1116,33 +1113,22 @@ def dt_of_head_0_without_bias(state, x, dt, A, B, C, D=None, z=None, dt_bias=Non
     return out
 
 
-def _first_channels(n, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed):
-    """Channels 0..n-1 advanced and stored; the rest never touched (state as it was, out 0)."""
-    def cut(t):
-        return None if t is None else t[:, :, :n] if t.dim() == 3 else t[:, :n]
-
-    new, kept = _fp32_step(state[:, :, :n], cut(x), cut(dt), A[:, :n], B, C, cut(D), cut(z), cut(dt_bias), dt_softplus)
-    _store(state[:, :, :n], new, rounding, seed)
-    out = torch.zeros_like(x)
-    out[:, :, :n] = kept
-    return out
-
-
 def channels_in_whole_blocks_of_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                                   rounding="nearest", seed=0):
     """Channels in blocks of 8 over a grid of headdim // 8 (floor, not ceil): a partial last block is never advanced.
     Right wherever headdim is a multiple of 8. Both rounding modes."""
-    return _first_channels(state.shape[2] // 8 * 8, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    new, out = _never_launched(state.shape[2] // 8 * 8, 2, state, new, out)
+    _store(state, new, rounding, seed)
+    return out
 
 
 def dstate_in_vectors_of_8(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                            rounding="nearest", seed=0):
     """State indices in vectors of 8 with no loop for the tail: indices past the last whole vector are never advanced
     and left out of C·h. Right wherever dstate is a multiple of 8. Both rounding modes."""
-    n = state.shape[-1] // 8 * 8
-    new, out = _fp32_step(state[..., :n], x, dt, A[..., :n], B[..., :n], C[..., :n], D, z, dt_bias, dt_softplus)
-    _store(state[..., :n], new, rounding, seed)
-    return out
+    return _first_state_columns(state.shape[-1] // 8 * 8, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding,
+                                seed)
 
 
 def channels_in_blocks_of_16_from_64_programs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -1150,10 +1136,11 @@ def channels_in_blocks_of_16_from_64_programs(state, x, dt, A, B, C, D=None, z=N
     """A launch config picked by batch x heads (as vLLM's): from MANY_PROGRAMS on, channels in blocks of
     WIDE_CHANNEL_BLOCK over a grid of headdim // WIDE_CHANNEL_BLOCK (floor, not ceil). Right below MANY_PROGRAMS and at
     any headdim that is a multiple of the block. Both rounding modes."""
-    n = state.shape[2]
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     if state.shape[0] * state.shape[1] >= MANY_PROGRAMS:
-        n = n // WIDE_CHANNEL_BLOCK * WIDE_CHANNEL_BLOCK
-    return _first_channels(n, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed)
+        new, out = _never_launched(state.shape[2] // WIDE_CHANNEL_BLOCK * WIDE_CHANNEL_BLOCK, 2, state, new, out)
+    _store(state, new, rounding, seed)
+    return out
 
 
 def parameters_of_head_mod_64(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,

@@ -269,9 +269,10 @@ def aligned_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
     contiguous, so a varlen launcher that takes their strides from their shape reads another layer's states."""
     inputs = _varlen(shape, dtype, seed, with_initial_states=True, boundaries=_aligned_cu_seqlens)
     # The other layers' states from a generator of their own: the draws above are the regime's before it had them.
-    cache = _normal(_generator(case_seed(seed, {"cache": CACHE_LAYERS})), (*inputs.initial_states.shape[:1], CACHE_LAYERS,
-                                                                          *inputs.initial_states.shape[1:]))
-    cache[:, CACHE_LAYERS - 1] = inputs.initial_states
+    states = inputs.initial_states
+    cache = _normal(_generator(case_seed(seed, {"cache": CACHE_LAYERS})), (states.shape[0], CACHE_LAYERS,
+                                                                          *states.shape[1:]))
+    cache[:, CACHE_LAYERS - 1] = states
     return replace(inputs, initial_states=cache[:, CACHE_LAYERS - 1],
                    note=f"{inputs.note}; initial states one layer's slice of a {CACHE_LAYERS}-layer state cache")
 

@@ -279,8 +279,9 @@ def stochastic_round_pairs(x, words, DTYPE: tl.constexpr):
     a branch that rounds those elements on fp16's fixed subnormal grid, 2**-24, with all 16 bits, which
     decide alone down to 2**-17. Below that the result is still exact unless the rest of the draw could
     change it (a tie: the 16 bits plus the fraction's top 16 are all ones, probability 2**-16) or the
-    value is below 2**-24. `redo` says whether the tile holds such an element: the caller must then round the whole tile again with `stochastic_round_exact` and the same `words`,
-    which continues each draw from a second stream.
+    value is below 2**-24. `redo` says whether the tile holds such an element: the caller must then round
+    the whole tile again with `stochastic_round_exact` and the same `words`, which continues each draw from
+    a second stream.
     In every path the 16 bits are the top of the element's draw over the bits fp16 drops, so an element's
     result is the same function of its random bits whichever path rounds it: exact SR. The redo needs the
     unrounded values, so a kernel may do it after the rest of its work, from memory, holding no registers
