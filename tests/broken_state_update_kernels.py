@@ -18,7 +18,8 @@ out_of_the_stored_state, gate_only_with_the_skip_term, dt_clamped_below_at_1e_6,
 sr_8_bits_toward_minus_inf, half_inputs_read_as_contiguous, half_inputs_from_interleaved_groups, half_inputs_b_c_of_row_0,
 tied_path_gate_of_row_0, tied_path_skip_after_gate, dt_of_head_0_without_bias, channels_in_whole_blocks_of_8,
 dstate_in_vectors_of_8, channels_in_blocks_of_16_from_64_programs, parameters_of_head_mod_64,
-skips_steps_with_dt_below_1e_4, narrow_bf16_sr_bits_shared_along_a_row and random_bits_from_the_row_in_a_block_of_8,
+skips_steps_with_dt_below_1e_4, narrow_bf16_sr_bits_shared_along_a_row, random_bits_from_the_row_in_a_block_of_8 and
+slot_path_sr_with_4_bits,
 which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -981,14 +982,16 @@ def sr_never_into_the_next_binade(state, x, dt, A, B, C, D=None, z=None, dt_bias
     return out
 
 
-def _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed):
-    """The step through slot indices, the live rows' states rounded per `rounding`; pad rows get zeros in out."""
+def _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding, seed,
+               store=_store):
+    """The step through slot indices, the live rows' states stored by `store` (per `rounding`); pad rows get zeros in
+    out."""
     live = state_batch_indices != pad_slot_id
     slots = state_batch_indices[live].long()
     new, y_live = _fp32_step(state[slots], x[live], dt[live], A, B[live], C[live], D, None if z is None else z[live],
                              dt_bias, dt_softplus)
     rows = state[slots]
-    _store(rows, new, rounding, seed)
+    store(rows, new, rounding, seed)
     state[slots] = rows
     y = torch.zeros_like(x)
     y[live] = y_live
@@ -1022,6 +1025,30 @@ def nearest_in_padded_batches(state, x, dt, A, B, C, D=None, z=None, dt_bias=Non
     padded = bool((state_batch_indices == pad_slot_id).any())
     return _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                       "nearest" if padded else rounding, seed)
+
+
+def slot_path_sr_with_4_bits(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                             state_batch_indices=None, pad_slot_id=-1, *, rounding="nearest", seed=0):
+    """Right without slot indices; through them (a serving engine's decode, another compiled variant) its stochastic
+    rounding draws 4 random bits an element: up with probability ceil(16 f) / 16, 1/32 ulp toward +inf a store on
+    average, far under one step's tolerance (the slot check's). Pad rows change nothing and get zeros in out; right to
+    nearest."""
+    if state_batch_indices is None:
+        new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        _store(state, new, rounding, seed)
+        return out
+    return _slot_step(state, state_batch_indices, pad_slot_id, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rounding,
+                      seed, _store_with_4_bits)
+
+
+def _store_with_4_bits(state, new, rounding, seed):
+    """`_store`, but stochastic rounding's uniform in sixteenths (4 bits), toward 0."""
+    if rounding != "stochastic" or state.dtype not in _DROPPED_BITS:
+        _store(state, new, rounding, seed)
+        return
+    generator = torch.Generator(device=new.device).manual_seed(seed)
+    uniform = torch.randint(0, 16, new.shape, device=new.device, generator=generator).float() / 16
+    state.copy_(_stochastic(new, state.dtype, uniform))
 
 
 # The fourth red-team round's (sixtieth session): paths for half-precision inputs, for tied parameters with a gate and

@@ -209,6 +209,17 @@ def rows_at_their_batch_index_without_pads(state, x, dt, A, B, C, D=None, z=None
                                   pad_slot_id, out=out)
 
 
+def null_block_cleared(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                       state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: right, but a call with slot indices clears the pool's slot 0 (vLLM's null block, where its pad rows
+    point) as scratch of its own, whether or not a row names it."""
+    y = selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id,
+                               out=out)
+    if state_batch_indices is not None:
+        state[0].zero_()
+    return y
+
+
 # The wrap of slot_offsets_wrapping: tests set drift.far_slots.FAR_ELEMENTS to it.
 WRAP_ELEMENTS = 2**14
 

@@ -849,3 +849,18 @@ def test_the_default_preset_reaches_each_fourth_red_team_bug_in_the_cases_built_
                       json_path=tmp_path / "r.json")
     cases = planted_bug_cases(report, reached)
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
+
+
+def test_a_stochastic_rounding_biased_on_the_slot_path_alone_fails_where_a_trial_decodes_through_slots(tmp_path):
+    """A state update whose stochastic rounding draws 4 bits on its path for state_batch_indices alone (1/32 ulp
+    toward +inf a store) passes the one-step slot check; the stochastic cases' trial that decodes through slot
+    indices (one of two) drifts biased, and fails. To nearest it is right and passes."""
+    _, report = drift("--kernel", f"{BROKEN}:slot_path_sr_with_4_bits", "--regime", "normal", "--state-dtype",
+                      "fp16,bf16", "--rounding", "nearest,stochastic", "--nheads", "1", "--headdim", "16", "--dstate",
+                      "32", "--steps", "300", json_path=tmp_path / "s.json")
+    stochastic = planted_bug_cases(report, lambda p: p["rounding"] == "stochastic")
+    assert len(stochastic) == 2
+    for case in stochastic:
+        assert len(case["slotted_trials"]) == 1 and case["params"]["trials"] == 2, case
+        assert case["status"] == "fail" and case["message"].startswith("biased toward +inf: "), case["message"]
+        assert case["slots"]["live"]["status"] == "pass"

@@ -4,14 +4,20 @@ that a CUDA graph run uses (here with a stand-in graph that replays the step eag
 import importlib.util
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ssmcheck.core import runtime, sweep
 from ssmcheck.core.capture import Transcript
+from ssmcheck.core.pool import poisoned
+from ssmcheck.core.tensors import bits
 from ssmcheck.drift import lockstep
 from ssmcheck.drift import run as drift_run
+from ssmcheck.drift.adapter import KernelRaised
 from ssmcheck.drift.adapter import resolve as resolve_kernel
 from ssmcheck.drift.measure import CheckpointSums
 from ssmcheck.drift.regimes import STEP_BLOCK, make_problem
@@ -19,6 +25,7 @@ from ssmcheck.drift.spec import build_cases, resolve
 from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
 
 BROKEN = Path(__file__).parent / "broken_state_update_kernels.py"
+SLOT_KERNELS = Path(__file__).parent / "slot_kernels.py"
 _spec = importlib.util.spec_from_file_location("broken_state_update_kernels", BROKEN)
 bk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bk)
@@ -140,10 +147,10 @@ def test_a_windows_step_is_its_inputs_whole_aligned_and_apart_at_fenced_steps(re
         assert len(storages) == (len(given) if separate else len({t.dtype for t in given.values()}))
 
 
-def _lock(case, kernel, trial_seed: int, device: str = "cpu") -> lockstep.Lockstep:
-    """Trial 0 of `case` on `device`."""
+def _lock(case, kernel, trial_seed: int, device: str = "cpu", trial: int = 0) -> lockstep.Lockstep:
+    """Trial `trial` of `case` on `device`."""
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
-    return lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, 0, trial_seed, Transcript(),
+    return lockstep.Lockstep(case, problem, lockstep.StepWindow(problem), kernel, trial, trial_seed, Transcript(),
                              SignedErrorMoments())
 
 
@@ -254,3 +261,41 @@ def test_strided_inputs_are_views_into_one_buffer_per_step_with_the_streams_valu
     # [x | B | C | dt] in each row, as vLLM's decode splits its conv output and takes dt beside it
     offsets = [t.storage_offset() - step.x.storage_offset() for t in (step.x, step.B, step.C, step.dt)]
     assert offsets == [0, 2 * 8, 2 * 8 + 16, 2 * 8 + 32]
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 8), pad=st.sampled_from([None, -1, 0, 1, 3, 8, 2**31 - 1]))
+def test_a_kernel_taking_slot_indices_decodes_one_trial_of_two_through_them_clear_of_its_pad_slot(seed, batch, pad):
+    case, _ = _case(regime="normal", state_dtype="fp16", rounding="stochastic", seed=seed)
+    kernel = SimpleNamespace(pad_slot_id=pad)
+    first = [lockstep.slotted_from(case, kernel, trial, batch) for trial in (0, 1)]
+    if pad is None:  # no slot indices taken
+        assert first == [None, None]
+        return
+    (slot,) = [f for f in first if f is not None]  # exactly one of two trials
+    assert slot >= 1 and not slot <= pad < slot + batch  # slot 0, vLLM's null block, and the pad slot stay spare
+
+
+def test_a_trial_through_slot_indices_gives_the_rows_a_pool_in_the_states_layout_with_nan_spares():
+    case, _ = _case(regime="strided", state_dtype="bf16", rounding="nearest", steps=4, trials=1, batch="3")
+    kernel = resolve_kernel("builtin", 10, "software", True)
+    trial = next(t for t in (0, 1) if lockstep.slotted_from(case, kernel, t, 3) is not None)
+    lock = _lock(case, kernel, 5, trial=trial)
+    initial = lock.problem.initial_state
+    assert lock.slots.tolist() == [1, 2, 3] and lock.given.shape[0] == 5
+    assert lock.state.stride() == initial.stride() and torch.equal(bits(lock.state), bits(initial))
+    assert poisoned(lock.given[[0, 4]]).all()
+    lock.advance(check_inputs=True)
+    lock.advance()
+    assert poisoned(lock.given[[0, 4]]).all() and not torch.equal(bits(lock.state), bits(initial))
+
+
+def test_a_kernel_that_writes_a_spare_slot_of_its_pool_raises_at_a_checked_step():
+    case, _ = _case(regime="normal", state_dtype="fp16", rounding="nearest", steps=4, trials=1)
+    kernel = resolve_kernel(f"{SLOT_KERNELS}:null_block_cleared", 10, "software", True)
+    trial = next(t for t in (0, 1) if lockstep.slotted_from(case, kernel, t, 2) is not None)
+    lock = _lock(case, kernel, 5, trial=trial)
+    lock.advance()  # unchecked: seen at the next checked step
+    with pytest.raises(KernelRaised, match=r"the kernel wrote slot 0 of its state pool, which no row names \(rows on "
+                                           r"slots 1..2 in state_batch_indices; trial \d, step 2\)"):
+        lock.advance(check_inputs=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ssmcheck.core.tensors import bits
+from ssmcheck.core.tensors import bits, whole_storage
 
 # A quiet NaN with a payload of its own, per dtype: a kernel's NaN has another payload.
 POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
@@ -43,6 +43,18 @@ def nan_filled(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
 def poisoned(t: torch.Tensor) -> torch.Tensor:
     """Where `t` still holds the poison NaN (elementwise)."""
     return bits(t) == POISON_BITS[t.dtype]
+
+
+def spare_slotted(state: torch.Tensor, first: int, after: int) -> torch.Tensor:
+    """A pool of `first` spare slots, `state`'s rows, and `after` spare slots, in `state`'s layout (its strides, and
+    its storage's other contents around each row, as a layer's slice of a stacked cache keeps them): row i on slot
+    first + i, every element of the spares' memory the poison NaN. A kernel that reads a spare slot for a row's
+    takes NaN into that row; one that writes a spare shows bit for bit (`poisoned`)."""
+    storage = whole_storage(state)
+    lead, tail = first * state.stride(0), after * state.stride(0)
+    flat = nan_filled((lead + storage.numel() + tail,), state)
+    flat[lead:lead + storage.numel()] = storage
+    return flat.as_strided((first + state.shape[0] + after, *state.shape[1:]), state.stride(), state.storage_offset())
 
 
 @dataclass

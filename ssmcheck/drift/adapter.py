@@ -137,8 +137,9 @@ class DriftAdapter:
     def call(self, state: torch.Tensor, problem: DecodeProblem, step: StepInputs, rounding: str,
              seed: int | torch.Tensor,
              where: str, check_inputs: bool = False, transcript: Transcript | None = None,
-             nan_fences: Collection[str] | None = None) -> torch.Tensor:
-        """Run one step of `problem` on `state` in place; return out. Raises KernelRaised.
+             nan_fences: Collection[str] | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one step of `problem` on `state` in place; return out. Raises KernelRaised. With `slots` (a kernel
+        that takes slot indices), `state` is a pool and row i's state lies on slot slots[i] (state_batch_indices).
 
         With `check_inputs` (the runner asks at the first step and the checkpoints, not every step: eager
         steps, never a graph replay), the kernel gets copies of the inputs between NaN fences (core.fences): a
@@ -149,9 +150,10 @@ class DriftAdapter:
         """
         arguments = {**_inputs(problem, step), "dt_softplus": problem.dt_softplus}
         arguments.setdefault("z", None)  # after the inputs given: fenced in their order
+        extra = None if slots is None else {"state_batch_indices": slots}
         if check_inputs:
-            return self.fenced_update(state, arguments, rounding, seed, where, transcript, nan_fences=nan_fences)
-        return self.update(state, arguments, rounding, seed, where, transcript)
+            return self.fenced_update(state, arguments, rounding, seed, where, transcript, extra, nan_fences)
+        return self.update(state, arguments, rounding, seed, where, transcript, extra)
 
     def fenced_storages(self, problem: DecodeProblem, step: StepInputs) -> list[tuple[str, ...]]:
         """The names of the inputs a checked step fences, grouped by the storage they share."""

@@ -33,6 +33,9 @@ JSON case keys (always present; figures a case did not produce are null):
                                                      on CUDA, where the float64 side (drift.follow) did not run
                                                      as its Triton kernel, "; float64 step torch.compile: " or
                                                      "; float64 step eager: " and why,
+    slotted_trials                                   the trials that decoded through state_batch_indices, the
+                                                     state's rows on slots of a pool with NaN spares (a kernel
+                                                     taking slot indices: one trial of two; null: no steps ran),
     slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
                                                      and speculative, drafts, kept for one verifying draft
@@ -89,6 +92,7 @@ def case_json(result: DriftResult) -> dict:
         "first_nonfinite": _nonfinite(run.first_nonfinite) if run and run.first_nonfinite else None,
         "repeat": asdict(run.repeat) if run and run.repeat else None,
         "decode_loop": run.decode_loop if run else None,
+        "slotted_trials": list(run.slotted_trials) if run else None,
         "slots": {**result.slot_layout, **{c.name: {"status": c.status.value, "message": c.message, **c.figures}
                                            for c in result.slots}} if result.slot_layout else None,
         "independence": {"status": result.independence.status.value, "message": result.independence.message,

@@ -28,6 +28,7 @@ import torch
 from ssmcheck.core import outside, sweep
 from ssmcheck.core.capture import Transcript
 from ssmcheck.core.fences import Fenced
+from ssmcheck.core.pool import poisoned, spare_slotted
 from ssmcheck.core.tensors import bits
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
 from ssmcheck.drift.follow import Follower
@@ -41,6 +42,11 @@ from ssmcheck.drift.stats import SignedErrorMoments
 # twice. A window of 256 MB takes three blocks or more, drawn at once, and keeps the one it ends in for the next
 # (`_kept`): 5.1 s (fiftieth session).
 WINDOW_BYTES = 256 << 20
+
+
+# Spare slots after the live rows of a trial that decodes through slot indices (`slotted_from`; before them, at
+# least one: slot 0, vLLM's null block).
+SPARES_AFTER = 1
 
 
 # A fused step buffer's columns: the conv output's [x | B | C] as vLLM's Mamba2 decode splits it, then dt. The gate
@@ -177,10 +183,17 @@ class Lockstep:
         self.case, self.problem, self.window, self.kernel = case, problem, window, kernel
         self.trial, self.trial_seed, self.transcript = trial, trial_seed, transcript
         device = problem.device
+        batch = problem.initial_state.shape[0]
+        # Where this trial decodes through slot indices, the state's rows lie on slots first_slot.. of a pool
+        # (`_pooled`) and every call passes them in state_batch_indices, as a serving engine's decode does.
+        self.first_slot = slotted_from(case, kernel, trial, batch)
+        self.slots = None if self.first_slot is None else torch.arange(
+            self.first_slot, self.first_slot + batch, dtype=torch.int32, device=device)
         # The state lives between NaN fences for the whole trial (core.fences), one tensor from step to step:
         # a read past it is NaN in the step's results, a write past it is seen at the checked steps.
-        self._state_fences = Fenced({"state": problem.initial_state})
-        self.state = self._state_fences.tensors["state"]
+        self._state_fences = Fenced({"state": self._pooled(problem.initial_state)})
+        self.given = self._state_fences.tensors["state"]  # what the kernel is given: the state, or its pool
+        self.state = self._rows(self.given)
         self.ref = self.state.double()
         self.baseline = self.ref.clone()
         self.bits = torch.Generator(device=device).manual_seed(trial_seed)  # the baseline's SR draws
@@ -201,6 +214,23 @@ class Lockstep:
         self._graph_outputs = None
         self._seeds_start = None
         self._checked = None  # the last step whose inputs were fenced: (step, state before it, inputs, seed)
+
+    def _pooled(self, state: torch.Tensor) -> torch.Tensor:
+        """What the kernel is given for `state`: itself, or where this trial decodes through slot indices a pool
+        holding its rows on `slots`, the spare slots around them NaN (core.pool.spare_slotted)."""
+        return state if self.slots is None else spare_slotted(state, self.first_slot, SPARES_AFTER)
+
+    def _rows(self, given: torch.Tensor) -> torch.Tensor:
+        """The state's rows in what `_pooled` gave the kernel (a view)."""
+        return given if self.slots is None else given[self.first_slot:self.first_slot + len(self.slots)]
+
+    def _spare_written(self) -> int | None:
+        """The first spare slot of the pool whose bits a call changed, or None (none, or no pool)."""
+        if self.slots is None:
+            return None
+        spares = [*range(self.first_slot), *range(self.first_slot + len(self.slots), self.given.shape[0])]
+        kept = poisoned(self.given[spares]).flatten(1).all(1).tolist()
+        return next((slot for slot, ok in zip(spares, kept) if not ok), None)
 
     @property
     def decode_loop(self) -> str:
@@ -242,13 +272,17 @@ class Lockstep:
         else:
             seed = self.seed(n) if self.kernel.takes_seed else 0
         before = self.state.clone()
-        out = self.kernel.call(self.state, self.problem, step, self.case.rounding, seed,
+        out = self.kernel.call(self.given, self.problem, step, self.case.rounding, seed,
                                f"trial {self.trial}, step {n}", check_inputs=check_inputs,
-                               transcript=self.transcript)
+                               transcript=self.transcript, slots=self.slots)
         self._checked = (n, before, step, seed) if check_inputs else None
         if check_inputs and self._state_fences.breached() is not None:
             raise KernelRaised(f"the kernel wrote outside its state: into the NaN fence ssmcheck puts either side of "
                                f"the state's memory (trial {self.trial}, step {n})")
+        if check_inputs and (spare := self._spare_written()) is not None:
+            raise KernelRaised(f"the kernel wrote slot {spare} of its state pool, which no row names (rows on slots "
+                               f"{self.first_slot}..{self.first_slot + len(self.slots) - 1} in "
+                               f"state_batch_indices; trial {self.trial}, step {n})")
         for run in range(2, self.repeat + 1):  # the same call again, from the same state, inputs and seed
             self._compare_run(run, n, before, step, seed, out)
         uniform = None
@@ -271,10 +305,10 @@ class Lockstep:
         n, before, step, seed = self._checked
 
         def call(nan_fences):
-            state = Fenced({"state": before}, nan_fences).tensors["state"]
-            out = self.kernel.call(state, self.problem, step, self.case.rounding, seed, f"trial {self.trial}, "
-                                   f"step {n}, fences", check_inputs=True, nan_fences=nan_fences)
-            return out, state
+            given = Fenced({"state": self._pooled(before)}, nan_fences).tensors["state"]
+            out = self.kernel.call(given, self.problem, step, self.case.rounding, seed, f"trial {self.trial}, "
+                                   f"step {n}, fences", check_inputs=True, nan_fences=nan_fences, slots=self.slots)
+            return out, self._rows(given)
 
         try:
             return outside.reads_outside(call, [*self.kernel.fenced_storages(self.problem, step), ("state",)])
@@ -282,9 +316,11 @@ class Lockstep:
             return None
 
     def _compare_run(self, run: int, n: int, saved: torch.Tensor, step: StepInputs, seed, out: torch.Tensor) -> None:
-        again = saved.clone()
-        again_out = self.kernel.call(again, self.problem, step, self.case.rounding, seed,
-                                     f"trial {self.trial}, step {n}, run {run}", transcript=self.transcript)
+        given = self._pooled(saved.clone())
+        again = self._rows(given)
+        again_out = self.kernel.call(given, self.problem, step, self.case.rounding, seed,
+                                     f"trial {self.trial}, step {n}, run {run}", transcript=self.transcript,
+                                     slots=self.slots)
         difference = first_difference((self.state, out), (again, again_out))
         if difference is None:
             return
@@ -341,6 +377,19 @@ class Lockstep:
         self.store_errors.restore(saved.store_errors)
         if saved.step < self.problem.nsteps:
             self.window.load(saved.step + 1)
+
+
+def slotted_from(case, kernel: DriftAdapter, trial: int, batch: int) -> int | None:
+    """The first live slot where `trial` of `case` decodes through slot indices, else None.
+
+    A kernel that takes slot indices (a serving engine's decode passes them every step) decodes one trial of
+    two through them, a coin per case picking which (a round-to-nearest case's one trial: about every other
+    case). So a path of its own for state_batch_indices, rounding or stepping otherwise than the other, drifts
+    over the whole run, where the slot check (drift.slots) sees one step. The rows lie on consecutive slots after
+    the pad slot where that is a slot of the pool, else after slot 0 (vLLM's null block)."""
+    if kernel.pad_slot_id is None or (sweep.case_seed(case.seed, {"slots": case.id}) + trial) % 2 == 0:
+        return None
+    return kernel.pad_slot_id + 1 if 0 <= kernel.pad_slot_id <= batch else 1
 
 
 def _aligned(count: int, element_size: int) -> int:

@@ -94,6 +94,8 @@ class DriftRun:
     # and the baseline's against its own (core.output_bias); None for an fp32 output.
     output_bias: OutputBias | None = None
     baseline_output_bias: OutputBias | None = None
+    # The trials that decoded through state_batch_indices, the state's rows on slots of a pool (drift.lockstep).
+    slotted_trials: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
     store_errors = SignedErrorMoments()
     window = StepWindow(problem)
     graph, eager_note = _graph_plan(device, repeat, kernel)
-    found, differs, max_abs, trials, loop = None, None, 0.0, 0, None
+    found, differs, max_abs, trials, loop, slotted = None, None, 0.0, 0, None, []
     for trial in range(case.trials):
         trials += 1
         trial_seed = sweep.case_seed(case.seed, {"trial": trial})
@@ -147,6 +147,8 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
         found = _trial(lock, checkpoints, kernel_sums, baseline_sums, on_step, graph)
         differs = differs or lock.differs
         loop = loop or lock.decode_loop
+        if lock.slots is not None:
+            slotted.append(trial)
         max_abs = max(max_abs, lock.max_abs)
         if found is not None:
             break
@@ -158,7 +160,7 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
     if repeat > 1:
         repeated = RepeatDifference(repeat, differs is None, max_abs, **(differs or {}))
     return DriftRun(kernel_sums.means(), baseline_sums.means(), summary, found, trials, repeated, loop,
-                    kernel_sums.output_bias(), baseline_sums.output_bias())
+                    kernel_sums.output_bias(), baseline_sums.output_bias(), tuple(slotted))
 
 
 def _graph_plan(device: str, repeat: int, kernel: DriftAdapter) -> tuple[bool, str]:
