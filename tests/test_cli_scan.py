@@ -776,10 +776,12 @@ def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
 
 def test_the_default_preset_catches_heads_taken_in_pairs(tmp_path):
     """A kernel whose programs take heads two at a time (nheads // 2 programs) never computes the last of an odd
-    head count: it passes every case of an even count and fails the default preset's cases of 3 heads (bf16, fp32)."""
+    head count: it passes every case of an even count and fails the default preset's cases of 3 heads (bf16, fp32) and
+    long's one head at chunk 16, naming the last head."""
     _, report = scan("--kernel", f"{BROKEN}:heads_in_pairs", "--preset", "default", json_path=tmp_path / "p.json")
     odd = planted_bug_cases(report, lambda p: p["nheads"] % 2)
-    assert len(odd) == 2 and all(c["status"] == "fail" and " head 2 " in c["message"] for c in odd)
+    assert sorted(c["params"]["nheads"] for c in odd) == [1, 3, 3]
+    assert all(c["status"] == "fail" and f" head {c['params']['nheads'] - 1} " in c["message"] for c in odd)
 
 
 def test_the_default_preset_catches_a_softplus_without_its_threshold(tmp_path):
