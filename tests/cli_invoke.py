@@ -46,3 +46,13 @@ def case_inputs(p: dict):
 
     shape = ScanShape(p["batch"], p["seqlen"], p["nheads"], p["headdim"], p["dstate"], p["ngroups"], p["chunk_size"])
     return REGIMES[p["regime"]].generate(shape, DTYPES[p["dtype"]], p["seed"])
+
+
+def case_decoding(run, kernel: str, through_slots: bool, **options) -> dict:
+    """`run(kernel, seed=s, **options)` (a drift case's JSON) for the first base seed s whose case, of one trial
+    (round to nearest), decodes through slot indices or not, as asked: drift.lockstep.slotted_from's coin."""
+    for seed in range(16):
+        case = run(kernel, seed=seed, **options)
+        if bool(case["slotted_trials"]) == through_slots:
+            return case
+    raise AssertionError("no base seed of 16 gave the coin asked for")

@@ -276,11 +276,11 @@ def test_a_kernel_taking_slot_indices_decodes_one_trial_of_two_through_them_clea
     assert slot >= 1 and not slot <= pad < slot + batch  # slot 0, vLLM's null block, and the pad slot stay spare
 
 
-def test_a_trial_through_slot_indices_gives_the_rows_a_pool_in_the_states_layout_with_nan_spares():
+def test_a_trial_through_slot_indices_gives_the_rows_a_pool_in_the_states_layout_with_nan_spares(device):
     case, _ = _case(regime="strided", state_dtype="bf16", rounding="nearest", steps=4, trials=1, batch="3")
-    kernel = resolve_kernel("builtin", 10, "software", True)
+    kernel = resolve_kernel("builtin", 10, "software", runtime.environment().interpreter)
     trial = next(t for t in (0, 1) if lockstep.slotted_from(case, kernel, t, 3) is not None)
-    lock = _lock(case, kernel, 5, trial=trial)
+    lock = _lock(case, kernel, 5, device, trial)  # the built-in kernel runs where the session's Triton does
     initial = lock.problem.initial_state
     assert lock.slots.tolist() == [1, 2, 3] and lock.given.shape[0] == 5
     assert lock.state.stride() == initial.stride() and torch.equal(bits(lock.state), bits(initial))

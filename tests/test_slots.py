@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import slot_kernels
 import torch
+from cli_invoke import case_decoding
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,10 +156,15 @@ def test_a_path_for_full_batches_that_drops_the_slots_fails_in_the_ends_layout()
     """The ends layout has no pad rows, as a CUDA-graph batch that is full. A kernel whose path for such a batch
     stores row b at slot b (its index in the batch) passes the padded layouts, and fails there: a row's slot at an
     end of the pool left behind, spares written. A trial that decodes through slot indices (rows on slots 1.., slot
-    0 a NaN spare) reads that spare for row 0: non-finite."""
-    case = _case(f"{KERNELS}:rows_at_their_batch_index_without_pads")
+    0 a NaN spare) reads that spare for row 0 and writes row 0's step there: on a GPU the spare's check names the
+    write (an error), on the CPU, whose NaN arithmetic keeps the spare's payload, the row goes non-finite."""
+    through = case_decoding(_case, f"{KERNELS}:rows_at_their_batch_index_without_pads", True)
+    assert through["status"] in ("error", "nonfinite"), through["message"]
+    assert through["message"].startswith(("the kernel wrote slot 0 of its state pool, which no row names (rows on "
+                                          "slots 1..3 in state_batch_indices", "non-finite ")), through["message"]
+    case = case_decoding(_case, f"{KERNELS}:rows_at_their_batch_index_without_pads", False)
     slots = case["slots"]
-    assert case["status"] == ("nonfinite" if case["slotted_trials"] else "fail"), case["message"]
+    assert case["status"] == "fail", case["message"]
     placed = "(a full batch, no pad rows, live rows on the pool's first and last slots)"
     assert slots["live"]["message"].startswith(f"slots {placed}: slot "), slots["live"]["message"]
     assert "pad rows [" not in slots["live"]["message"] and "pad rows [" not in slots["untouched"]["message"]
