@@ -50,9 +50,19 @@ def case_inputs(p: dict):
 
 def case_decoding(run, kernel: str, through_slots: bool, **options) -> dict:
     """`run(kernel, seed=s, **options)` (a drift case's JSON) for the first base seed s whose case, of one trial
-    (round to nearest), decodes through slot indices or not, as asked: drift.lockstep.slotted_from's coin."""
+    (round to nearest), decodes through slot indices or not, as asked: drift.lockstep.slotted_from's coin, for a
+    kernel whose pad slot id is -1 (tests/slot_kernels.py's). The coin comes from the case, not from its run,
+    which an error may have cut short."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from ssmcheck.drift.lockstep import slotted_from  # noqa: PLC0415
+
     for seed in range(16):
         case = run(kernel, seed=seed, **options)
-        if bool(case["slotted_trials"]) == through_slots:
+        planned = SimpleNamespace(seed=case["params"]["seed"], id=case["id"])
+        if (slotted_from(planned, SimpleNamespace(pad_slot_id=-1), 0, case["params"]["batch"]) is not None) \
+                == through_slots:
+            if case["slotted_trials"] is not None:  # the run, where it ran, agrees
+                assert bool(case["slotted_trials"]) == through_slots, case
             return case
     raise AssertionError("no base seed of 16 gave the coin asked for")

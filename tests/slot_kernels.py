@@ -220,6 +220,12 @@ def null_block_cleared(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_s
     return y
 
 
+def raises_out_of_resources(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                            state_batch_indices=None, pad_slot_id=-1, out=None):
+    """A kernel with slot indices that cannot run here: every call raises."""
+    raise RuntimeError("out of resources: shared memory, required 262144, hardware limit 232448")
+
+
 # The wrap of slot_offsets_wrapping: tests set drift.far_slots.FAR_ELEMENTS to it.
 WRAP_ELEMENTS = 2**14
 

@@ -171,6 +171,29 @@ def test_a_path_for_full_batches_that_drops_the_slots_fails_in_the_ends_layout()
     assert slots["untouched"]["message"].startswith(f"slots untouched {placed}: the step wrote ")
 
 
+def test_a_decode_that_errs_keeps_the_slot_checks_diagnosis():
+    """A decode through slot indices that writes a spare slot errs; the slot checks still run after it, and the
+    one that sees the same write (the inner layout's spare at slot 0) adds its clause and its figures."""
+    case = case_decoding(_case, f"{KERNELS}:null_block_cleared", True)
+    slots = case["slots"]
+    assert case["status"] == "error" and case["checkpoints"] == [], case["message"]
+    assert case["message"].startswith("the kernel wrote slot 0 of its state pool, which no row names"), case["message"]
+    assert "; slots untouched: " in case["message"], case["message"]
+    assert slots["untouched"]["status"] == "fail" and 0 in slots["untouched"]["changed"]
+    # The ends layout's live row on slot 0 is cleared too: the live check fails there alone.
+    assert "(a full batch, no pad rows, live rows on the pool's first and last slots)" in slots["live"]["message"]
+    # Decoded without slot indices, the case passes its own verdict and fails the same check alone.
+    plain = case_decoding(_case, f"{KERNELS}:null_block_cleared", False)
+    assert plain["status"] == "fail" and "slots untouched: " in plain["message"], plain["message"]
+
+
+def test_a_kernel_that_raises_on_every_call_errs_once_without_slot_checks():
+    # Its slot checks would each repeat the decode's error: they are left out.
+    case = _case(f"{KERNELS}:raises_out_of_resources")
+    assert case["status"] == "error" and case["slots"] is None
+    assert case["message"].count("out of resources: shared memory") == 1, case["message"]
+
+
 def test_pad_rows_left_unwritten_are_reported_not_failed():
     case = _case(f"{KERNELS}:pad_rows_left_unwritten")
     assert case["status"] == "pass", case["message"]

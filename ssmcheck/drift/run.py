@@ -64,19 +64,20 @@ def run_case(
     takes slot indices, the padded-slot check (drift.slots) runs too, on a GPU the far-slot check (drift.far_slots),
     for one that takes draft tokens the speculative-decoding check (drift.speculative) and on a GPU its far twin,
     and for a stochastic-rounding case the independence check (drift.independence); all are folded into the
-    verdict."""
+    verdict. A decode that raised (KernelRaised) makes the case an error, and its slot checks still run and add
+    what they find, unless every one of them errs too (a kernel that raises on every call)."""
     if case.skip_reason is not None:
         return DriftResult(case, skipped_verdict(case.skip_reason), 0.0, None)
     start = time.perf_counter()
     transcript = Transcript()
     try:
         run = decode(case, kernel, device, on_step, transcript, repeat, prefill)
-    except KernelRaised as exc:
-        return DriftResult(case, error_verdict(str(exc)), time.perf_counter() - start, None, transcript.text)
+        verdict = judge(case, run, tolerance, allow_nondeterministic)
+    except KernelRaised as exc:  # the case errs; its slot checks still run (below): each calls the kernel afresh
+        run, verdict = None, error_verdict(str(exc))
     except Exception as exc:  # noqa: BLE001 (a bug on our side is still one case's outcome, not the sweep's end)
         return DriftResult(case, error_verdict(f"measuring the case raised {describe(exc)}"),
                            time.perf_counter() - start, None, transcript.text)
-    verdict = judge(case, run, tolerance, allow_nondeterministic)
     checks, layout = [], None
     if kernel.pad_slot_id is not None:  # a kernel that takes slot indices: the padded-slot check
         try:
@@ -88,9 +89,17 @@ def run_case(
                 far = far_slots.run_draft_check(case, kernel, tolerance, device, transcript)  # None on the CPU
                 checks += drafts + ([far] if far is not None else [])
         except Exception as exc:  # noqa: BLE001 (as above)
+            if run is None:  # the decode's error stands alone
+                return DriftResult(case, verdict, time.perf_counter() - start, None, transcript.text)
             return DriftResult(case, error_verdict(f"the slot check raised {describe(exc)}"),
                                time.perf_counter() - start, run, transcript.text)
+        if run is None and all(c.status is Status.ERROR for c in checks):  # a kernel that raises on every call:
+            checks, layout = [], None  # its checks would repeat the decode's error
+        # After a decode error the checks that ran show what else the kernel does wrong (a store outside the
+        # state's slots in the decode beside, say, the far-slot check's diagnosis of its offsets).
         verdict = slots.combine(verdict, checks)
+    if run is None:
+        return DriftResult(case, verdict, time.perf_counter() - start, None, transcript.text, tuple(checks), layout)
     twins = None
     if case.rounding == "stochastic":  # twin elements rounding with bits of their own: the independence check
         try:
