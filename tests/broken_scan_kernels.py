@@ -917,6 +917,18 @@ def dt_limit_only_with_a_lower_end(x, dt, A, B, C, chunk_size, D=None, z=None, d
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
 
 
+def batch_dt_limit_only_with_a_lower_end(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                         initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                         dt_limit=(0.0, float("inf")), return_final_states=False,
+                                         return_varlen_states=False):
+    """Its batch-mode path clamps dt only where dt_limit's lower end is above 0 (a model's time_step_limit (0, max)
+    taken for no limit); its varlen path is right."""
+    if cu_seqlens is None and dt_limit[0] <= 0.0:
+        dt_limit = (0.0, float("inf"))
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
 def seq_idx_clamped_in_place(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                              return_final_states=False, return_varlen_states=False):

@@ -586,7 +586,9 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
                                                                           "conv-output-varlen"), 19),
     # dt-extreme (and packed), and initial-state: the one varlen regime with a gate and no D
     ("gate_only_with_d", lambda p: p["regime"] in ("dt-extreme", "dt-extreme-packed", "initial-state"), 13),
-    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "ragged", 11),
+    ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] in ("ragged", "strided"), 14),
+    # strided's (0, max): the one batch-mode dt_limit without a lower end
+    ("batch_dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "strided", 3),
     ("softplus_always_in_varlen", lambda p: p["regime"] in ("aligned", "decay-extreme-packed"), 3),
     # initial-state's 3 sequences in 36 tokens, and continuation's batch rows of 40 tokens at chunk 64
     ("initial_states_dropped_under_a_chunk", lambda p: case_inputs(p).initial_states is not None
@@ -663,7 +665,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
         "heads-past-16-in-fp16", "initial-states-past-4", "three-sequences-in-a-chunk", "varlen-past-16-chunks",
         "varlen-groups-by-ngroups", "chunk-128-cb-block", "initial-states-at-whole-chunks",
         "initial-states-only-with-returned-states", "gate-without-d",
-        "dt-limit-without-lower-end",
+        "dt-limit-without-lower-end", "batch-dt-limit-without-lower-end",
         "varlen-processed-dt", "initial-states-under-a-chunk", "sequences-past-8", "one-token-prefill",
         "varlen-dt-limit-lower-end", "training-forward", "prefill-under-a-chunk", "micro-batches",
         "groups-past-32-heads", "dt-limit-in-softplus-linear-branch", "varlen-gate-from-in-proj",
@@ -682,7 +684,7 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     sequence starts, a packed sequence of more than 16 chunks, packed sequences of 6 heads in 3 groups, chunk 128,
     batch-mode initial states of whole chunks, initial states in a call for y alone, a gate without D (batch mode
     and packed), a dt_limit
-    without a lower end, packed sequences with dt processed already, packed sequences from initial states in under
+    without a lower end (packed, and in batch mode), packed sequences with dt processed already, packed sequences from initial states in under
     one chunk, more than 8 packed sequences, a prefill of one token, a packed dt_limit with a lower end, the training
     forward's call for y alone with D and z, a batch-mode prompt under one chunk, more than two batch rows, more than
     32 heads in several groups, a raw dt past softplus's threshold under a dt_limit, packed sequences whose gate is a

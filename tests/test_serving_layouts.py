@@ -43,6 +43,16 @@ def test_strided_inputs_are_views_into_one_in_proj_buffer_in_mamba2_order():
     assert inputs.A.is_contiguous() and inputs.D.is_contiguous() and inputs.dt_bias is not None
 
 
+@pytest.mark.parametrize("seed", [0, 7, 31])
+def test_strided_clamps_a_quarter_of_its_tokens_from_above_only(seed):
+    # A model's time_step_limit (0, max) in batch mode: the one batch-mode dt_limit without a lower end.
+    inputs = REGIMES["strided"].generate(_shape(), torch.bfloat16, seed=seed)
+    low, high = inputs.dt_limit
+    step_dt = torch.nn.functional.softplus(inputs.dt.double() + inputs.dt_bias.double())
+    assert low == 0.0 and 0.0 < high < float("inf") and f"dt clamped to {inputs.dt_limit}" in inputs.note
+    assert 0.2 < float((step_dt > high).double().mean()) < 0.3
+
+
 def test_moving_strided_inputs_keeps_their_strides_and_one_buffer():
     inputs = REGIMES["strided"].generate(_shape(), torch.float16, seed=12)
     moved = inputs.to("meta")

@@ -540,14 +540,26 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
     its own (`conv-output` passes them so). The in_proj buffer is the wider of the two, so its token
     offsets reach 2**31 first (README: the 2**31 offsets). dt is in the activations' dtype, as the
     projection returns it; A, D and dt_bias are parameters, contiguous.
+
+    dt is clamped above only, dt_limit (0, max) with max the STRIDED_DT_QUANTILE of the step's dt: a model's
+    time_step_limit (0, max) in batch mode, where a path that clamps only where the lower end is above 0 (taking
+    (0, anything) for no limit) computes another dt for a quarter of the tokens.
     """
     values = normal(shape, dtype, seed)
+    step_dt = torch.nn.functional.softplus(values.dt.double() + values.dt_bias.double()).flatten()
+    # kthvalue, not quantile: torch.quantile refuses past 2**24 elements (--model widths at long prompts).
+    upper = step_dt.kthvalue(max(1, math.ceil(STRIDED_DT_QUANTILE * step_dt.numel()))).values
+    values = replace(values, dt_limit=(0.0, float(f"{float(upper):.2g}")))
     columns = in_proj_columns(shape)
     # Every column is written below: nothing of the buffer is left unset.
     buffer = torch.empty((shape.batch, shape.seqlen, sum(columns.values())), dtype=dtype)
     views = _placed_in_columns(buffer, {name: getattr(values, name) for name in columns})
     return replace(values, **views, note=f"{values.note}; x, z, B, C, dt: views into one in_proj buffer of "
-                                         f"{buffer.shape[-1]} elements per token")
+                                         f"{buffer.shape[-1]} elements per token; dt clamped to {values.dt_limit}")
+
+
+# The quantile of strided's step dt that its dt_limit's upper end takes (a quarter of the tokens clamped).
+STRIDED_DT_QUANTILE = 0.75
 
 
 def conv_output(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -660,7 +672,8 @@ REGIMES: dict[str, Regime] = {
                "chunked prefill's next few tokens a row): a batch-mode path for short rows that never loads the "
                "initial states fails here", long),
         Regime("strided", "normal's values as serving passes them: x, z, B, C, dt are strided views into one "
-               "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths)", strided),
+               "fused in_proj buffer ([z | x | B | C | dt] per token, --model widths); dt_limit (0, max) clamping a "
+               "quarter of the tokens", strided),
         Regime("conv-output", "normal's values as vLLM's mixer passes them: z, dt views into the in_proj buffer, "
                "x, B, C views into the causal conv's channel-major output (token stride 1, channel stride seqlen)",
                conv_output),
