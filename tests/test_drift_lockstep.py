@@ -290,11 +290,11 @@ def test_a_trial_through_slot_indices_gives_the_rows_a_pool_in_the_states_layout
     assert poisoned(lock.given[[0, 4]]).all() and not torch.equal(bits(lock.state), bits(initial))
 
 
-def test_a_kernel_that_writes_a_spare_slot_of_its_pool_raises_at_a_checked_step():
+def test_a_kernel_that_writes_a_spare_slot_of_its_pool_raises_at_a_checked_step(device):
     case, _ = _case(regime="normal", state_dtype="fp16", rounding="nearest", steps=4, trials=1)
-    kernel = resolve_kernel(f"{SLOT_KERNELS}:null_block_cleared", 10, "software", True)
+    kernel = resolve_kernel(f"{SLOT_KERNELS}:null_block_cleared", 10, "software", runtime.environment().interpreter)
     trial = next(t for t in (0, 1) if lockstep.slotted_from(case, kernel, t, 2) is not None)
-    lock = _lock(case, kernel, 5, trial=trial)
+    lock = _lock(case, kernel, 5, device, trial)  # the built-in kernel inside runs where the session's Triton does
     lock.advance()  # unchecked: seen at the next checked step
     with pytest.raises(KernelRaised, match=r"the kernel wrote slot 0 of its state pool, which no row names \(rows on "
                                            r"slots 1..2 in state_batch_indices; trial \d, step 2\)"):

@@ -63,6 +63,8 @@ def test_a_row_stored_at_its_batch_index_is_told_from_a_wrapped_offset(wrap_at_2
     assert [case["slots"][name]["status"] for name in ("live", "untouched", "pad_out")] == ["fail", "fail", "pass"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's run: on a GPU this process's Triton is compiled, "
+                    "and the far-slot check runs (the tests above)")
 def test_on_the_cpu_a_pool_past_2_32_elements_is_not_made():
     case = _case("slots_correct", device="cpu")
     assert case["status"] == "pass" and "far_slot" not in case["slots"]

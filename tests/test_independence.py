@@ -13,7 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ssmcheck
-from ssmcheck.drift.independence import AXES, CALLS, FALSE_ALARM, LAG_Z, LAGS, SEED_BITS, TWINS, lower_tail_bound
+from ssmcheck.drift.independence import (
+    ALIKE_ROWS,
+    ALIKE_ROWS_GPU,
+    AXES,
+    CALLS,
+    FALSE_ALARM,
+    LAG_Z,
+    LAGS,
+    SEED_BITS,
+    TWINS,
+    lower_tail_bound,
+)
 from ssmcheck.ops.rounding.naive import fraction_between_neighbours
 
 BROKEN = str(Path(__file__).with_name("broken_state_update_kernels.py"))
@@ -159,20 +170,22 @@ def test_bits_that_repeat_every_block_of_channels_fail_a_period_apart_only():
 
 def test_bits_shared_at_a_distance_no_twin_has_fail_the_step_with_every_element_alike():
     """Offsets that take dstate for headdim give channel c of head h and channel c - 16 of head h + 1 one uniform:
-    in the alike step's 5 x 32 x 32 x 16 state (5 rows, 2 heads times 16, 32 channels), elements 256 apart, where no
-    twins lie."""
+    in the alike step's 5 x 32 x 32 x 16 state (5 rows, 2 heads times 16, 32 channels; 17 rows on a GPU), elements 256
+    apart, where no twins lie."""
     for case in _stochastic_cases(f"{BROKEN}:random_offsets_with_dstate_for_headdim"):
         check = case["independence"]
         assert case["status"] == "fail" and check["status"] == "fail", case["message"]
         for axis in TWINS:  # the twins see nothing
             assert all(abs(f["differ"] - f["expected"]) < 6 * f["sigma"] for f in check[axis]), check
         lags = check[LAGS]
-        assert lags["widths"] == [5, 32, 32, 16]
-        assert (lags["distance"], lags["pairs"], lags["fails"]) == (256, 81664, True), lags
+        rows = ALIKE_ROWS_GPU if torch.cuda.is_available() else ALIKE_ROWS  # the session's device's step
+        pairs = rows * 32 * 32 * 16 - 256
+        assert lags["widths"] == [rows, 32, 32, 16]
+        assert (lags["distance"], lags["pairs"], lags["fails"]) == (256, pairs, True), lags
         assert lags["z"] > LAG_Z and lags["agree"] > lags["expected"]
         assert check["message"] == (
             f"random bits: elements 256 apart in the state (row +0, head +0, channel +16, state index +0), every "
-            f"element given the same state and inputs, stored the same bits in {lags['agree']} of 81664 pairs where "
+            f"element given the same state and inputs, stored the same bits in {lags['agree']} of {pairs} pairs where "
             f"independent draws agree in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random "
             "bits repeat at that distance (an offset computed with a wrong stride)")
 
