@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from typer.testing import CliRunner
 
@@ -53,8 +54,6 @@ def case_decoding(run, kernel: str, through_slots: bool, **options) -> dict:
     (round to nearest), decodes through slot indices or not, as asked: drift.lockstep.slotted_from's coin, for a
     kernel whose pad slot id is -1 (tests/slot_kernels.py's). The coin comes from the case, not from its run,
     which an error may have cut short."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
     from ssmcheck.drift.lockstep import slotted_from  # noqa: PLC0415
 
     for seed in range(16):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssmcheck.core.sweep import case_seed
-from ssmcheck.ops.naive import NO_DT_LIMIT
+from ssmcheck.ops.naive import NO_DT_LIMIT, process_dt
 from ssmcheck.scan.inputs import ScanInputs, ScanShape
 
 GENERATION_BLOCK = 4096  # tokens per block of token-wise inputs (normal, long)
@@ -546,7 +546,7 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
     (0, anything) for no limit) computes another dt for a quarter of the tokens.
     """
     values = normal(shape, dtype, seed)
-    step_dt = torch.nn.functional.softplus(values.dt.double() + values.dt_bias.double()).flatten()
+    step_dt = process_dt(values.dt, values.dt_bias, values.dt_softplus, NO_DT_LIMIT, torch.float64).flatten()
     # kthvalue, not quantile: torch.quantile refuses past 2**24 elements (--model widths at long prompts).
     upper = step_dt.kthvalue(max(1, math.ceil(STRIDED_DT_QUANTILE * step_dt.numel()))).values
     values = replace(values, dt_limit=(0.0, float(f"{float(upper):.2g}")))
