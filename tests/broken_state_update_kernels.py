@@ -1205,3 +1205,30 @@ def narrow_bf16_sr_bits_shared_along_a_row(state, x, dt, A, B, C, D=None, z=None
         return out
     _store(state, new, rounding, seed)
     return out
+
+
+# ---------------------------------------------------------------------------- the fifth red-team round (63rd session)
+def _mix32(v):
+    """A 32-bit integer hash (murmur's finaliser) of int64 `v`, in int64."""
+    v = v & 0xFFFFFFFF
+    v = v ^ (v >> 16)
+    v = (v * 0x7FEB352D) & 0xFFFFFFFF
+    v = v ^ (v >> 15)
+    v = (v * 0x846CA68B) & 0xFFFFFFFF
+    return v ^ (v >> 16)
+
+
+def random_bits_of_seed_plus_offset(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                    rounding="nearest", seed=0):
+    """Stochastic rounding whose random bits are a hash of seed + the element's offset (the seed in the counter, not
+    in the key; tl.rand(0, seed + offs) for tl.rand(seed, offs)): exact SR with bits of its own in every call, but the
+    call with seed s + 1 rounds element i with the bits the call with seed s gave element i + 1, so an engine that
+    passes a step counter as the seed repeats its bits a step later, one element on. Right to nearest."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if rounding == "stochastic" and state.dtype in _DROPPED_BITS:
+        offsets = torch.arange(new.numel(), dtype=torch.int64, device=new.device).reshape(new.shape)
+        uniform = (_mix32(_mix32(offsets + seed) ^ 0x5BD1E995) >> 8).float() * 2.0**-24
+        state.copy_(_stochastic(new, state.dtype, uniform))
+    else:
+        state.copy_(new.to(state.dtype))
+    return out

@@ -851,6 +851,21 @@ def test_the_default_preset_reaches_each_fourth_red_team_bug_in_the_cases_built_
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
 
 
+def test_random_bits_of_seed_plus_offset_fail_every_stochastic_case_on_consecutive_seeds(tmp_path):
+    """Stochastic rounding whose bits hash seed + the element's offset is exact SR in every call, its bits its own
+    along every axis: the calls whose seeds differ only in bit 0 (consecutive seeds) round alike one element apart,
+    which the independence check finds in every stochastic case; to nearest it is right."""
+    _, report = drift("--kernel", f"{BROKEN}:random_bits_of_seed_plus_offset", "--preset", "default", "--regime",
+                      "normal,stagnation", json_path=tmp_path / "s.json")
+    cases = planted_bug_cases(report, lambda p: p["rounding"] == "stochastic")
+    assert len(cases) == 10 and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
+    for case in cases:
+        assert case["message"].startswith("random bits: calls whose seeds differ only in bit 0 (consecutive seeds"), \
+            case["message"]
+        shift = case["independence"]["seed_shift"]
+        assert abs(shift["shift"]) == 1 and shift["fails"] and shift["correlation"] > 0.4, shift
+
+
 def test_a_stochastic_rounding_biased_on_the_slot_path_alone_fails_where_a_trial_decodes_through_slots(tmp_path):
     """A state update whose stochastic rounding draws 4 bits on its path for state_batch_indices alone (1/32 ulp
     toward +inf a store) passes the one-step slot check; the stochastic cases' trial that decodes through slot

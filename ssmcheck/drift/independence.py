@@ -47,6 +47,13 @@ LAG_Z, against a variance that allows for the pairs of one distance sharing elem
 pairs fails: `elements 1792 apart in the state (row +0, head +1, channel -16, state index +0), every element given
 the same state and inputs, stored the same bits in 6283 of 6400 pairs where independent draws agree in 5703 ± 34`.
 
+And the twin step's calls whose seeds differ only in bit 0 (consecutive seeds) are compared at every shift in the
+flattened state but none (SEED_SHIFT): a kernel whose random offset is seed + the element's offset (the seed in
+Philox's counter, not its key) gives seed s + 1's element i the bits seed s gave element i + 1, each call exact SR
+with bits of its own along every axis, and an engine passing a step counter as the seed repeats them a step later
+(`calls whose seeds differ only in bit 0 (consecutive seeds s and s + 1, given the same state and inputs) rounded
+alike at a shift of 1 element in the state (...)`; since the sixty-third session).
+
 A kernel that takes slot indices runs every step of the check again through them, a slot per row (`state_batch_indices`,
 as serving engines call it) and a pad row after them, where it passes as it is: that path is another compiled variant,
 whose random offsets may come from the slot, and a padded batch may take a path of its own.
@@ -110,6 +117,15 @@ LAG_Z = 8.0
 LAG_EXCESS = 0.02
 # Distances with fewer pairs than this are not counted (too few to tell).
 LAG_MIN_PAIRS = 64
+# And the twin step's calls whose seeds differ only in bit 0 (consecutive seeds, as a step counter passed for the
+# seed gives them), compared at every shift in the flattened state but none: a kernel whose random offset is seed +
+# the element's offset (the seed in the counter, not in the key) gives seed s + 1's element i seed s's bits of element
+# i + 1. Their rounding decisions (up or down, centred on p) are correlated at each shift (an FFT's cross-correlation);
+# the pairs of one shift are independent (one element of each call each), each product within [-1, 1], so Bernstein's
+# inequality bounds the chance that independent draws correlate as much: a shift fails where that bound, times the
+# shifts compared, is below FALSE_ALARM (few elements far from a tie could otherwise stand out by one coincidence),
+# and the correlation is at least LAG_EXCESS of what identical bits give.
+SEED_SHIFT = "seed_shift"
 
 # The twin step's heads are at least this wide: its channels then have twins 64 apart, past a block of 64 (or
 # fewer) channels a program, where a kernel whose offsets restart with each block repeats its bits.
@@ -154,9 +170,11 @@ class _Steps:
     seed: int
     state: torch.Tensor
     arguments: dict
+    exact: torch.Tensor  # the twin step's float64 update
     p: torch.Tensor
     alike_state: torch.Tensor
     alike_arguments: dict
+    alike_exact: torch.Tensor
     alike_p: torch.Tensor
 
 
@@ -180,7 +198,8 @@ def _steps(case: DriftCase, device: str) -> _Steps:
         inputs = {name: None if t is None else copies[kind](t, name) for name, t in given.items()}
         state = inputs.pop("state")
         arguments = {"z": None, **inputs, "dt_softplus": problem.dt_softplus}
-        made[kind] = (state, arguments, fraction_between_neighbours(_exact_step(state.double(), arguments), case.dtype))
+        exact = _exact_step(state.double(), arguments)
+        made[kind] = (state, arguments, exact, fraction_between_neighbours(exact, case.dtype))
     return _Steps(seed, *made["twin"], *made["alike"])
 
 
@@ -255,6 +274,8 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     pairings.append((CALLS, 1, p, stored, bits(again)))
     pairings += [(name, 1, p, stored, bits(twin)) for name, twin in flipped.items()]
     figures, failed = {"widths": list(state.shape), **{name: [] for name in TWINS}, LAGS: lags}, []
+    if "seed_bit_0" in flipped:
+        figures[SEED_SHIFT] = _shift_figures(state, flipped["seed_bit_0"], steps.exact, p)
     for name, distance, *twins_of in pairings:
         pairing, fails = _pairing(distance, *twins_of)
         figures[name].append(pairing)
@@ -266,6 +287,9 @@ def _check(steps: _Steps, case: DriftCase, kernel: DriftAdapter, transcript: Tra
     if not failed:
         if lags["fails"]:
             return SlotCheck(NAME, Status.FAIL, f"{TITLE}: {_lag_failure(lags, lags['widths'])}", figures)
+        if figures.get(SEED_SHIFT, {}).get("fails"):
+            return SlotCheck(NAME, Status.FAIL, f"{TITLE}: {_shift_failure(figures[SEED_SHIFT], list(state.shape))}",
+                             figures)
         return SlotCheck(NAME, Status.PASS, "", figures)
     # Twins that never differ are certain; bits shared along one axis also make the other axes' pairs fail to be
     # independent of each other, and a count over them can then fall short by itself: those go unnamed.
@@ -333,7 +357,16 @@ def _lag_figures(stored: torch.Tensor, p: torch.Tensor) -> dict:
 
 def _lag_failure(lags: dict, widths: list[int]) -> str:
     """A failing distance, in words, with the steps along each axis that make it up."""
-    steps, rest = [], lags["distance"]
+    parts = _distance_parts(lags["distance"], widths)
+    return (f"elements {lags['distance']} apart in the state ({parts}), every element given the same state and "
+            f"inputs, stored the same bits in {lags['agree']} of {lags['pairs']} pairs where independent draws agree "
+            f"in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random bits repeat at that "
+            "distance (an offset computed with a wrong stride)")
+
+
+def _distance_parts(distance: int, widths: list[int]) -> str:
+    """A distance in the flattened state as steps along each axis: "row +0, head +1, channel -16, state index +0"."""
+    steps, rest = [], distance
     for size in reversed(widths[1:]):  # state indices, channels, heads; the rest is rows
         rest, step = divmod(rest, size)
         if step > size // 2:  # the nearer way round: one more along the outer axis, back along this one
@@ -341,11 +374,53 @@ def _lag_failure(lags: dict, widths: list[int]) -> str:
         steps.append(step)
     steps.append(rest)
     names = ("row", "head", "channel", "state index")
-    parts = ", ".join(f"{name} {step:+d}" for step, name in zip(reversed(steps), names))
-    return (f"elements {lags['distance']} apart in the state ({parts}), every element given the same state and "
-            f"inputs, stored the same bits in {lags['agree']} of {lags['pairs']} pairs where independent draws agree "
-            f"in {lags['expected']:.0f} ± {lags['sigma']:.0f}: the stochastic rounding's random bits repeat at that "
-            "distance (an offset computed with a wrong stride)")
+    return ", ".join(f"{name} {step:+d}" for step, name in zip(reversed(steps), names))
+
+
+def _shift_figures(first: torch.Tensor, second: torch.Tensor, exact: torch.Tensor, p: torch.Tensor) -> dict:
+    """The shift (in the flattened state, either way, 0 excluded: the seed_bit_0 twins judge it) at which two calls'
+    rounding decisions on the same step correlate most (SEED_SHIFT), and whether it fails. `exact` is the step's
+    float64 update, `p` where each element's magnitude lies between its neighbours (the chance it is rounded up)."""
+    n = exact.numel()
+    p = p.flatten().double()
+    centred = [((t.double().abs() > exact.abs()).flatten().double() - p) for t in (first, second)]
+    variance = p * (1 - p)
+
+    def correlate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """sum_i a[i + L] b[i] for L = -(n - 1) .. n - 1, in that order."""
+        full = torch.fft.irfft(torch.fft.rfft(a, 2 * n) * torch.fft.rfft(b, 2 * n).conj(), 2 * n)
+        return torch.cat([full[n + 1:], full[:n]])
+
+    shared = correlate(centred[0], centred[1])
+    spread = correlate(variance, variance)
+    alike = correlate(variance.sqrt(), variance.sqrt())  # what identical bits give where both elements' p agree
+    drawn = (variance > 0).double()
+    pairs = correlate(drawn, drawn).round()  # pairs of elements that both calls round with a draw
+    shifts = torch.arange(-(n - 1), n, device=p.device)
+    counted = (shifts != 0) & (pairs >= LAG_MIN_PAIRS)
+    if not bool(counted.any()):
+        return {"shift": None, "fails": False}
+    # Bernstein: P(sum >= t) <= exp(-t^2 / (2 (variance + t / 3))) for independent terms of mean 0 within [-1, 1].
+    exponent = torch.where(counted & (shared > 0), shared**2 / (2 * (spread + shared / 3)), -math.inf)
+    worst = int(exponent.argmax())
+    share = float(shared[worst] / alike[worst])
+    log_bound = -float(exponent[worst]) + math.log(int(counted.sum()))
+    return {"shift": int(shifts[worst]), "pairs": int(pairs[worst]), "correlation": round(share, 3),
+            "z": round(float(shared[worst] / spread[worst].clamp(min=1e-300).sqrt()), 2),
+            "fails": log_bound < math.log(FALSE_ALARM) and share >= LAG_EXCESS}
+
+
+def _shift_failure(shift: dict, widths: list[int]) -> str:
+    """A failing shift between the calls of consecutive seeds, in words."""
+    distance = abs(shift["shift"])
+    parts = _distance_parts(distance, widths)
+    earlier, later = ("s + 1", "s") if shift["shift"] > 0 else ("s", "s + 1")
+    return (f"calls whose seeds differ only in bit 0 (consecutive seeds s and s + 1, given the same state and inputs) "
+            f"rounded alike at a shift of {distance} element{'s' if distance != 1 else ''} in the state ({parts}): their rounding decisions "
+            f"correlate {shift['correlation']:.2f} (z = {shift['z']:.0f}; independent draws: 0 ± 1): element i of "
+            f"seed {earlier} takes seed {later}'s random bits of element i + {distance}, the seed added to the "
+            "element's offset instead of keying the random bits (a step counter passed as the seed repeats them a "
+            "step later)")
 
 
 def _pairing(distance: int, p: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> tuple[dict, bool]:
