@@ -174,7 +174,6 @@ class _Steps:
     p: torch.Tensor
     alike_state: torch.Tensor
     alike_arguments: dict
-    alike_exact: torch.Tensor
     alike_p: torch.Tensor
 
 
@@ -200,7 +199,8 @@ def _steps(case: DriftCase, device: str) -> _Steps:
         arguments = {"z": None, **inputs, "dt_softplus": problem.dt_softplus}
         exact = _exact_step(state.double(), arguments)
         made[kind] = (state, arguments, exact, fraction_between_neighbours(exact, case.dtype))
-    return _Steps(seed, *made["twin"], *made["alike"])
+    alike_state, alike_arguments, _, alike_p = made["alike"]  # the lags judge the alike step by its p alone
+    return _Steps(seed, *made["twin"], alike_state, alike_arguments, alike_p)
 
 
 def _step(kernel: DriftAdapter, state: torch.Tensor, arguments: dict, rounding: str, seed: int, where: str,
@@ -415,8 +415,9 @@ def _shift_failure(shift: dict, widths: list[int]) -> str:
     distance = abs(shift["shift"])
     parts = _distance_parts(distance, widths)
     earlier, later = ("s + 1", "s") if shift["shift"] > 0 else ("s", "s + 1")
+    elements = "element" if distance == 1 else "elements"
     return (f"calls whose seeds differ only in bit 0 (consecutive seeds s and s + 1, given the same state and inputs) "
-            f"rounded alike at a shift of {distance} element{'s' if distance != 1 else ''} in the state ({parts}): their rounding decisions "
+            f"rounded alike at a shift of {distance} {elements} in the state ({parts}): their rounding decisions "
             f"correlate {shift['correlation']:.2f} (z = {shift['z']:.0f}; independent draws: 0 ± 1): element i of "
             f"seed {earlier} takes seed {later}'s random bits of element i + {distance}, the seed added to the "
             "element's offset instead of keying the random bits (a step counter passed as the seed repeats them a "
