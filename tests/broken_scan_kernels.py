@@ -1579,3 +1579,148 @@ def varlen_softplus_without_threshold(x, dt, A, B, C, chunk_size, D=None, z=None
                                           return_varlen_states)
     return _with_initial_states(initial_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, cu_seqlens, dt_softplus,
                                 dt_limit, return_final_states, return_varlen_states)
+
+
+# ---------------------------------------------------------------------------- the fifth red-team round (63rd session)
+# Each is right at every width the preset reached before the sixty-third session and wrong at one it now reaches.
+
+# The block of channels a program takes (initial states, the gate), of heads a varlen dt pass covers, of sequences
+# whose initial states one program gathers, and of heads whose parameters one program loads.
+CHANNEL_BLOCK_32 = 32
+VARLEN_HEAD_BLOCK = 8
+VARLEN_SEQUENCE_BLOCK = 8
+PARAMETER_HEAD_BLOCK = 128
+# varlen_states_of_the_first_128_state_indices' block of state indices; varlen_passing_of_128_pieces' pieces.
+VARLEN_DSTATE_BLOCK = 128
+VARLEN_PIECES = 128
+
+
+def _channels_of_the_first_block(t: torch.Tensor) -> torch.Tensor:
+    """`t` (channels on axis 2) with channel p read at p % CHANNEL_BLOCK_32: a block's offset left out."""
+    return t[:, :, torch.arange(t.shape[2], device=t.device) % CHANNEL_BLOCK_32]
+
+
+def initial_states_of_the_first_channel_block(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                              initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                              dt_limit=(0.0, float("inf")), return_final_states=False,
+                                              return_varlen_states=False):
+    """Loads an initial state in blocks of 32 channels without the block's offset: channel p starts from channel
+    p % 32's state. Right up to 32 channels a head."""
+    if initial_states is not None and x.shape[-1] > CHANNEL_BLOCK_32:
+        initial_states = _channels_of_the_first_block(initial_states)
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_gate_of_the_first_channel_block(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                           initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                           dt_limit=(0.0, float("inf")), return_final_states=False,
+                                           return_varlen_states=False):
+    """Its varlen output stage reads z in blocks of 32 channels without the block's offset. Right up to 32
+    channels a head, and in batch mode."""
+    if cu_seqlens is not None and z is not None and x.shape[-1] > CHANNEL_BLOCK_32:
+        z = z[..., torch.arange(x.shape[-1], device=x.device) % CHANNEL_BLOCK_32]
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_dt_of_a_block_of_8_heads(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                    return_final_states=False, return_varlen_states=False):
+    """Its varlen dt pass covers one block of 8 heads: the heads past it keep a dt of 0 (no decay, no input).
+    Right up to 8 heads, and in batch mode."""
+    if cu_seqlens is not None and x.shape[2] > VARLEN_HEAD_BLOCK:
+        processed = process_dt(dt, dt_bias, dt_softplus, dt_limit, torch.float32)
+        processed[..., VARLEN_HEAD_BLOCK:] = 0.0
+        dt, dt_bias, dt_softplus, dt_limit = processed, None, False, (0.0, float("inf"))
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_group_of_a_head_by_a_power_of_two(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                             initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                             dt_limit=(0.0, float("inf")), return_final_states=False,
+                                             return_varlen_states=False):
+    """Its varlen path maps head h to group h // next_power_of_2(nheads / ngroups): right where a group has 1, 2,
+    4 ... heads, wrong at 3 a group."""
+    nheads, ngroups = x.shape[2], B.shape[2]
+    ratio = nheads // ngroups
+    rounded = 1 << (ratio - 1).bit_length()
+    if cu_seqlens is not None and rounded != ratio:
+        group = (torch.arange(nheads, device=x.device) // rounded).clamp(max=ngroups - 1)
+        B, C = B[:, :, group], C[:, :, group]  # one group a head, the wrong ones
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_states_of_the_first_128_state_indices(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                                 initial_states=None, seq_idx=None, cu_seqlens=None,
+                                                 dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                                 return_final_states=False, return_varlen_states=False):
+    """Its varlen-state store covers state indices below 128: past them the returned states are zeros. Right up to
+    dstate 128."""
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    if out.varlen_states is not None and B.shape[-1] > VARLEN_DSTATE_BLOCK:
+        out = replace(out, varlen_states=out.varlen_states.clone())
+        out.varlen_states[..., VARLEN_DSTATE_BLOCK:] = 0.0
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def dt_rows_seqlen_tokens_apart(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """Takes dt's row stride as seqlen times its token stride: right wherever dt's rows lie end to end."""
+    if cu_seqlens is None and x.shape[0] > 1:
+        dt = dt.as_strided(dt.shape, (dt.shape[1] * dt.stride(1), *dt.stride()[1:]), dt.storage_offset())
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_passing_of_128_pieces(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                 return_final_states=False, return_varlen_states=False):
+    """Its varlen state passing walks one block of 128 chunk pieces (the packed tokens' chunks, cut where sequences
+    start): the piece past them starts from zero, as if a sequence started there. Right up to 128 pieces."""
+    starts = set(range(0, x.shape[1], chunk_size)) | (set(cu_seqlens[:-1].tolist()) if cu_seqlens is not None else set())
+    pieces = sorted(starts)
+    cut = pieces[VARLEN_PIECES] if cu_seqlens is not None and len(pieces) > VARLEN_PIECES else None
+    if cut is None or cut in cu_seqlens.tolist():
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    bounds = cu_seqlens.tolist()
+    seq = next(s for s in range(len(bounds) - 1) if bounds[s] < cut < bounds[s + 1])
+    split = torch.tensor(sorted([*bounds, cut]), dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+    if initial_states is not None:  # the piece past the block has no initial state of its own: zeros
+        initial_states = torch.cat([initial_states[:seq + 1], torch.zeros_like(initial_states[:1]),
+                                    initial_states[seq + 1:]])
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, split, dt_softplus, dt_limit)
+    kept = [s for s in range(len(bounds)) if s != seq]  # the cut sequence's state is its second part's
+    states = out.varlen_states[kept]
+    return _mamba_result(out.y, replace(out, varlen_states=states, final_states=states[-1:]), return_final_states,
+                         return_varlen_states)
+
+
+def parameters_of_a_block_of_128_heads(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                       seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                       return_final_states=False, return_varlen_states=False):
+    """Loads A and dt_bias for a block of 128 heads without the block's offset: head h takes head h % 128's. Right
+    up to 128 heads."""
+    if x.shape[2] > PARAMETER_HEAD_BLOCK:
+        head = torch.arange(x.shape[2], device=x.device) % PARAMETER_HEAD_BLOCK
+        A = A[head]
+        dt_bias = dt_bias[head] if dt_bias is not None else None
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def varlen_initial_states_of_8_sequences(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                         initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                         dt_limit=(0.0, float("inf")), return_final_states=False,
+                                         return_varlen_states=False):
+    """Gathers the initial states of packed sequences in one block of 8: the sequences past it start from zero.
+    Right up to 8 sequences."""
+    if cu_seqlens is not None and initial_states is not None and initial_states.shape[0] > VARLEN_SEQUENCE_BLOCK:
+        initial_states = initial_states.clone()
+        initial_states[VARLEN_SEQUENCE_BLOCK:] = 0.0
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)

@@ -1208,6 +1208,13 @@ def narrow_bf16_sr_bits_shared_along_a_row(state, x, dt, A, B, C, D=None, z=None
 
 
 # ---------------------------------------------------------------------------- the fifth red-team round (63rd session)
+# large_batch_parameters_of_head_0's batch from which its other path runs; tied_path_x_of_the_first_64_channels'
+# block of channels; narrow_blocks_past_dstate_128's channels advanced of every block of 64.
+PARAMETER_ROWS = 32
+TIED_CHANNEL_BLOCK = 64
+NARROW_BLOCK, NARROW_BLOCK_STRIDE = 16, 64
+
+
 def _mix32(v):
     """A 32-bit integer hash (murmur's finaliser) of int64 `v`, in int64."""
     v = v & 0xFFFFFFFF
@@ -1231,4 +1238,68 @@ def random_bits_of_seed_plus_offset(state, x, dt, A, B, C, D=None, z=None, dt_bi
         state.copy_(_stochastic(new, state.dtype, uniform))
     else:
         state.copy_(new.to(state.dtype))
+    return out
+
+
+def state_head_stride_from_its_row_stride(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                          rounding="nearest", seed=0):
+    """Takes the state's head stride as its row stride over the heads (stride(0) // nheads): right for a state
+    whose rows are whole, wrong past head 0 of one layer's slice of a cache. Both rounding modes."""
+    nheads = state.shape[1]
+    view = state
+    if nheads > 1 and state.stride(0) != nheads * state.stride(1):
+        view = state.as_strided(state.shape, (state.stride(0), state.stride(0) // nheads, *state.stride()[2:]),
+                                state.storage_offset())
+    new, out = _fp32_step(view, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(view, new, rounding, seed)
+    return out
+
+
+def half_inputs_gate_of_head_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                               rounding="nearest", seed=0):
+    """Its path for fp16/bf16 activations reads z without the head's offset: every head gated by head 0's z. Right
+    for fp32 activations and without a gate. Both rounding modes."""
+    if x.dtype in HALF_INPUTS and z is not None:
+        z = z[:, :1].expand(z.shape)
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def large_batch_parameters_of_head_0(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                     rounding="nearest", seed=0):
+    """Its launch config for 32 rows or more loads A, D and dt_bias without the head's offset: every head takes head
+    0's. Right for smaller batches. Both rounding modes."""
+    if x.shape[0] >= PARAMETER_ROWS:
+        A = A[:1].expand(A.shape)
+        D = D[:1].expand(D.shape) if D is not None else None
+        dt_bias = dt_bias[:1].expand(dt_bias.shape) if dt_bias is not None else None
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def tied_path_x_of_the_first_64_channels(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                         rounding="nearest", seed=0):
+    """Its path for tied parameters (Mamba2's) takes channels in blocks of 64 and reads x without the block's offset:
+    channel c reads channel c % 64's x. Right up to 64 channels a head, and for untied parameters. Both rounding
+    modes."""
+    if _tied(A) and x.shape[-1] > TIED_CHANNEL_BLOCK:
+        x = x[..., torch.arange(x.shape[-1], device=x.device) % TIED_CHANNEL_BLOCK]
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out
+
+
+def narrow_blocks_past_dstate_128(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                                  rounding="nearest", seed=0):
+    """Its path past dstate 128 launches the narrow path's grid (a program a block of 64 channels) with blocks of 16
+    channels: channels 16..63 of every 64 are never advanced, stored or read into the output. Right at 16 channels a
+    head, and up to dstate 128. Both rounding modes."""
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    if state.shape[-1] > DSTATE_CAP:
+        advanced = torch.arange(state.shape[2], device=state.device) % NARROW_BLOCK_STRIDE < NARROW_BLOCK
+        new = torch.where(advanced[:, None], new, state.float())
+        out = torch.where(advanced, out.float(), _out_of(state, x, C, D, z).float()).to(x.dtype)
+    _store(state, new, rounding, seed)
     return out

@@ -247,3 +247,19 @@ def wrapped_slots(indices: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     (offsets that wrap to a slot's start: widths whose slot size divides 2**14)."""
     stride = pool.stride(0)
     return indices.long() * stride % WRAP_ELEMENTS // stride
+
+
+def varlen_head_d_of_head_0_without_a_gate(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                                           initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
+                                           dt_limit=(0.0, float("inf")), return_final_states=False,
+                                           return_varlen_states=False):
+    """Planted (fifth red-team round): its varlen epilogue without a gate (vLLM's call: D per head, the gated norm
+    after the scan) reads D without the head's offset, every head head 0's D. Right with a gate, with D per
+    channel, and in batch mode."""
+    if cu_seqlens is not None and z is None and D is not None and D.dim() == 1:
+        D = D[:1].expand(D.shape)
+    return chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                               dt_softplus, dt_limit, return_final_states, return_varlen_states)
+
+
+varlen_head_d_of_head_0_without_a_gate.pad_tokens = True

@@ -21,6 +21,7 @@ from ssmcheck.scan.inputs import ScanShape
 from ssmcheck.scan.regimes import REGIMES
 
 BROKEN = str(Path(__file__).with_name("broken_scan_kernels.py"))
+SLOTS = str(Path(__file__).with_name("slot_kernels.py"))
 TINY = ["--nheads", "2", "--headdim", "16", "--dstate", "8", "--ngroups", "1"]
 
 def scan(*args, json_path=None):
@@ -703,6 +704,57 @@ def test_the_default_preset_reaches_each_planted_bug_in_the_cases_built_for_it(k
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
 
 
+@pytest.mark.parametrize(("kernel", "reached", "status"), [
+    # initial-state's nine sequences at 9 heads in 3 groups of 64 channels
+    ("initial_states_of_the_first_channel_block", lambda p: p["regime"] == "initial-state" and p["headdim"] > 32,
+     "fail"),
+    ("varlen_gate_of_the_first_channel_block", lambda p: p["regime"] == "initial-state" and p["headdim"] > 32, "fail"),
+    ("varlen_dt_of_a_block_of_8_heads", lambda p: _is_varlen(p) and p["nheads"] > 8, "fail"),
+    ("varlen_group_of_a_head_by_a_power_of_two", lambda p: _is_varlen(p) and p["nheads"] // p["ngroups"] == 3,
+     "fail"),
+    ("varlen_initial_states_of_8_sequences", lambda p: p["regime"] == "initial-state" and p["batch"] > 8, "fail"),
+    # ragged at dstate 256, its 2200 tokens at chunk 16, normal's 136 heads
+    ("varlen_states_of_the_first_128_state_indices", lambda p: _is_varlen(p) and p["dstate"] > 128, "fail"),
+    ("varlen_passing_of_128_pieces", lambda p: _is_varlen(p) and p["batch"] * p["seqlen"] > 128 * p["chunk_size"],
+     "fail"),
+    ("parameters_of_a_block_of_128_heads", lambda p: p["nheads"] > 128, "fail"),
+], ids=["initial-states-in-blocks-of-32-channels", "varlen-gate-in-blocks-of-32-channels", "varlen-dt-of-8-heads",
+        "varlen-groups-by-a-power-of-two", "varlen-initial-states-of-8-sequences", "varlen-states-past-dstate-128",
+        "varlen-passing-past-128-pieces", "parameters-past-128-heads"])
+def test_the_default_preset_reaches_each_fifth_red_team_scan_bug_in_the_case_built_for_it(kernel, reached, status,
+                                                                                          tmp_path):
+    """The fifth red-team round's chunk scans (sixty-third session), each wrong only past a width the preset reached
+    nowhere before it: initial states or a varlen gate read in blocks of 32 channels without the block's offset, a
+    varlen dt pass over 8 heads, a varlen head-to-group map through a power of two, the initial states of a block of 8
+    packed sequences, varlen states stored for 128 state indices, varlen state passing over 128 chunk pieces, the
+    parameters of a block of 128 heads. One case fails each, and every other case passes."""
+    _, report = scan("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "k.json")
+    cases = planted_bug_cases(report, reached)
+    assert [c["status"] for c in cases] == [status], [c["id"] for c in cases]
+
+
+def test_strided_rows_hold_spare_tokens_that_a_row_offset_from_seqlen_reads(tmp_path):
+    """A kernel that takes dt's row stride as seqlen times its token stride is right wherever rows lie end to end;
+    `strided`'s buffer holds NaN spare tokens past each row's call, so its three cases read them, non-finite from row
+    1's first token on, and no other case fails."""
+    _, report = scan("--kernel", f"{BROKEN}:dt_rows_seqlen_tokens_apart", "--preset", "default",
+                     json_path=tmp_path / "d.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] == "strided")
+    assert [c["status"] for c in cases] == ["nonfinite"] * 3, [c["id"] for c in cases]
+    assert all(c["first_nonfinite"]["sequence"] == 1 and c["first_nonfinite"]["token"] == 0 for c in cases)
+
+
+def test_padded_makes_vllms_call_with_a_per_head_d_and_no_gate(tmp_path):
+    """`padded` passes D per head and no gate, as vLLM's mixer calls its varlen scan: a varlen epilogue of its own for
+    that call reading every head's D as head 0's fails its three cases; the other varlen regimes (a gate, or D per
+    channel) pass."""
+    _, report = scan("--kernel", f"{SLOTS}:varlen_head_d_of_head_0_without_a_gate", "--regime", "padded,ragged,aligned",
+                     json_path=tmp_path / "p.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] == "padded")
+    assert [c["status"] for c in cases] == ["fail"] * 3, [c["id"] for c in cases]
+    assert all("D per head and no gate" in c["inputs"] for c in cases)
+
+
 def _sequence_bounds(p) -> list[int]:
     """cu_seqlens of the case `p` names (a report's params), its inputs generated again; [] in batch mode."""
     cu_seqlens = case_inputs(p).cu_seqlens
@@ -742,7 +794,7 @@ def test_the_default_preset_catches_varlen_states_stored_at_a_headdim_stride(tmp
     """A kernel that stores (sequence, head, channel, state) of its varlen states at a row stride of headdim, not
     dstate, into a buffer it allocates uninitialised passes every case of headdim == dstate and batch mode, and is
     non-finite (the rows' gaps) in every varlen case of heads wider than their states: `initial-state` at 32 x 16,
-    one sequence and five, in every dtype, and at 24 x 16, three sequences in bf16; where heads are narrower than
+    one sequence and five, in every dtype, and at 24 x 16, three sequences, and 64 x 16, nine, in bf16; where heads are narrower than
     their states (`ragged` at 64 x 128 and at 16 x 40, `conv-output-varlen` at 16 x 96) the rows overlap and leave the
     buffer's end unwritten, non-finite too."""
     _, report = scan("--kernel", f"{BROKEN}:varlen_states_stride_typo", "--preset", "default",
@@ -752,7 +804,7 @@ def test_the_default_preset_catches_varlen_states_stored_at_a_headdim_stride(tmp
     overlaps = [c for c in wide if c["params"]["headdim"] < c["params"]["dstate"]]
     assert sorted((c["params"]["regime"], c["status"]) for c in overlaps) == [
         ("conv-output-varlen", "nonfinite"), *[("ragged", "nonfinite")] * 2]
-    assert len(gaps) == 7 and {c["params"]["regime"] for c in gaps} == {"initial-state"}
+    assert len(gaps) == 8 and {c["params"]["regime"] for c in gaps} == {"initial-state"}
     for case in gaps:
         assert case["status"] == "nonfinite" and case["first_nonfinite"]["output"] == "final_states"
         # row (0, 0, 0) is stored in place; (0, 0, 1) at a stride of 32 (24) leaves channel 1 unwritten

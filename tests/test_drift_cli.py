@@ -851,6 +851,33 @@ def test_the_default_preset_reaches_each_fourth_red_team_bug_in_the_cases_built_
     assert len(cases) == count and all(c["status"] == "fail" for c in cases), [c["id"] for c in cases]
 
 
+@pytest.mark.parametrize(("kernel", "regimes", "reached", "statuses"), [
+    # strided's state, one layer's slice of a cache, at 2 heads: head 1 read in the other layer, written past the state
+    ("state_head_stride_from_its_row_stride", "strided,normal", lambda p: p["regime"] == "strided",
+     ["error", "error", "nonfinite", "nonfinite"]),
+    # the half-precision inputs' regimes with a gate, their fp32 cases at 4 heads
+    ("half_inputs_gate_of_head_0", "bf16-inputs,fp16-inputs,untied", lambda p: p["state_dtype"] == "fp32"
+     and p["regime"] != "untied", ["fail", "fail"]),
+    # normal's 32 rows of 2 heads at 72 channels
+    ("large_batch_parameters_of_head_0", "normal", lambda p: p["batch"] >= 32, ["fail"]),
+    ("tied_path_x_of_the_first_64_channels", "normal,untied", lambda p: p["headdim"] > 64 and p["regime"] == "normal",
+     ["fail"]),
+    # normal's dstate-256 case at 32 channels a head, both dtypes and modes
+    ("narrow_blocks_past_dstate_128", "normal", lambda p: p["dstate"] > 128, ["fail"] * 4),
+], ids=["state-head-stride-from-row-stride", "half-inputs-gate-of-head-0", "parameters-of-head-0-from-32-rows",
+        "tied-x-in-blocks-of-64", "narrow-blocks-past-dstate-128"])
+def test_the_default_preset_reaches_each_fifth_red_team_state_update_bug(kernel, regimes, reached, statuses, tmp_path):
+    """The fifth red-team round's state updates (sixty-third session), each wrong only past a width or layout the
+    preset reached nowhere before it: a head stride taken from a cache slice's row stride, a gate read at head 0 on
+    the path for half-precision activations, head 0's parameters from 32 rows on, x read in blocks of 64 channels
+    without the block's offset on the tied path, blocks of 16 channels of every 64 past dstate 128. The cases built
+    for each fail (or are non-finite, or err writing past the state), and the others named beside them pass."""
+    _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", "--regime", regimes,
+                      json_path=tmp_path / "r.json")
+    cases = planted_bug_cases(report, reached)
+    assert sorted(c["status"] for c in cases) == statuses, [(c["id"], c["status"]) for c in cases]
+
+
 def test_random_bits_of_seed_plus_offset_fail_every_stochastic_case_on_consecutive_seeds(tmp_path):
     """Stochastic rounding whose bits hash seed + the element's offset is exact SR in every call, its bits its own
     along every axis: the calls whose seeds differ only in bit 0 (consecutive seeds) round alike one element apart,

@@ -15,7 +15,7 @@ from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
 from ssmcheck.ops.chunk_scan.naive import scan_recurrent
 from ssmcheck.scan.adapter import resolve
 from ssmcheck.scan.inputs import ScanShape
-from ssmcheck.scan.regimes import CACHE_LAYERS, REGIMES, in_proj_columns
+from ssmcheck.scan.regimes import CACHE_LAYERS, REGIMES, STRIDED_SPARE_TOKENS, in_proj_columns
 from ssmcheck.scan.spec import ScanCase
 
 LAYOUT = str(Path(__file__).with_name("layout_kernels.py"))
@@ -38,7 +38,9 @@ def test_strided_inputs_are_views_into_one_in_proj_buffer_in_mamba2_order():
     for name, start in starts.items():
         view = getattr(inputs, name)
         assert view.untyped_storage().data_ptr() == storage and view.storage_offset() == start
-        assert view.stride()[:2] == (128 * width, width) and view.stride()[-1] == 1 and not view.is_contiguous()
+        # Rows (seqlen + STRIDED_SPARE_TOKENS) tokens apart: the buffer holds spare tokens a row, NaN.
+        assert view.stride()[:2] == ((128 + STRIDED_SPARE_TOKENS) * width, width) and view.stride()[-1] == 1
+        assert not view.is_contiguous()
         assert view.dtype == torch.bfloat16 and bool(torch.isfinite(view).all()) and bool(view.abs().sum() > 0)
     assert inputs.A.is_contiguous() and inputs.D.is_contiguous() and inputs.dt_bias is not None
 
@@ -140,21 +142,24 @@ def test_conv_output_puts_x_b_c_channel_major_in_a_conv_buffer_and_z_dt_in_the_i
         assert getattr(moved, name).stride() == getattr(inputs, name).stride()
 
 
-@pytest.mark.parametrize(("kernel", "regimes"), [
-    ("z_read_with_x_strides", {"conv-output", "conv-output-varlen"}),
-    ("channels_read_as_contiguous", {"conv-output", "conv-output-varlen"}),
-    ("rows_seqlen_tokens_apart", {"conv-output"}),  # packed sequences are one row
+@pytest.mark.parametrize(("kernel", "statuses"), [
+    ("z_read_with_x_strides", {"conv-output": ["fail"], "conv-output-varlen": ["fail"]}),
+    ("channels_read_as_contiguous", {"conv-output": ["fail"], "conv-output-varlen": ["fail"]}),
+    # packed sequences are one row; strided's rows hold NaN spare tokens past the call's (its three dtypes read them)
+    ("rows_seqlen_tokens_apart", {"conv-output": ["fail"], "strided": ["nonfinite"] * 3}),
 ])
-def test_the_default_preset_fails_a_kernel_taking_one_inputs_strides_for_another_in_conv_output_only(
-        kernel, regimes, tmp_path):
+def test_the_default_preset_fails_a_kernel_taking_one_inputs_strides_for_another_where_layouts_differ(
+        kernel, statuses, tmp_path):
     """Each kernel reads an input with a stride it was not passed (z with x's, a channel stride of 1, rows
     seqlen token strides apart): right wherever the inputs share one layout, so conv-output's cases alone fail
-    (its batch-mode one, and the packed one where the bug is not about rows)."""
+    (its batch-mode one, and the packed one where the bug is not about rows), and, for rows, strided's, whose
+    buffer holds more tokens a row than the call's."""
     result, report = invoke("scan", "--kernel", f"{LAYOUT}:{kernel}", "--preset", "default",
                             json_path=tmp_path / "r.json")
-    assert result.exit_code == 1, result.output
-    failed = planted_bug_cases(report, lambda p: p["regime"] in regimes)
-    assert len(failed) == len(regimes) and all(c["status"] == "fail" for c in failed), [c["id"] for c in failed]
+    assert result.exit_code == (3 if "strided" in statuses else 1), result.output
+    failed = planted_bug_cases(report, lambda p: p["regime"] in statuses)
+    seen = {regime: sorted(c["status"] for c in failed if c["params"]["regime"] == regime) for regime in statuses}
+    assert seen == statuses, [(c["id"], c["status"]) for c in failed]
 
 
 def test_mamba2_2_7b_token_offsets_pass_2_31_at_203053_tokens():

@@ -87,11 +87,12 @@ DRIFT_REGIMES: dict[str, str] = {
     "subnormal": "normal's dynamics with the state and x scaled by 2**-16, so an fp16 state lies mostly below its "
     "smallest normal (2**-14), in subnormals whose spacing is 2**-24: a store that flushes subnormals to zero, or a "
     "stochastic rounding that assumes a normal's 10 fraction bits, fails here (fp16 states only)",
-    "bf16-inputs": "normal's values rounded to bf16 and passed in bf16 (x, dt, B and C), as serving engines pass a "
-    "bf16 model's activations (A, D and dt_bias stay float32 parameters): views into one buffer per step, laid out as "
-    "`strided`'s; out is bf16 too. A kernel that computes in its inputs' dtype (dt's softplus, the decay, dt*x*B) "
-    "instead of float32, or whose path for half-precision inputs reads them at other offsets, fails here, plainest "
-    "into an fp32 state",
+    "bf16-inputs": "normal's values and a unit-normal gate z rounded to bf16 and passed in bf16 (x, dt, B, C and z), "
+    "as serving engines pass a bf16 model's activations (A, D and dt_bias stay float32 parameters): views into one "
+    "buffer per step, laid out as `strided`'s, z the second half of a row [x | z] of one of its own as in `untied`; "
+    "out is bf16 too. A kernel that computes in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of "
+    "float32, or whose path for half-precision inputs reads them (z among them) at other offsets, fails here, "
+    "plainest into an fp32 state",
     "fp16-inputs": "bf16-inputs with fp16 activations, as an fp16-served model passes them (GPUs without bf16): a "
     "kernel's branch for fp16 inputs (half-precision products, a cast meant for bf16) fails here and nowhere else",
 }
@@ -423,16 +424,16 @@ def _no_softplus(shape, state_dtype, nsteps, generator):
 
 
 def _half_inputs(activations: torch.dtype) -> Callable:
-    """The builder of a regime of normal's draws with every step input rounded to `activations` (dt before its
-    stride-0 expansion over headdim, so that it stays a view, as Mamba2 passes it)."""
+    """The builder of a regime of normal's draws and a gate z (`_gated`) with every step input rounded to
+    `activations` (dt before its stride-0 expansion over headdim, so that it stays a view, as Mamba2 passes it)."""
 
     def build(shape, state_dtype, nsteps, generator):
-        params = _normal(shape, state_dtype, nsteps, generator)
+        params = _gated(_normal(shape, state_dtype, nsteps, generator))
 
         def draw_steps(g, n):
             steps = params.draw_steps(g, n)
             return replace(steps, x=steps.x.to(activations), B=steps.B.to(activations), C=steps.C.to(activations),
-                           dt=steps.dt[..., :1].to(activations).expand(steps.dt.shape))
+                           z=steps.z.to(activations), dt=steps.dt[..., :1].to(activations).expand(steps.dt.shape))
 
         return replace(params, draw_steps=draw_steps)
 

@@ -194,9 +194,10 @@ def normal(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
 def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states: bool,
             boundaries=_ragged_cu_seqlens, gated: bool = False, dt_limit=NO_DT_LIMIT,
             processed_dt: bool = False, dt_centres: tuple[float, float] | None = None,
-            linear_softplus: float = 0.0, bare: bool = False) -> ScanInputs:
-    """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel and
-    no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x per channel).
+            linear_softplus: float = 0.0, bare: bool = False, head_d: bool = False) -> ScanInputs:
+    """Packed sequences: with an initial state each and D per head and a gate z, or else with D per channel (per
+    head where `head_d`) and no gate but where `gated` (a per-channel D under a gate: y = (C·h + D·x) * silu(z), D·x
+    per channel).
     `processed_dt`: dt passed as softplus(raw + dt_bias) already, with no dt_bias and dt_softplus False (the same
     draws), as a caller that applies the softplus itself passes it. `dt_centres`: the range of the heads' dt centres
     (dt_bias drawn for them), instead of the trained range, so that a dt_limit clamps every head as `long`'s does.
@@ -219,13 +220,14 @@ def _varlen(shape: ScanShape, dtype: torch.dtype, seed: int, with_initial_states
         extra["initial_states"] = _normal(g, (shape.batch, shape.nheads, shape.headdim, shape.dstate))
         extra["D"] = _normal(g, shape.nheads)
     else:
-        extra["D"] = _normal(g, (shape.nheads, shape.headdim))  # D per channel
+        extra["D"] = _normal(g, shape.nheads if head_d else (shape.nheads, shape.headdim))
         if not gated:
             u.pop("z")
     if bare:  # D drawn all the same, so that the draws after it (A, the linear branch's) are those without `bare`
         extra.pop("D")
     note = _lengths_note(cu) + (", each with an initial state" if with_initial_states else "")
     note += ", D per channel under a gate z" if gated else ""
+    note += ", D per head and no gate" if head_d else ""
     note += f", dt clamped to {dt_limit}" if dt_limit != NO_DT_LIMIT else ""
     note += ", dt processed (softplus applied, no dt_bias)" if processed_dt else ""
     note += ", a gate z, no D and no dt_bias (softplus of the raw dt)" if bare else ""
@@ -285,8 +287,11 @@ def _padded(inputs: ScanInputs, shape: ScanShape, seed: int) -> ScanInputs:
 
 
 def padded(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    """ragged's sequences, each followed by 1..chunk_size pad tokens in the kernel's call (scan.padding)."""
-    return _padded(_varlen(shape, dtype, seed, with_initial_states=False), shape, seed)
+    """ragged's sequences, each followed by 1..chunk_size pad tokens in the kernel's call (scan.padding), with D per
+    head and no gate z: the call vLLM's Mamba2 mixer makes (its gated norm runs after the scan), the one varlen
+    regime with a per-head D and no gate (since the sixty-third session; D per channel before), so a varlen path of
+    its own for that call (an epilogue without the gate reading D without its head's offset) fails here."""
+    return _padded(_varlen(shape, dtype, seed, with_initial_states=False, head_d=True), shape, seed)
 
 
 def padded_initial_state(shape: ScanShape, dtype: torch.dtype, seed: int,
@@ -544,6 +549,11 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
     dt is clamped above only, dt_limit (0, max) with max the STRIDED_DT_QUANTILE of the step's dt: a model's
     time_step_limit (0, max) in batch mode, where a path that clamps only where the lower end is above 0 (taking
     (0, anything) for no limit) computes another dt for a quarter of the tokens.
+
+    The buffer holds STRIDED_SPARE_TOKENS more tokens a row than the call's, NaN (a buffer sized for more tokens, as
+    a CUDA graph's is captured for a larger batch): a row starts (seqlen + spare) tokens after the previous one, so
+    a kernel that takes a row's offset as seqlen times the token stride reads the spare tokens or the previous
+    row's (since the sixty-third session).
     """
     values = normal(shape, dtype, seed)
     step_dt = process_dt(values.dt, values.dt_bias, values.dt_softplus, NO_DT_LIMIT, torch.float64).flatten()
@@ -551,15 +561,19 @@ def strided(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.
     upper = step_dt.kthvalue(max(1, math.ceil(STRIDED_DT_QUANTILE * step_dt.numel()))).values
     values = replace(values, dt_limit=(0.0, float(f"{float(upper):.2g}")))
     columns = in_proj_columns(shape)
-    # Every column is written below: nothing of the buffer is left unset.
-    buffer = torch.empty((shape.batch, shape.seqlen, sum(columns.values())), dtype=dtype)
-    views = _placed_in_columns(buffer, {name: getattr(values, name) for name in columns})
+    # Every column of the call's tokens is written below; the spare tokens are NaN.
+    buffer = torch.full((shape.batch, shape.seqlen + STRIDED_SPARE_TOKENS, sum(columns.values())), float("nan"),
+                        dtype=dtype)
+    views = _placed_in_columns(buffer[:, :shape.seqlen], {name: getattr(values, name) for name in columns})
     return replace(values, **views, note=f"{values.note}; x, z, B, C, dt: views into one in_proj buffer of "
-                                         f"{buffer.shape[-1]} elements per token; dt clamped to {values.dt_limit}")
+                                         f"{buffer.shape[-1]} elements per token and {buffer.shape[1]} tokens a row "
+                                         f"({STRIDED_SPARE_TOKENS} spare, NaN); dt clamped to {values.dt_limit}")
 
 
 # The quantile of strided's step dt that its dt_limit's upper end takes (a quarter of the tokens clamped).
 STRIDED_DT_QUANTILE = 0.75
+# The tokens a row of strided's buffer holds past the call's.
+STRIDED_SPARE_TOKENS = 8
 
 
 def conv_output(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
