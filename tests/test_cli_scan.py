@@ -556,25 +556,25 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     limited = planted_bug_cases(report, lambda p: p["regime"] in ("long", "continuation", "initial-state", "aligned",
                                                                   "large-magnitude", "large-output")
                                 and p["seqlen"] > 1)
-    assert len(limited) == 22 and all(c["status"] == "fail" for c in limited)
+    assert len(limited) == 23 and all(c["status"] == "fail" for c in limited)
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
-    ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 2),
+    ("parameters_of_head_mod_8", lambda p: p["nheads"] > 8, 3),
     ("per_channel_skip_after_gate", lambda p: p["regime"] in ("aligned", "long", "continuation"), 9),
     ("dt_limit_only_with_softplus", lambda p: p["regime"] in ("large-magnitude", "large-output", "aligned"), 7),
     ("initial_state_lost_at_chunk_start", lambda p: p["regime"] == "aligned-initial-state", 2),
     ("later_dstate_blocks_in_group_0", lambda p: p["dstate"] > 128 and p["ngroups"] > 1, 2),
-    ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 9),
+    ("channels_masked_by_dstate", lambda p: p["headdim"] > p["dstate"], 10),
     ("initial_state_head_stride_squared", lambda p: p["headdim"] != p["dstate"]
-     and ("initial-state" in p["regime"] or p["regime"] in ("long", "conv-output-varlen")), 10),
+     and ("initial-state" in p["regime"] or p["regime"] in ("long", "conv-output-varlen")), 11),
     ("rows_joined_at_whole_chunks", lambda p: p["regime"] in ("normal", "long") and p["batch"] > 1
      and p["seqlen"] % p["chunk_size"] == 0, 3),
     ("skip_past_16_heads_in_bf16", lambda p: p["nheads"] > 16, 1),
-    ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 4),
+    ("initial_states_mod_4", lambda p: "initial-state" in p["regime"] and p["batch"] > 4, 5),
     # ragged's 9 sequences in 6 chunks and 16 in 2, initial-state's 4 in one chunk and 3 in under one; by their seeds'
     # draws also ragged's bf16 cases of 4 (chunk 64 and 128) and initial-state's fp16 of 5 and bf16 of 5 at chunk 256
-    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 8),
+    ("one_reset_per_chunk", lambda p: _two_mid_chunk_starts_in_a_chunk(_sequence_bounds(p), p["chunk_size"]), 9),
     ("varlen_carried_16_chunks", lambda p: _longest_sequence(_sequence_bounds(p)) > 16 * p["chunk_size"], 1),
     ("varlen_group_of_head_by_ngroups", lambda p: _is_varlen(p) and p["ngroups"] > 1
      and p["ngroups"] ** 2 != p["nheads"], 2),
@@ -584,9 +584,9 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # the SSM part's call asks for y alone (no return flags): every case from initial states that has D or z
     ("initial_states_only_with_returned_states", lambda p: p["regime"] in ("initial-state", "aligned-initial-state",
                                                                           "long", "continuation",
-                                                                          "conv-output-varlen"), 19),
+                                                                          "conv-output-varlen"), 20),
     # dt-extreme (and packed), and initial-state: the one varlen regime with a gate and no D
-    ("gate_only_with_d", lambda p: p["regime"] in ("dt-extreme", "dt-extreme-packed", "initial-state"), 13),
+    ("gate_only_with_d", lambda p: p["regime"] in ("dt-extreme", "dt-extreme-packed", "initial-state"), 14),
     ("dt_limit_only_with_a_lower_end", lambda p: p["regime"] in ("ragged", "strided"), 14),
     # strided's (0, max): the one batch-mode dt_limit without a lower end
     ("batch_dt_limit_only_with_a_lower_end", lambda p: p["regime"] == "strided", 3),
@@ -594,15 +594,15 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # initial-state's 3 sequences in 36 tokens, and continuation's batch rows of 40 tokens at chunk 64
     ("initial_states_dropped_under_a_chunk", lambda p: case_inputs(p).initial_states is not None
      and (p["batch"] * p["seqlen"] if _is_varlen(p) else p["seqlen"]) < p["chunk_size"], 2),
-    ("sequences_past_8_merged", lambda p: _is_varlen(p) and p["batch"] > 8, 2),
+    ("sequences_past_8_merged", lambda p: _is_varlen(p) and p["batch"] > 8, 3),
     ("one_token_prefill_without_dt_limit", lambda p: p["seqlen"] == 1, 1),
-    ("varlen_dt_limit_upper_only", lambda p: p["regime"] in ("initial-state", "aligned"), 11),
+    ("varlen_dt_limit_upper_only", lambda p: p["regime"] in ("initial-state", "aligned"), 12),
     # the call for y alone in bf16 and fp32 batch-mode cases with D and z and no initial states
     # (scan.run.judges_y_alone)
     ("training_forward_gate_before_skip", lambda p: p["regime"] in ("normal", "strided", "conv-output")
      and p["dtype"] in ("bf16", "fp32"), 20),
     ("short_prefill_sigmoid_gate", lambda p: not _is_varlen(p) and 1 < p["seqlen"] < p["chunk_size"]
-     and p["regime"] in ("normal", "continuation"), 2),
+     and p["regime"] in ("normal", "continuation"), 3),
     ("microbatches_share_a_gate", lambda p: not _is_varlen(p) and p["batch"] > 2 and p["regime"] == "normal", 2),
     ("group_of_head_within_block_of_32", lambda p: p["nheads"] > 32 and p["ngroups"] > 1, 1),
     ("dt_limit_skipped_past_softplus_threshold", lambda p: p["regime"] == "ragged", 11),
@@ -630,9 +630,9 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     ("last_token_chunk_undecayed_in_the_final_state", lambda p: p["seqlen"] % p["chunk_size"] == 1 and p["seqlen"] > 1
      and not _is_varlen(p), 3),
     # every case of a 16-bit y (its mean signed error near -1/2 ulp; 8 of them over the norm-wise limit too)
-    ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 59),
+    ("y_stored_toward_zero", lambda p: p["dtype"] in ("bf16", "fp16"), 60),
     # the same cases: rounded down, its mean signed along y cancels over y's two signs; toward +inf it is -1/2 ulp
-    ("y_stored_toward_minus_inf", lambda p: p["dtype"] in ("bf16", "fp16"), 59),
+    ("y_stored_toward_minus_inf", lambda p: p["dtype"] in ("bf16", "fp16"), 60),
     # every case of fp16/bf16 final states (their mean signed error near -1/2 ulp), but an fp16 state from bf16 inputs
     # to nearest (ragged's), where the baseline's own arithmetic errs by over an fp16 ulp in 70% of the elements
     ("final_states_stored_toward_zero", lambda p: p["state_dtype"] in ("bf16", "fp16")
@@ -642,7 +642,7 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # under 300 tokens: a longer one decays the earlier sequences' state (and a dropped initial one) out of its own, as
     # decay-extreme-packed's huge decays do in any length
     ("final_state_of_the_whole_row", lambda p: p["dtype"] == "bf16" and _last_sequence_after_others(p) < 300
-     and p["regime"] != "decay-extreme-packed", 13),
+     and p["regime"] != "decay-extreme-packed", 14),
     # long's 130 chunks of 16
     ("state_carried_128_chunks", lambda p: not _is_varlen(p) and p["seqlen"] > 128 * p["chunk_size"], 1),
     # ragged's 9 sequences at dstate 40, the one varlen case whose state fills no block of 16
@@ -652,7 +652,10 @@ def test_the_default_preset_catches_a_dt_limit_clamped_at_one_end(tmp_path):
     # the fourth red-team round's (sixtieth session): conv-output-varlen's initial states of 6 heads x 16 x 96
     ("initial_state_masked_by_headdim", lambda p: p["regime"] == "conv-output-varlen", 1),
     ("initial_state_block_offset_missing", lambda p: p["regime"] == "conv-output-varlen", 1),
-    ("initial_state_sequence_stride_of_padded_heads", lambda p: p["regime"] == "conv-output-varlen", 1),
+    # initial states of a head count no power of two, of several sequences: conv-output-varlen's 6 heads and
+    # initial-state's 9 (since the sixty-third session)
+    ("initial_state_sequence_stride_of_padded_heads", lambda p: p["nheads"] & (p["nheads"] - 1)
+     and _sequences_from_initial_states(p) > 1, 2),
     # aligned-initial-state's initial states, one layer's slice of a state cache
     ("varlen_initial_states_read_as_contiguous", lambda p: p["regime"] == "aligned-initial-state", 2),
     ("heads_past_64_never_cumsummed", lambda p: p["nheads"] > 64, 1),
@@ -770,6 +773,12 @@ def _last_sequence_after_others(p) -> float:
     return bounds[-1] - bounds[-2]
 
 
+def _sequences_from_initial_states(p) -> int:
+    """How many initial states (sequences, or batch rows) the case `p` names passes; 0 without them."""
+    initial_states = case_inputs(p).initial_states
+    return 0 if initial_states is None else initial_states.shape[0]
+
+
 def _is_varlen(p) -> bool:
     return bool(_sequence_bounds(p))
 
@@ -822,19 +831,20 @@ def test_the_default_preset_catches_channel_blocks_that_all_compute_the_first(tm
 
 def test_the_default_preset_catches_a_dstate_block_capped_at_128(tmp_path):
     """A kernel whose block of state indices stops at 128, with no loop past it, passes every case of dstate <= 128
-    and fails the default preset's cases of dstate 256 (bf16 and fp32)."""
+    and fails the default preset's cases of dstate 256 (3 heads in bf16 and fp32, `ragged`'s packed sequences at 64
+    channels a head)."""
     _, report = scan("--kernel", f"{BROKEN}:dstate_capped_at_128", "--preset", "default", json_path=tmp_path / "d.json")
     wide = planted_bug_cases(report, lambda p: p["dstate"] > 128)
-    assert len(wide) == 2 and all(c["status"] == "fail" for c in wide)
+    assert len(wide) == 3 and all(c["status"] == "fail" for c in wide)
 
 
 def test_the_default_preset_catches_heads_taken_in_pairs(tmp_path):
     """A kernel whose programs take heads two at a time (nheads // 2 programs) never computes the last of an odd
-    head count: it passes every case of an even count and fails the default preset's cases of 3 heads (bf16, fp32) and
-    long's one head at chunk 16, naming the last head."""
+    head count: it passes every case of an even count and fails the default preset's cases of 3 heads (bf16, fp32),
+    initial-state's 9 and the single heads of long's and ragged's chunk-16 cases, naming the last head."""
     _, report = scan("--kernel", f"{BROKEN}:heads_in_pairs", "--preset", "default", json_path=tmp_path / "p.json")
     odd = planted_bug_cases(report, lambda p: p["nheads"] % 2)
-    assert sorted(c["params"]["nheads"] for c in odd) == [1, 3, 3]
+    assert sorted(c["params"]["nheads"] for c in odd) == [1, 1, 3, 3, 9]
     assert all(c["status"] == "fail" and f" head {c['params']['nheads'] - 1} " in c["message"] for c in odd)
 
 
@@ -861,13 +871,13 @@ def test_the_default_preset_catches_a_softplus_whose_exp_overflows_as_fp16(tmp_p
 
 def test_the_default_preset_catches_a_varlen_softplus_taken_only_with_a_bias(tmp_path):
     """A kernel whose varlen path takes the softplus only where dt_bias is given fails `initial-state`, the one varlen
-    regime with a softplus and no dt_bias at trained ranges, in its 9 cases, and is non-finite in `dt-extreme-packed`
+    regime with a softplus and no dt_bias at trained ranges, in its 10 cases, and is non-finite in `dt-extreme-packed`
     (no dt_bias either: its raw dt of -23..-40, taken as the step's dt, grows the state by exp(|A| dt))."""
     _, report = scan("--kernel", f"{BROKEN}:softplus_only_with_a_bias_in_varlen", "--preset", "default",
                      json_path=tmp_path / "v.json")
     cases = planted_bug_cases(report, lambda p: p["regime"] in ("initial-state", "dt-extreme-packed"))
     assert sorted((c["params"]["regime"], c["status"]) for c in cases) == [
-        ("dt-extreme-packed", "nonfinite"), *[("initial-state", "fail")] * 9], [c["id"] for c in cases]
+        ("dt-extreme-packed", "nonfinite"), *[("initial-state", "fail")] * 10], [c["id"] for c in cases]
 
 
 @pytest.mark.parametrize(("kernel", "regimes"), [

@@ -98,7 +98,7 @@ def test_cases_that_differ_only_in_their_values_share_a_group_and_any_layout_or_
         replace(first, kernel="other:kernel"),
         *_cases(default_plan, "no-softplus-fp16-nearest-b1-h1x16n128g1",  # dt_softplus off
                 "bf16-inputs-fp16-nearest-b1-h1x16n128g1",  # the step inputs' dtype
-                "strided-fp16-nearest-b2-h1x16n128g1",  # views into one buffer per step
+                "strided-fp16-nearest-b2-h2x16n128g1",  # views into one buffer per step
                 "untied-fp16-nearest-b2-h1x16n128g1"),  # per-channel parameters and a gate
     ]
     groups = [ahead.compile_group(c) for c in [first, *others]]
@@ -155,7 +155,7 @@ def test_a_case_traces_a_new_float64_step_exactly_where_its_group_is_new(monkeyp
                    "normal-fp16-stochastic-b1-h1x16n128g1", "overflow-fp16-stochastic-b1-h1x16n128g1",
                    "normal-bf16-nearest-b1-h1x16n128g1", "bf16-inputs-fp16-nearest-b1-h1x16n128g1",
                    "no-softplus-fp16-nearest-b1-h1x16n128g1", "dt-extreme-fp16-nearest-b1-h1x16n128g1",
-                   "strided-fp16-nearest-b2-h1x16n128g1", "subnormal-fp16-nearest-b1-h1x16n128g1")
+                   "strided-fp16-nearest-b2-h2x16n128g1", "subnormal-fp16-nearest-b1-h1x16n128g1")
     seen, traced_where, new_where = set(), [], []
     try:
         for case in cases:

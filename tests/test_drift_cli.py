@@ -106,11 +106,13 @@ def test_the_default_preset_catches_a_kernel_wrong_without_a_softplus(tmp_path, 
 
 def test_the_default_preset_catches_a_kernel_that_adds_the_skip_after_the_gate(tmp_path):
     """A state update that computes C . state * silu(z) + D * x (the skip outside the gate) is right without a
-    gate, so it passes every regime but `untied` and `dt-bias-none`, the ones that pass z with D, and fails those in
-    every state dtype and rounding mode they run, on their output."""
+    gate, so it passes every regime but `untied`, `dt-bias-none` and the half-precision inputs' (gated since the
+    sixty-third session), the ones that pass z with D, and fails those in every state dtype and rounding mode they
+    run, on their output."""
     _, report = drift("--kernel", f"{BROKEN}:skip_after_gate", "--preset", "default", json_path=tmp_path / "z.json")
-    gated = planted_bug_cases(report, lambda p: p["regime"] in ("untied", "dt-bias-none"))
-    assert len(gated) == 6 and all(c["status"] == "fail" and "output error" in c["message"] for c in gated)
+    gated = planted_bug_cases(report, lambda p: p["regime"] in ("untied", "dt-bias-none", "bf16-inputs",
+                                                               "fp16-inputs"))
+    assert len(gated) == 10 and all(c["status"] == "fail" and "output error" in c["message"] for c in gated)
 
 
 @pytest.mark.parametrize(("kernel", "reached", "count"), [
@@ -237,7 +239,7 @@ def test_the_default_preset_catches_round_to_nearest_in_padded_batches(tmp_path)
 
 def test_the_default_preset_catches_a_launch_config_of_large_batches_right_only_at_whole_channel_blocks(tmp_path):
     """A state update that, from 8 rows on, tiles channels in blocks of 32 over a grid rounded down never advances a
-    partial last block: it passes every case of fewer rows and fails the 20-row case at 40 channels a head."""
+    partial last block: it passes every case of fewer rows and fails the 36-row case at 72 channels a head."""
     _, report = drift("--kernel", f"{BROKEN}:channels_in_blocks_of_32_from_8_rows", "--preset", "default",
                       json_path=tmp_path / "b.json")
     (case,) = planted_bug_cases(report, lambda p: p["batch"] >= 8)
@@ -252,7 +254,7 @@ def test_the_default_preset_catches_a_grid_that_drops_a_partial_last_block_of_ro
                                                                                              tmp_path):
     """A state update that takes rows in tiles of 16 (from 16 rows on), or heads in blocks of 32 (past 32), over a
     grid rounded down never advances a partial last tile or block: it passes every case of fewer, and fails the
-    20-row case, or the case of 80 heads on its drift. (The random-bits check's step of 36 heads, a 6-head case's,
+    36-row case (two whole tiles and 4 rows), or the case of 80 heads on its drift. (The random-bits check's step of 36 heads, a 6-head case's,
     leaves 4 heads where they were: into a bf16 state of 40 state indices that showed as bits alike at a distance, at
     dstate 36, since the sixtieth session, it no longer does: the unchanged heads are too few an excess there.)"""
     _, report = drift("--kernel", f"{BROKEN}:{kernel}", "--preset", "default", json_path=tmp_path / "g.json")
@@ -264,11 +266,12 @@ def test_the_default_preset_catches_a_grid_that_drops_a_partial_last_block_of_ro
 
 def test_the_default_preset_catches_a_gate_read_at_head_0s_offset(tmp_path):
     """A state update that gates every head with head 0's z is right with one head and without a gate: it passes
-    every case but `untied`'s fp32 one and `dt-bias-none`'s (the preset's gates over 2 heads), and fails those on
-    their output."""
+    every case but `untied`'s fp32 one, `dt-bias-none`'s and the half-precision inputs' fp32 ones (the preset's gates
+    over 2 heads or 4), and fails those on their output."""
     _, report = drift("--kernel", f"{BROKEN}:gate_of_head_0", "--preset", "default", json_path=tmp_path / "z.json")
-    cases = planted_bug_cases(report, lambda p: p["regime"] in ("untied", "dt-bias-none") and p["nheads"] > 1)
-    assert len(cases) == 2
+    cases = planted_bug_cases(report, lambda p: p["regime"] in ("untied", "dt-bias-none", "bf16-inputs",
+                                                                "fp16-inputs") and p["nheads"] > 1)
+    assert len(cases) == 4
     for case in cases:
         assert case["status"] == "fail" and "output error" in case["message"], case["message"]
         assert case["params"]["state_dtype"] == "fp32"
@@ -452,22 +455,25 @@ def test_the_default_preset_catches_subnormals_flushed_or_rounded_as_normals(tmp
 
 
 def test_the_default_preset_catches_a_gate_read_as_if_contiguous(tmp_path):
-    """A state update that reads z as if contiguous passes every case without a gate, and fails `untied` (Mamba1's
-    call: z a view into each step's buffer, 2 rows) in every state dtype and rounding."""
+    """A state update that reads z as if contiguous passes every case without a gate or of one row, and fails
+    `untied` (Mamba1's call: z a view into each step's buffer, 2 rows) in every state dtype and rounding, and the
+    half-precision inputs' 2-row cases (their z a view into one buffer per step)."""
     _, report = drift("--kernel", f"{BROKEN}:contiguous_gate", "--preset", "default", json_path=tmp_path / "z.json")
-    untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
-    assert len(untied) == 5 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
+    untied = planted_bug_cases(report, lambda p: p["regime"] == "untied" or (
+        p["regime"] in ("bf16-inputs", "fp16-inputs") and p["batch"] > 1))
+    assert len(untied) == 7 and all(c["status"] == "fail" and "output error" in c["message"] for c in untied)
 
 
 def test_the_default_preset_catches_a_gate_read_with_xs_strides(tmp_path):
     """A state update that reads z with x's strides passes every case where they are laid out alike, and fails
     `untied` (Mamba1's call: z half of a row of its own, x a column of the conv's output row) in every state dtype
-    and rounding: its second row's gate is read past z's memory, into the NaN fences of the step ssmcheck runs
-    fenced, which names z."""
+    and rounding, and the half-precision inputs' 2-row cases: its second row's gate is read past z's memory, into
+    the NaN fences of the step ssmcheck runs fenced, which names z."""
     _, report = drift("--kernel", f"{BROKEN}:z_read_with_x_strides", "--preset", "default",
                       json_path=tmp_path / "z.json")
-    untied = planted_bug_cases(report, lambda p: p["regime"] == "untied")
-    assert len(untied) == 5
+    untied = planted_bug_cases(report, lambda p: p["regime"] == "untied" or (
+        p["regime"] in ("bf16-inputs", "fp16-inputs") and p["batch"] > 1))
+    assert len(untied) == 7
     for case in untied:
         assert case["status"] == "nonfinite" and "(trial 0, batch 1, " in case["message"], case["message"]
         assert "it reads outside its input z" in case["message"]
@@ -827,7 +833,7 @@ def test_a_short_stochastic_run_says_how_small_a_bias_it_could_see(tmp_path):
     # normal's widths of no multiple of 8 (headdim 20, dstate 36) and its 80 heads of 20 channels
     ("channels_in_whole_blocks_of_8", "normal", lambda p: p["headdim"] % 8, 5),
     ("dstate_in_vectors_of_8", "normal", lambda p: p["dstate"] % 8, 4),
-    ("channels_in_blocks_of_16_from_64_programs", "normal", lambda p: p["batch"] * p["nheads"] >= 64, 1),
+    ("channels_in_blocks_of_16_from_64_programs", "normal", lambda p: p["batch"] * p["nheads"] >= 64, 2),
     ("parameters_of_head_mod_64", "normal", lambda p: p["nheads"] > 64, 1),
     ("skips_steps_with_dt_below_1e_4", "small-dt,normal,dt-extreme", lambda p: p["regime"] == "small-dt", 1),
     ("narrow_bf16_sr_bits_shared_along_a_row", "stagnation", lambda p: p["dstate"] <= 16 and p["state_dtype"] == "bf16",
@@ -858,7 +864,7 @@ def test_the_default_preset_reaches_each_fourth_red_team_bug_in_the_cases_built_
     # the half-precision inputs' regimes with a gate, their fp32 cases at 4 heads
     ("half_inputs_gate_of_head_0", "bf16-inputs,fp16-inputs,untied", lambda p: p["state_dtype"] == "fp32"
      and p["regime"] != "untied", ["fail", "fail"]),
-    # normal's 32 rows of 2 heads at 72 channels
+    # normal's 36 rows of 2 heads at 72 channels
     ("large_batch_parameters_of_head_0", "normal", lambda p: p["batch"] >= 32, ["fail"]),
     ("tied_path_x_of_the_first_64_channels", "normal,untied", lambda p: p["headdim"] > 64 and p["regime"] == "normal",
      ["fail"]),
