@@ -107,6 +107,16 @@ def out_stored_in_blocks_of_4_rows(state, x, dt, A, B, C, D=None, z=None, dt_bia
     return result
 
 
+def skip_term_dropped_without_slots(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                    state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: a path of its own for calls without slot indices (a plain batch, as a training or offline loop calls
+    it) that leaves out the skip term D * x; right through slot indices, as a serving engine's decode calls it."""
+    if state_batch_indices is None:
+        D = None
+    return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                                  pad_slot_id, out=out)
+
+
 def x_read_at_the_slot(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                        state_batch_indices=None, pad_slot_id=-1, out=None):
     """Planted: row i's x read at row state_batch_indices[i], as if x were laid out like the pool: a slot past the

@@ -171,6 +171,25 @@ def test_a_path_for_full_batches_that_drops_the_slots_fails_in_the_ends_layout()
     assert slots["untouched"]["message"].startswith(f"slots untouched {placed}: the step wrote ")
 
 
+def test_a_case_decoded_through_slot_indices_alone_also_calls_the_path_without_them():
+    """A round-to-nearest case has one trial, which a coin sends through slot indices or not. A kernel wrong only on
+    its path without them (the skip term left out) fails either way: decoded without them on its own verdict;
+    decoded through them (its own verdict and slot checks pass) on a short trial without them, named as such."""
+    kernel = f"{KERNELS}:skip_term_dropped_without_slots"
+    plain = case_decoding(_case, kernel, False)
+    assert plain["status"] == "fail" and "unslotted" not in plain["slots"], plain["message"]
+    through = case_decoding(_case, kernel, True)
+    unslotted = through["slots"]["unslotted"]
+    assert through["status"] == "fail" and unslotted["status"] == "fail", through["message"]
+    assert [through["slots"][name]["status"] for name in ("live", "untouched", "pad_out")] == ["pass"] * 3
+    said = f"without slot indices (trial {unslotted['trial']}, 2 steps called without state_batch_indices): "
+    assert unslotted["message"].startswith(said) and "output error" in unslotted["message"], unslotted["message"]
+    assert through["message"] == unslotted["message"] and through["slotted_trials"] == [0]
+    # the correct kernel passes the same check where its case decodes through slot indices
+    correct = case_decoding(_case, f"{KERNELS}:slots_correct", True)
+    assert correct["status"] == "pass" and correct["slots"]["unslotted"]["status"] == "pass", correct["message"]
+
+
 def test_a_decode_that_errs_keeps_the_slot_checks_diagnosis():
     """A decode through slot indices that writes a spare slot errs; the slot checks still run after it, and the
     one that sees the same write (the inner layout's spare at slot 0) adds its clause and its figures."""

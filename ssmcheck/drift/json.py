@@ -39,7 +39,9 @@ JSON case keys (always present; figures a case did not produce are null):
     slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
                                                      and speculative, drafts, kept for one verifying draft
-                                                     tokens (drift.speculative),
+                                                     tokens (drift.speculative), and unslotted {status,
+                                                     message, trial, steps} where every trial decoded through
+                                                     slot indices: a short trial without them (drift.run),
     independence {status, message, widths, rows, heads, channels, state_indices, calls, seed_bit_30,
                   seed_bit_0}                        for a stochastic-
                                                      rounding case: twin state elements along each axis (and the

@@ -39,10 +39,10 @@ from ssmcheck.core.tolerance import Tolerance
 from ssmcheck.drift import ahead, far_slots, independence, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.follow import output_rounded
-from ssmcheck.drift.lockstep import Lockstep, StepWindow
+from ssmcheck.drift.lockstep import Lockstep, StepWindow, slotted_from
 from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
-from ssmcheck.drift.results import DriftResult, DriftRun, NonfiniteStep, RepeatDifference, StoreErrors
+from ssmcheck.drift.results import DriftResult, DriftRun, NonfiniteStep, RepeatDifference, SlotCheck, StoreErrors
 from ssmcheck.drift.spec import DriftCase
 from ssmcheck.drift.stats import SignedErrorMoments, log_checkpoints
 from ssmcheck.drift.verdict import error_verdict, judge, skipped_verdict
@@ -63,7 +63,8 @@ def run_case(
     scan.adapter.ScanAdapter, for a case that starts from a prefill (--from-prefill). For a kernel that
     takes slot indices, the padded-slot check (drift.slots) runs too, on a GPU the far-slot check (drift.far_slots),
     for one that takes draft tokens the speculative-decoding check (drift.speculative) and on a GPU its far twin,
-    and for a stochastic-rounding case the independence check (drift.independence); all are folded into the
+    where every trial decoded through slot indices a short trial without them (`_without_slots`), and for a
+    stochastic-rounding case the independence check (drift.independence); all are folded into the
     verdict. A decode that raised (KernelRaised) makes the case an error, and its slot checks still run and add
     what they find, unless every one of them errs too (a kernel that raises on every call)."""
     if case.skip_reason is not None:
@@ -82,6 +83,9 @@ def run_case(
     if kernel.pad_slot_id is not None:  # a kernel that takes slot indices: the padded-slot check
         try:
             checks, layout = slots.run_check(case, kernel, tolerance, device, transcript)
+            if run is not None and len(run.slotted_trials) == run.trials:  # no trial called the path without indices
+                checks.append(_without_slots(case, kernel, tolerance, device, transcript, allow_nondeterministic,
+                                             prefill))
             far = far_slots.run_check(case, kernel, tolerance, device, transcript)  # None on the CPU
             checks += [far] if far is not None else []
             if kernel.takes_draft_tokens:  # and the speculative-decoding check
@@ -111,6 +115,29 @@ def run_case(
     return DriftResult(case, verdict, time.perf_counter() - start, run, transcript.text, tuple(checks), layout, twins)
 
 
+# The steps of the trial without slot indices that a case whose every trial decoded through them runs beside
+# (`_without_slots`): a path of a kernel's own for calls without state_batch_indices errs from its first step.
+UNSLOTTED_STEPS = 2
+
+
+def _without_slots(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, device: str, transcript: Transcript,
+                   allow_nondeterministic: bool, prefill) -> SlotCheck:
+    """A trial of UNSLOTTED_STEPS steps called without state_batch_indices, judged as a case is: for a case whose
+    every trial decoded through slot indices (a round-to-nearest case's one trial, where the coin of
+    lockstep.slotted_from fell so), which would otherwise never call the kernel's path for a plain batch. Its trial
+    is the case's first whose coin falls the other way, so its rounding seed is that trial's."""
+    trial = next(t for t in range(2) if slotted_from(case, kernel, t, case.batch) is None)
+    short = replace(case, steps=min(case.steps, UNSLOTTED_STEPS))
+    said = f"without slot indices (trial {trial}, {short.steps} steps called without state_batch_indices)"
+    try:
+        run = decode(short, kernel, device, lambda: None, transcript, prefill=prefill, trials=[trial])
+    except KernelRaised as exc:
+        return SlotCheck("unslotted", Status.ERROR, f"{said}: {exc}", {"trial": trial, "steps": short.steps})
+    verdict = judge(short, run, tolerance, allow_nondeterministic)
+    message = f"{said}: {verdict.message}" if verdict.status is not Status.PASS else ""
+    return SlotCheck("unslotted", verdict.status, message, {"trial": trial, "steps": short.steps})
+
+
 @contextmanager
 def _one_cpu_thread(device: str) -> Iterator[None]:
     """Decode-step tensors are small: on the CPU, torch's intra-op threads cost more in
@@ -127,27 +154,28 @@ def _one_cpu_thread(device: str) -> Iterator[None]:
 
 
 def decode(case: DriftCase, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-           transcript: Transcript, repeat: int = 1, prefill=None) -> DriftRun:
-    """Run the case's trials, adding what the kernel prints to `transcript`; raises KernelRaised
-    when the kernel (or the prefill) does."""
+           transcript: Transcript, repeat: int = 1, prefill=None, trials: list[int] | None = None) -> DriftRun:
+    """Run the case's trials (or those numbered in `trials`), adding what the kernel prints to `transcript`; raises
+    KernelRaised when the kernel (or the prefill) does."""
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, device)
     if case.from_prefill:
         from ssmcheck.drift.prefill import prefilled  # noqa: PLC0415 (imports the chunk scan's stages)
 
         problem = prefilled(problem, case, prefill, transcript)
     with _one_cpu_thread(device):
-        return _decode(case, problem, kernel, device, on_step, transcript, repeat)
+        return _decode(case, problem, kernel, device, on_step, transcript, repeat,
+                       range(case.trials) if trials is None else trials)
 
 
 def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step: Callable[[], None],
-            transcript: Transcript, repeat: int) -> DriftRun:
+            transcript: Transcript, repeat: int, numbered) -> DriftRun:
     checkpoints = log_checkpoints(problem.nsteps)
     kernel_sums, baseline_sums = CheckpointSums(), CheckpointSums()
     store_errors = SignedErrorMoments()
     window = StepWindow(problem)
     graph, eager_note = _graph_plan(device, repeat, kernel)
     found, differs, max_abs, trials, loop, slotted = None, None, 0.0, 0, None, []
-    for trial in range(case.trials):
+    for trial in numbered:
         trials += 1
         trial_seed = sweep.case_seed(case.seed, {"trial": trial})
         torch.manual_seed(trial_seed)  # for callables that draw their random bits from torch

@@ -69,13 +69,15 @@ def _curve(result: DriftResult) -> str:
     return sparkline([p.state_rel for p in result.run.checkpoints]) if result.run else ""
 
 
-# A slot check shows as its name's initial, but the far twin of drafts, whose initial far_slot has.
-INITIALS = {"far_drafts": "F"}
+# A slot check shows as its name's initial, but the far twin of drafts, whose initial far_slot has, and the trial
+# without slot indices, whose initial untouched has.
+INITIALS = {"far_drafts": "F", "unslotted": "U"}
 
 
 def _slots(result: DriftResult) -> str:
     """Each slot check's initial and outcome: `l✓ u✗ p✓` (live, untouched, pad_out; drift.slots), `d`, `k` (drafts,
-    kept; drift.speculative), `f`, `F` (far_slot, far_drafts, on a GPU; drift.far_slots)."""
+    kept; drift.speculative), `f`, `F` (far_slot, far_drafts, on a GPU; drift.far_slots), `U` (unslotted: the short
+    trial without slot indices of a case whose trials all decoded through them; drift.run)."""
     return " ".join(f"{INITIALS.get(c.name, c.name[0])}{CHECK_MARKS[c.status]}" for c in result.slots)
 
 
