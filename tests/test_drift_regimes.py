@@ -219,3 +219,18 @@ def test_small_dt_passes_a_dt_far_below_normals_with_moderate_decays(shape, seed
         assert (dt >= 0.5e-6 * (1 - 1e-6)).all() and (dt <= 2e-4 * (1 + 1e-6)).all()
         rate = (dt[..., 0] * A.abs()).flatten()
         assert (rate >= 0.025 * (1 - 1e-5)).all() and (rate <= 0.4 * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("regime", ["bf16-inputs", "fp16-inputs"])
+@pytest.mark.parametrize(("state_dtype", "gated"), [(torch.float32, True), (torch.float16, False),
+                                                    (torch.bfloat16, False)])
+def test_half_precision_inputs_are_gated_into_an_fp32_state_alone(regime, state_dtype, gated):
+    """Into an fp32 state the half-precision inputs' regimes pass a gate z in their activations' dtype (a path for
+    such inputs that reads z wrong fails there); into fp16 and bf16 states none, where a gate over a few outputs
+    made a stochastically rounded state's output error a heavy-tailed draw."""
+    problem = make_problem(regime, DecodeShape(2, 4, 16, 16, 2), state_dtype, 3, seed=11, device="cpu")
+    steps = list(problem.steps())
+    assert all((s.z is not None) == gated for s in steps)
+    assert all(s.x.dtype == ACTIVATIONS[regime] for s in steps)
+    if gated:
+        assert all(s.z.dtype == ACTIVATIONS[regime] and s.z.shape == s.x.shape and s.z.abs().max() > 0 for s in steps)
