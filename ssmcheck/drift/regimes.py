@@ -88,8 +88,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "smallest normal (2**-14), in subnormals whose spacing is 2**-24: a store that flushes subnormals to zero, or a "
     "stochastic rounding that assumes a normal's 10 fraction bits, fails here (fp16 states only)",
     "bf16-inputs": "normal's values and (into an fp32 state) a unit-normal gate z rounded to bf16 and passed in bf16 "
-    "(x, dt, B, C and z), "
-    "as serving engines pass a bf16 model's activations (A, D and dt_bias stay float32 parameters): views into one "
+    "(x, dt, B, C and z), as serving engines pass a bf16 model's activations (A, D and dt_bias stay float32 "
+    "parameters): views into one "
     "buffer per step, laid out as `strided`'s, z the second half of a row [x | z] of one of its own as in `untied`; "
     "out is bf16 too. A kernel that computes in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of "
     "float32, or whose path for half-precision inputs reads them (z among them) at other offsets, fails here, "

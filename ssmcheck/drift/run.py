@@ -129,13 +129,14 @@ def _without_slots(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, 
     trial = next(t for t in range(2) if slotted_from(case, kernel, t, case.batch) is None)
     short = replace(case, steps=min(case.steps, UNSLOTTED_STEPS))
     said = f"without slot indices (trial {trial}, {short.steps} steps called without state_batch_indices)"
+    figures = {"trial": trial, "steps": short.steps}
     try:
         run = decode(short, kernel, device, lambda: None, transcript, prefill=prefill, trials=[trial])
     except KernelRaised as exc:
-        return SlotCheck("unslotted", Status.ERROR, f"{said}: {exc}", {"trial": trial, "steps": short.steps})
+        return SlotCheck("unslotted", Status.ERROR, f"{said}: {exc}", figures)
     verdict = judge(short, run, tolerance, allow_nondeterministic)
     message = f"{said}: {verdict.message}" if verdict.status is not Status.PASS else ""
-    return SlotCheck("unslotted", verdict.status, message, {"trial": trial, "steps": short.steps})
+    return SlotCheck("unslotted", verdict.status, message, figures)
 
 
 @contextmanager
