@@ -19,7 +19,7 @@ sr_8_bits_toward_minus_inf, half_inputs_read_as_contiguous, half_inputs_from_int
 tied_path_gate_of_row_0, tied_path_skip_after_gate, dt_of_head_0_without_bias, channels_in_whole_blocks_of_8,
 dstate_in_vectors_of_8, channels_in_blocks_of_16_from_64_programs, parameters_of_head_mod_64,
 skips_steps_with_dt_below_1e_4, narrow_bf16_sr_bits_shared_along_a_row, random_bits_from_the_row_in_a_block_of_8 and
-slot_path_sr_with_4_bits,
+slot_path_sr_with_4_bits, silu_through_exp, half_out_through_fp16,
 which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
@@ -1303,3 +1303,28 @@ def narrow_blocks_past_dstate_128(state, x, dt, A, B, C, D=None, z=None, dt_bias
         out = torch.where(advanced, out.float(), _out_of(state, x, C, D, z).float()).to(x.dtype)
     _store(state, new, rounding, seed)
     return out
+
+
+def silu_through_exp(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *, rounding="nearest",
+                     seed=0):
+    """Gates with silu taken as z * exp(z) / (1 + exp(z)), the sigmoid's other form: equal in exact arithmetic, and
+    NaN (inf / inf) once exp(z) overflows, past z = 88.7 in fp32. Right for every unit-normal gate. Both modes, as
+    `_store` does."""
+    new, _ = _fp32_step(state, x, dt, A, B, C, D, None, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    out = _out_of(new, x.float(), C, D, None)
+    if z is not None:
+        gate = z.float()
+        out = out * (gate * torch.exp(gate) / (1 + torch.exp(gate)))
+    return out.to(x.dtype)
+
+
+def half_out_through_fp16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                          rounding="nearest", seed=0):
+    """Rounds a half-precision output through fp16 (`out.half()`, meant for fp16 models) before its own dtype: right
+    for fp16 inputs, and for bf16 ones within fp16's range (a double rounding off by at most an ulp at bf16's ties); inf
+    past 65504, where bf16 holds the value. Both modes, as `_store` does."""
+    new, _ = _fp32_step(state, x, dt, A, B, C, D, None, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    out = _out_of(new, x.float(), C, D, z)
+    return (out if x.dtype == torch.float32 else out.half()).to(x.dtype)

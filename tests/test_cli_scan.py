@@ -736,6 +736,25 @@ def test_the_default_preset_reaches_each_fifth_red_team_scan_bug_in_the_case_bui
     assert [c["status"] for c in cases] == [status], [c["id"] for c in cases]
 
 
+def test_c_laid_out_apart_from_b_catches_c_read_with_bs_strides(tmp_path):
+    """`ragged` (packed) and `large-magnitude` (batch rows) pass C as a view into a buffer of its own, its token rows
+    ending in NaN, where B is contiguous: a kernel that reads C through B's strides is non-finite in every case of
+    both (its reads reach the padding), and fails no other case, where C and B share a layout."""
+    _, report = scan("--kernel", f"{BROKEN}:c_read_with_b_strides", "--preset", "default",
+                     json_path=tmp_path / "c.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] in ("ragged", "large-magnitude"))
+    assert len(cases) == 15 and all(c["status"] == "nonfinite" for c in cases), [c["id"] for c in cases]
+    assert all("C a view into a buffer" in c["inputs"] for c in cases)
+
+
+def test_gates_in_silus_tail_catch_a_silu_through_exp(tmp_path):
+    """`initial-state` draws half its gate's values in 12..100: a kernel that takes silu(z) as z exp(z) / (1 + exp(z))
+    is NaN past z = 88.7 (inf / inf), in every case of the regime, and right in every other case (unit-normal gates)."""
+    _, report = scan("--kernel", f"{BROKEN}:silu_through_exp", "--preset", "default", json_path=tmp_path / "s.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] == "initial-state")
+    assert len(cases) == 10 and all(c["status"] == "nonfinite" for c in cases), [c["id"] for c in cases]
+
+
 def test_strided_rows_hold_spare_tokens_that_a_row_offset_from_seqlen_reads(tmp_path):
     """A kernel that takes dt's row stride as seqlen times its token stride is right wherever rows lie end to end;
     `strided`'s buffer holds NaN spare tokens past each row's call, so its three cases read them, non-finite from row

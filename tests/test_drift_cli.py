@@ -375,6 +375,26 @@ def test_the_default_preset_catches_a_gate_applied_only_with_the_skip_term(tmp_p
     assert case["status"] == "fail" and case["message"].startswith("output error"), case["message"]
 
 
+def test_the_default_preset_catches_a_silu_through_exp(tmp_path):
+    """A state update that takes silu(z) as z exp(z) / (1 + exp(z)) is right for every unit-normal gate and NaN (inf /
+    inf) past z = 88.7: `gate-without-d` draws half its gate's values in 12..100, and its one case is non-finite, at
+    its output; no other case fails."""
+    _, report = drift("--kernel", f"{BROKEN}:silu_through_exp", "--preset", "default", json_path=tmp_path / "s.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "gate-without-d")
+    assert case["status"] == "nonfinite" and case["first_nonfinite"]["output"] == "out", case["message"]
+
+
+def test_the_default_preset_catches_a_bf16_output_rounded_through_fp16(tmp_path):
+    """A state update that rounds a half-precision output through fp16 is right for fp16 inputs and for bf16 ones
+    inside fp16's range: `bf16-inputs` scales C and D by 2**16, its output past 65504, and each of its cases is
+    non-finite at its output (inf); no other case fails."""
+    _, report = drift("--kernel", f"{BROKEN}:half_out_through_fp16", "--preset", "default",
+                      json_path=tmp_path / "h.json")
+    cases = planted_bug_cases(report, lambda p: p["regime"] == "bf16-inputs")
+    assert len(cases) == 3 and all(c["status"] == "nonfinite" and c["first_nonfinite"]["output"] == "out"
+                                   for c in cases), [c["message"] for c in cases]
+
+
 def test_the_default_preset_catches_a_floor_on_the_processed_dt(tmp_path):
     """A state update that clamps the processed dt at 1e-6 from below moves a state whose step's dt is ~0 by less
     than an fp16 or bf16 state's rounding to nearest absorbs: it fails `dt-extreme` into an fp32 state, and its

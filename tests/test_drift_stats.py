@@ -12,6 +12,7 @@ from ssmcheck.drift.stats import (
     BIAS_FLOOR_ULP,
     BIAS_Z_LIMIT,
     FLUSH_MIN_STORES,
+    NEAREST_Z_LIMIT,
     SignedErrorMoments,
     crossing_step,
     error_sums,
@@ -20,6 +21,7 @@ from ssmcheck.drift.stats import (
     is_biased,
     leans_up_or_down,
     log_checkpoints,
+    nearest_z,
     store_allowance,
     store_sums,
 )
@@ -340,3 +342,20 @@ def test_a_float32_subnormal_flushed_to_zero_is_not_misrounded(dtype):
     allowance = store_allowance(terms, terms, torch.tensor(0.0), terms, terms)
     assert store_sums(exact, torch.zeros_like(exact), dtype, allowance, "nearest")[5] == 0
     assert store_sums(exact, torch.full_like(exact, 2.0**-120), dtype, allowance, "nearest")[5] == 16
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([torch.float16, torch.bfloat16]), st.integers(0, 2**31 - 1), st.floats(1e-3, 1e3),
+       st.integers(512, 4096))
+def test_nearest_z_tells_rounding_to_nearest_from_stochastic_rounding(dtype, seed, scale, count):
+    """Fresh values at any scale, both signs: their stochastic roundings (ops.rounding.naive) lie within a few standard
+    deviations of the squared errors' expectation, their roundings to nearest below -NEAREST_Z_LIMIT, and a value the
+    format holds exactly counts for nothing."""
+    g = torch.Generator().manual_seed(seed)
+    exact = torch.randn(count, generator=g, dtype=torch.float64) * scale
+    stochastic = round_to(exact, dtype, "stochastic", g).double()
+    assert abs(nearest_z(exact, stochastic, dtype)) < 5.0
+    # to nearest about -0.47 sqrt(count): -10.6 at 512
+    assert nearest_z(exact, round_to(exact, dtype, "nearest").double(), dtype) < -NEAREST_Z_LIMIT
+    held = exact.to(dtype).double()
+    assert nearest_z(held, held, dtype) is None

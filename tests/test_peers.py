@@ -618,6 +618,32 @@ def test_the_speculative_check_catches_a_planted_bug(fakes, tmp_path, monkeypatc
     assert {name for name, s in others.items() if s != "pass"} == {check}
 
 
+def _drafts_rounded_to_nearest(real, *args, enable_stochastic_rounding=False, **kwargs):
+    # Planted: the speculative path stores every token's state rounded to nearest, whatever it is asked.
+    return real(*args, enable_stochastic_rounding=False, **kwargs)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_speculative_check_tells_a_draft_path_rounding_to_nearest(fakes, tmp_path, monkeypatch, planted):
+    """Stochastically, the first draft tokens' stores are exact steps from the sources, rounded: their squared errors
+    against stochastic rounding's spread (stats.nearest_z) tell a draft path that rounds to nearest, whose errors
+    lie within the tolerance; the fake's stochastic draft path passes."""
+    fake = fakes(VLLM_SSU)
+    monkeypatch.setattr(vllm_peer, "_capability", lambda: (10, 0))  # as on a GPU of sm_100, whose SR vLLM's is
+    if planted:
+        _draft_variant(fake, monkeypatch, _drafts_rounded_to_nearest)
+    _, report = invoke("drift", "--kernel", "vllm", "--preset", "smoke", "--rounding", "stochastic",
+                       "--state-dtype", "fp16", "--batch", "3", "--regime", "normal", json_path=tmp_path / "r.json")
+    (case,) = report["cases"]
+    drafts = case["slots"]["drafts"]
+    if not planted:
+        assert drafts["status"] == "pass" and abs(drafts["nearest_z"]) < 4, drafts
+        return
+    assert drafts["status"] == "fail" and drafts["nearest_z"] < -10, drafts
+    assert "the first tokens' stores rounded to nearest" in drafts["message"], drafts["message"]
+    assert drafts["worst"]["state_rel"] <= 2 * drafts["worst"]["baseline_state_rel"] + 1e-5  # within the tolerance
+
+
 def _pool_taken_as_contiguous(real, state, *args, **kwargs):
     # Planted: the draft path addresses slot s at s times a state's size, as if the pool were contiguous.
     contiguous = torch.empty(state.shape).stride()

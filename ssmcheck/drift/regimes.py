@@ -71,7 +71,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "only with a bias, a skip term read from a placeholder) fails here",
     "gate-without-d": "normal's values with a unit-scale gate z and D left out (None): the one regime with a gate "
     "and no skip term, so a kernel that applies the gate only along with D*x (a gate inside its branch for D) "
-    "fails here",
+    "fails here; half the gate's values lie in silu's tail, 12..100, where a silu through "
+    "exp(z) / (1 + exp(z)) is NaN (past 88.7 in fp32, 11.09 in fp16)",
     "dt-bias-none": "optional-none with D and a unit-scale gate z passed: dt_bias alone left out, so a kernel that "
     "decides whether to add the skip term by whether it was given dt_bias (a flag copied from the line above) drops it "
     "here alone, and one that decides whether to add dt_bias by whether it was given D reads a bias it was not given; "
@@ -91,11 +92,13 @@ DRIFT_REGIMES: dict[str, str] = {
     "(x, dt, B, C and z), as serving engines pass a bf16 model's activations (A, D and dt_bias stay float32 "
     "parameters): views into one "
     "buffer per step, laid out as `strided`'s, z the second half of a row [x | z] of one of its own as in `untied`; "
-    "out is bf16 too. A kernel that computes in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead of "
-    "float32, or whose path for half-precision inputs reads them (z among them) at other offsets, fails here, "
-    "plainest into an fp32 state",
+    "out is bf16 too, C and D scaled by 2**16 so that it lies past fp16's largest value (65504; every figure is as "
+    "unscaled: a power of two). A kernel that computes in its inputs' dtype (dt's softplus, the decay, dt*x*B) instead "
+    "of float32, whose path for half-precision inputs reads them (z among them) at other offsets, or that stores a "
+    "bf16 out through fp16 (inf), fails here, plainest into an fp32 state",
     "fp16-inputs": "bf16-inputs with fp16 activations, as an fp16-served model passes them (GPUs without bf16): a "
-    "kernel's branch for fp16 inputs (half-precision products, a cast meant for bf16) fails here and nowhere else",
+    "kernel's branch for fp16 inputs (half-precision products, a cast meant for bf16) fails here and nowhere else; "
+    "C and D unscaled (out is fp16)",
 }
 
 # Regimes whose step inputs reach the kernel as views into one buffer per step (drift.lockstep.StepWindow): `strided`
@@ -375,10 +378,28 @@ def _optional_none(shape, state_dtype, nsteps, generator):
     return replace(params, D=torch.zeros_like(params.D))
 
 
+# `_gate_without_skip`: the fraction of its gate's values drawn in silu's upper tail, and their range (as the scan's
+# initial-state regime draws them: scan.regimes.GATE_TAIL). Half, not a few: an fp32 output's error is its C·h's
+# fp32 arithmetic, and a gate of 12..100 at one or two of a CPU case's 16 outputs weighted the norm-wise error toward
+# them, to 8.7e-6 at one of 40 seeds (the floor is 1e-5); at half of them, 5.6e-7 at most (6.9e-7 without tails).
+GATE_TAIL_FRACTION = 1 / 2
+GATE_TAIL = (12.0, 100.0)
+
+
 def _gate_without_skip(shape, state_dtype, nsteps, generator):
-    """normal's draws with no D (zeros here; None to the kernel) and a unit-normal gate z (`_gated`)."""
+    """normal's draws with no D (zeros here; None to the kernel) and a unit-normal gate z (`_gated`), of which
+    GATE_TAIL_FRACTION is redrawn in GATE_TAIL, drawn after each block's other inputs: past fp16's exp overflow (11.09)
+    and, above 88.7, fp32's, where a silu taken as z * exp(z) / (1 + exp(z)) is NaN and z * sigmoid(z) is z (since the
+    sixty-fifth session)."""
     params = _gated(_normal(shape, state_dtype, nsteps, generator))
-    return replace(params, D=torch.zeros_like(params.D))
+    gated = params.draw_steps
+
+    def draw_steps(g, n):
+        inputs = gated(g, n)
+        tail = torch.rand(inputs.z.shape, generator=g) < GATE_TAIL_FRACTION
+        return replace(inputs, z=torch.where(tail, _uniform(g, inputs.z.shape, *GATE_TAIL).float(), inputs.z))
+
+    return replace(params, D=torch.zeros_like(params.D), draw_steps=draw_steps)
 
 
 def _gated(params: _RegimeParams) -> _RegimeParams:
@@ -424,6 +445,12 @@ def _no_softplus(shape, state_dtype, nsteps, generator):
     return _RegimeParams(initial, A_head.float(), D_channel, dt_bias_head, _unit_steps(s, dt_draw), dt_softplus=False)
 
 
+# bf16-inputs' C and D are scaled by this power of two: out = (C·h + D·x) * silu(z) lies past fp16's range (65504) at
+# every step, every relative figure as unscaled (the state does not depend on C or D), so a kernel that stores a bf16
+# out through fp16 is inf there (since the sixty-fifth session).
+BF16_OUTPUT_SCALE = 2.0**16
+
+
 def _half_inputs(activations: torch.dtype) -> Callable:
     """The builder of a regime of normal's draws with every step input rounded to `activations` (dt before its
     stride-0 expansion over headdim, so that it stays a view, as Mamba2 passes it), and into an fp32 state a gate z
@@ -432,6 +459,8 @@ def _half_inputs(activations: torch.dtype) -> Callable:
     it into a heavy-tailed one (a correct SR kernel's rms output error came to 2.05x its baseline's at one seed, a
     spike at one checkpoint; the same seed ungated 1.2x), while the gate's own bugs show into an fp32 state."""
 
+    scale = BF16_OUTPUT_SCALE if activations == torch.bfloat16 else 1.0
+
     def build(shape, state_dtype, nsteps, generator):
         params = _normal(shape, state_dtype, nsteps, generator)
         params = _gated(params) if state_dtype == torch.float32 else params
@@ -439,10 +468,11 @@ def _half_inputs(activations: torch.dtype) -> Callable:
         def draw_steps(g, n):
             steps = params.draw_steps(g, n)
             z = None if steps.z is None else steps.z.to(activations)
-            return replace(steps, x=steps.x.to(activations), B=steps.B.to(activations), C=steps.C.to(activations),
-                           z=z, dt=steps.dt[..., :1].to(activations).expand(steps.dt.shape))
+            return replace(steps, x=steps.x.to(activations), B=steps.B.to(activations),
+                           C=(steps.C * scale).to(activations), z=z,
+                           dt=steps.dt[..., :1].to(activations).expand(steps.dt.shape))
 
-        return replace(params, draw_steps=draw_steps)
+        return replace(params, D=params.D * scale, draw_steps=draw_steps)
 
     return build
 

@@ -16,7 +16,9 @@ reads (vLLM's null block), and its state is stored nowhere. Two verdicts:
   recurrence from the row's source state (the baseline: each token's float64 state stored in the state dtype in
   the case's rounding mode, the next token's step taken from it, as a decode of one token per call does;
   stochastically, the rms over BASELINE_DRAWS draws), and each token's out within what that stored state's
-  rounding allows of C·h + D·x (`_out_beyond_storage`);
+  rounding allows of C·h + D·x (`_out_beyond_storage`); stochastically also the first tokens' stores, exact steps
+  from the sources rounded, against stochastic rounding's spread (stats.nearest_z: a draft path that rounds to
+  nearest stays within the tolerance, its errors smaller, but takes the nearer neighbour every time);
 - kept: every slot that is no token's destination (the sources, the decoys, a spare, the pad slot) and both
   guards keep their bits: a store without the pad test writes the pad slot, or the guard before the pool at -1;
   the pool is paged (core.pool.PagedPool), and the rest of every page keeps its bits too.
@@ -43,6 +45,7 @@ from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import SlotCheck
 from ssmcheck.drift.slots import relative_error
 from ssmcheck.drift.spec import DriftCase
+from ssmcheck.drift.stats import NEAREST_Z_LIMIT, nearest_z
 from ssmcheck.ops.naive import heads_of_groups, skip_and_gate
 from ssmcheck.ops.rounding.naive import round_to
 from ssmcheck.ops.state_update.naive import state_update_step
@@ -157,7 +160,7 @@ def drafts_verdict(layout, states, pool, out, arguments, case: DriftCase, tolera
     generator = torch.Generator(device=pool.device).manual_seed(layout["seed"])
     fixed = {"A": arguments["A"].double(), "D": arguments["D"].double(), "dt_bias": arguments["dt_bias"].double(),
              "dt_softplus": arguments["dt_softplus"]}
-    worst, failed, nonfinite = None, None, None
+    worst, failed, nonfinite, nearest = None, None, None, None
     lengths, starts = layout["lengths"], _starts(layout["lengths"])
     for t in range(TOKENS):
         # Row b's token t, where it has one (a row past its last token steps on its last one's inputs, unjudged).
@@ -169,6 +172,8 @@ def drafts_verdict(layout, states, pool, out, arguments, case: DriftCase, tolera
         exact, base = new[0], round_to(new[1:], case.dtype, case.rounding, generator).double()
         kept = [b for b in range(rows) if t < lengths[b] and layout["destinations"][b][t] != layout["pad_slot_id"]]
         stored = pool[[layout["destinations"][b][t] for b in kept]].double()
+        if t == 0 and case.rounding == "stochastic":  # the first tokens' stores round exact steps from the sources
+            nearest = nearest_z(exact[kept], stored, case.dtype)
         beyond = _out_beyond_storage(stored, out[[tokens[b] for b in kept]], C[kept], x[kept],
                                      None if z is None else z[kept], fixed["D"], case.dtype)
         for i, b in enumerate(kept):  # a token not kept has no state to judge, nor an out to judge by it
@@ -191,9 +196,13 @@ def drafts_verdict(layout, states, pool, out, arguments, case: DriftCase, tolera
                 failed = f"{where}: {'; '.join(over)}"
             if worst is None or figures["state_rel"] > worst["state_rel"]:
                 worst = figures
-    result = {"tokens": starts[-1], "worst": worst}
+    result = {"tokens": starts[-1], "worst": worst, "nearest_z": nearest}
     if nonfinite is not None:
         return SlotCheck(DRAFTS, Status.NONFINITE, f"{title}: {nonfinite}", result)
+    if failed is None and nearest is not None and nearest < -NEAREST_Z_LIMIT:
+        failed = (f"the first tokens' stores rounded to nearest, not stochastically: their squared rounding errors "
+                  f"lie {-nearest:.1f} standard deviations below what stochastic rounding gives (the nearer "
+                  f"neighbour taken too often; limit {NEAREST_Z_LIMIT:g})")
     if failed is not None:
         return SlotCheck(DRAFTS, Status.FAIL, f"{title}: {failed}", result)
     return SlotCheck(DRAFTS, Status.PASS, "", result)

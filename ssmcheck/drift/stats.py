@@ -255,6 +255,35 @@ def _beyond(z: float | None, mean: float | None) -> bool:
     return z is not None and abs(z) > BIAS_Z_LIMIT and abs(mean) > BIAS_FLOOR_ULP
 
 
+def nearest_z(exact: torch.Tensor, stored: torch.Tensor, dtype: torch.dtype) -> float | None:
+    """How far below stochastic rounding's expectation the stores' squared rounding errors lie, in standard
+    deviations (None where no exact value lies between two neighbours of `dtype`).
+
+    A value a fraction f of its gap past the neighbour nearer zero is stored f spacings low, or (with probability f)
+    1 - f high: its squared error averages f (1 - f), with variance f (1 - f) (1 - 2f)^2; a rounding to nearest's is
+    min(f, 1 - f)^2, about half of it. So a kernel that rounds to nearest where it was asked to round stochastically
+    lies NEAREST_Z_LIMIT or more below (at a few thousand stores, tens), where its stores' signed errors alone, mean
+    about 0, show nothing. Values past the format's range and non-finite ones are left out."""
+    exact, stored = exact.double(), stored.double()
+    spacing = ulp(exact, dtype)
+    place = exact.abs() / spacing
+    f = place - place.floor()
+    inside = finite(stored) & finite(exact) & (exact.abs() <= torch.finfo(dtype).max) & (f > 0)
+    errors = ((stored - exact) * torch.sign(exact) / spacing)[inside]
+    f = f[inside]
+    if not f.numel():
+        return None
+    expected = f * (1 - f)
+    spread = (expected * (1 - 2 * f).square()).sum()
+    if not spread > 0:
+        return None
+    return float((errors.square().sum() - expected.sum()) / spread.sqrt())
+
+
+# nearest_z's bound: one-sided, ~1e-9 under stochastic rounding.
+NEAREST_Z_LIMIT = 6.0
+
+
 @dataclass(frozen=True)
 class PowerLaw:
     """log(value) = log_c + alpha * log(step), fitted by least squares."""

@@ -173,6 +173,40 @@ def _finish(dtype: torch.dtype, note: str, **tensors) -> ScanInputs:
     return ScanInputs(note=note, **cast)
 
 
+# `_gate_tails`: the fraction of a case's gate elements drawn far into silu's upper tail, and their range. Past fp16's
+# exp overflow (11.09) and, above 88.7, past fp32's: silu taken as z * exp(z) / (1 + exp(z)) is inf / inf = NaN
+# there, and one whose exp runs in half precision is NaN from 11.09 on, where z * sigmoid(z) is z.
+GATE_TAIL_FRACTION = 1 / 2  # (as drift.regimes': a few large gates would weight the norm-wise error toward them)
+GATE_TAIL = (12.0, 100.0)
+# `_c_apart`: the columns past a token's C in each row of the buffer C is a view into, NaN. 16: C's token stride keeps
+# its divisibility by 16, so a case compiles the Triton variants it compiled with C contiguous (8 made 20-odd more).
+C_ROW_PAD = 16
+
+
+def _gate_tails(inputs: ScanInputs, seed: int) -> ScanInputs:
+    """`inputs` with GATE_TAIL_FRACTION of the gate's elements set to GATE_TAIL values, from a generator of their own
+    (the other draws are the regime's without them)."""
+    g = _generator(case_seed(seed, {"gate": "tails"}))
+    z = inputs.z.float()
+    tail = torch.rand(z.shape, generator=g) < GATE_TAIL_FRACTION
+    z = torch.where(tail, _uniform(g, z.shape, *GATE_TAIL), z)
+    return replace(inputs, z=z.to(inputs.z.dtype),
+                   note=f"{inputs.note}; {int(tail.sum())} gate values {GATE_TAIL[0]:g}..{GATE_TAIL[1]:g} (silu's tail)")
+
+
+def _c_apart(inputs: ScanInputs) -> ScanInputs:
+    """`inputs` with C a view into a buffer of its own whose token rows end in C_ROW_PAD NaN columns, where B is
+    contiguous: the one layout in which C's strides differ from B's (every caller that splits B and C from one buffer
+    passes them alike), so a kernel that reads C with B's strides reads other tokens' C and NaN."""
+    C = inputs.C
+    width = C.shape[-2] * C.shape[-1]
+    buffer = torch.full((*C.shape[:-2], width + C_ROW_PAD), float("nan"), dtype=C.dtype)
+    view = buffer[..., :width].unflatten(-1, C.shape[-2:])
+    view.copy_(C)
+    return replace(inputs, C=view, note=f"{inputs.note}; C a view into a buffer of {width + C_ROW_PAD} elements a "
+                                        f"token ({C_ROW_PAD} NaN past C's), B contiguous")
+
+
 def _lengths_note(cu: torch.Tensor) -> str:
     lengths = (cu[1:] - cu[:-1]).tolist()
     shown = ", ".join(map(str, lengths[:8])) + (", ..." if len(lengths) > 8 else "")
@@ -248,8 +282,10 @@ def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
     largest dt): a kernel that applies a dt_limit only when its lower end is above 0 fails here. And 2% of (token,
     head) take softplus's linear branch (raw dt + dt_bias 21..40), clamped to the limit's 0.02 there too: a kernel
     that clamps only what its softplus's other branch computed takes dt 21..40 at those tokens (since the fifty-first
-    session)."""
-    return _varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT, linear_softplus=0.02)
+    session). C is a view into a buffer of its own, its token stride past B's (`_c_apart`: a varlen path that reads C
+    with B's strides fails here; since the sixty-fifth session)."""
+    return _c_apart(_varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT,
+                            linear_softplus=0.02))
 
 
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -308,9 +344,10 @@ def initial_state(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: 
     only, or decays an initial state by dt before its clamp, fails here. A gate z with no D, and a softplus with no
     dt_bias (its bias folded into the raw dt): the one varlen regime with either (since the fifty-ninth session; D per
     head and a dt_bias before), so a varlen path that gates only along with its skip term, or takes the softplus
-    only along with a bias, fails here."""
-    return _varlen(shape, dtype, seed, with_initial_states=True, dt_limit=LONG_DT_LIMIT, dt_centres=LONG_DT_CENTRES,
-                   bare=True)
+    only along with a bias, fails here. Half the gate's values lie in silu's upper tail, 12..100
+    (`_gate_tails`: a silu through exp(z) / (1 + exp(z)) is NaN there; since the sixty-fifth session)."""
+    return _gate_tails(_varlen(shape, dtype, seed, with_initial_states=True, dt_limit=LONG_DT_LIMIT,
+                               dt_centres=LONG_DT_CENTRES, bare=True), seed)
 
 
 def decay_extreme(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -437,7 +474,9 @@ ALIGNED_DT_LIMIT = (0.008, math.inf)
 
 
 def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
-    """Positive x, B, C with slow decay, so states grow; x scaled so y and the states reach 1/64 of the format's max."""
+    """Positive x, B, C with slow decay, so states grow; x scaled so y and the states reach 1/64 of the format's max.
+    C is a view into a buffer of its own, its token stride past B's (`_c_apart`: a batch-mode path that reads C with
+    B's strides fails here; since the sixty-fifth session; large-output's scaled C is contiguous)."""
     g = _generator(seed)
     rows, seqlen, nheads = shape.batch, shape.seqlen, shape.nheads
     positive = {
@@ -459,11 +498,11 @@ def large_magnitude(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype
     narrowest = min(torch.finfo(dtype).max, torch.finfo(state_dtype).max)
     scale = narrowest / 64 / peak
     positive["x"] = positive["x"] * scale
-    return _finish(
+    return _c_apart(_finish(
         dtype, f"x scaled by {scale:.3g}: peak |y|, |state| ~ {narrowest / 64:.3g}; dt + dt_bias, no softplus, "
         f"clamped to {LARGE_MAGNITUDE_DT_LIMIT}", dt=dt, dt_bias=dt_bias, dt_limit=LARGE_MAGNITUDE_DT_LIMIT, A=A, D=D,
         **positive,
-    )
+    ))
 
 
 def _peak_magnitude(inputs: ScanInputs) -> float:
@@ -646,7 +685,7 @@ REGIMES: dict[str, Regime] = {
                "and softplus, unit-scale x/B/C, D and z", normal),
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
                "sequences (batch 1: a lone sequence); dt limited above only, dt_limit (0, 0.02), also where 2% of "
-               "raw dt + dt_bias lie past softplus's threshold of 20", ragged),
+               "raw dt + dt_bias lie past softplus's threshold of 20; C's token stride past B's (C a view)", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
                "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z; dt "
                "passed processed (softplus applied, no dt_bias, dt_softplus False), clamped below only, dt_limit "
@@ -659,7 +698,7 @@ REGIMES: dict[str, Regime] = {
                padded_initial_state, pad_tokens=True),
         Regime("initial-state", "varlen with a nonzero initial state per sequence, starting mid-chunk "
                "(batch 1: a lone sequence); dt_limit (0.006, 0.03), both ends clamping tokens of every head; a gate "
-               "z without D, a softplus without dt_bias", initial_state),
+               "z without D, half of it 12..100 (silu's tail), a softplus without dt_bias", initial_state),
         Regime("aligned-initial-state", "aligned's packing (every sequence starts a chunk) with a nonzero initial "
                "state per sequence, read from one layer's slice of a state cache (not contiguous)",
                aligned_initial_state),
@@ -677,8 +716,8 @@ REGIMES: dict[str, Regime] = {
                "cumulative log-decays near 1e9, where fp32 rounds by tens, yet every decay across a "
                "zero-dt run is exactly 1", cumsum_cancel),
         Regime("large-magnitude", "positive x/B/C, slow decay and growing states, scaled so y and "
-               "the states reach 1/64 of the format's largest value; dt + dt_bias with no softplus, with dt_limit",
-               large_magnitude),
+               "the states reach 1/64 of the format's largest value; dt + dt_bias with no softplus, with dt_limit; "
+               "C's token stride past B's (C a view)", large_magnitude),
         Regime("long", "at least 8 chunks of state passing, continuing from initial states read from one layer's "
                "slice of a state cache (rows not contiguous), D per channel, with a dt_limit both of whose ends "
                "clamp tokens of every head", long, min_chunks=8),
