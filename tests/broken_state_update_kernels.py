@@ -20,7 +20,7 @@ tied_path_gate_of_row_0, tied_path_skip_after_gate, dt_of_head_0_without_bias, c
 dstate_in_vectors_of_8, channels_in_blocks_of_16_from_64_programs, parameters_of_head_mod_64,
 skips_steps_with_dt_below_1e_4, narrow_bf16_sr_bits_shared_along_a_row, random_bits_from_the_row_in_a_block_of_8 and
 slot_path_sr_with_4_bits, silu_through_exp, half_out_through_fp16,
-which implement both modes
+c_read_with_b_strides, which implement both modes
 themselves (`rounding` and `seed` keywords) so that their only bug is the one named.
 
 A step-counting kernel numbers its calls on the state tensor it is given (an attribute of that
@@ -1328,3 +1328,13 @@ def half_out_through_fp16(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, d
     _store(state, new, rounding, seed)
     out = _out_of(new, x.float(), C, D, z)
     return (out if x.dtype == torch.float32 else out.half()).to(x.dtype)
+
+
+def c_read_with_b_strides(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                          rounding="nearest", seed=0):
+    """Reads C through B's strides (a launcher that passes B's strides for both): right wherever C is laid out as B
+    is, as every caller that splits them from one buffer passes them. Both modes, as `_store` does."""
+    C = torch.as_strided(C, C.shape, B.stride(), C.storage_offset())
+    new, out = _fp32_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    _store(state, new, rounding, seed)
+    return out

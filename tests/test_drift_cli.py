@@ -395,6 +395,16 @@ def test_the_default_preset_catches_a_bf16_output_rounded_through_fp16(tmp_path)
                                    for c in cases), [c["message"] for c in cases]
 
 
+def test_the_default_preset_catches_c_read_with_bs_strides(tmp_path):
+    """A state update that reads C through B's strides is right wherever the two share a layout: `dt-bias-none`'s
+    C has its batch rows further apart than B's, NaN between them, and its one case is non-finite at row 1's out (on
+    a step whose inputs are not fenced: a fenced step passes each input whole); no other case fails."""
+    _, report = drift("--kernel", f"{BROKEN}:c_read_with_b_strides", "--preset", "default",
+                      json_path=tmp_path / "c.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "dt-bias-none")
+    assert case["status"] == "nonfinite" and case["first_nonfinite"]["batch"] == 1, case["message"]
+
+
 def test_the_default_preset_catches_a_floor_on_the_processed_dt(tmp_path):
     """A state update that clamps the processed dt at 1e-6 from below moves a state whose step's dt is ~0 by less
     than an fp16 or bf16 state's rounding to nearest absorbs: it fails `dt-extreme` into an fp32 state, and its

@@ -44,6 +44,11 @@ from ssmcheck.drift.stats import SignedErrorMoments
 WINDOW_BYTES = 256 << 20
 
 
+# The NaN elements after each batch row's C where a regime has C apart from B (regimes.C_APART_REGIMES): 16 keeps
+# the batch stride's divisibility by 16 (a Triton kernel's variant).
+C_ROW_PAD = 16
+
+
 # Spare slots after the live rows of a trial that decodes through slot indices (`slotted_from`; before them, at
 # least one: slot 0, vLLM's null block).
 SPARES_AFTER = 1
@@ -92,12 +97,15 @@ class StepWindow:
             # Each input whole and contiguous, but a step's inputs of one dtype side by side in one row of a
             # buffer (`packed`), so that a step gathers them in one index_select: a kernel each is ~2 us of a
             # ~50 us step in a CUDA graph on an H200. Each starts on a 128-byte boundary, as an input of its own would.
+            # Where the problem has C apart (regimes.C_APART_REGIMES), C's batch rows are C_ROW_PAD elements further
+            # apart than whole, NaN between them (`_c_rows`).
             self.packed: dict[torch.dtype, torch.Tensor] = {}
             ends: dict[torch.dtype, int] = {}
             for name, t in stored.given():
                 start = _aligned(ends.get(t.dtype, 0), t.element_size())
-                self.columns[name] = (start, start + t.numel(), t.shape)
-                ends[t.dtype] = start + t.numel()
+                width = t.numel() + (t.shape[0] * C_ROW_PAD if name == "C" and problem.c_apart else 0)
+                self.columns[name] = (start, start + width, t.shape)
+                ends[t.dtype] = start + width
             for dtype, end in ends.items():
                 self.packed[dtype] = torch.empty((self.size, end), dtype=dtype, device=problem.device)
             self._dtypes = {name: t.dtype for name, t in stored.given()}
@@ -132,6 +140,10 @@ class StepWindow:
                         staged[id(self.fused[self._buffer_of[name]])][rows, :, lo:hi].copy_(values.flatten(2))
                         if name == "x" and "gate" in self.fused:  # the gate's row: [x | z]
                             staged[id(self.fused["gate"])][rows, :, :hi - lo].copy_(values.flatten(2))
+                    elif name == "C" and self.problem.c_apart:
+                        padded = staged[id(self.packed[values.dtype])][rows, lo:hi].unflatten(1, (values.shape[1], -1))
+                        padded[..., :values[0, 0].numel()].copy_(values.flatten(2))
+                        padded[..., values[0, 0].numel():] = float("nan")
                     else:
                         staged[id(self.packed[values.dtype])][rows, lo:hi].copy_(values.flatten(1))
             for buffer in buffers:
@@ -150,11 +162,18 @@ class StepWindow:
                                  for name, (lo, hi, shape) in self.columns.items()})
         else:
             rows = {dtype: buffer.index_select(0, self.counter)[0] for dtype, buffer in self.packed.items()}
-            step = StepInputs(**{name: rows[self._dtypes[name]][lo:hi].view(shape) for name, (lo, hi, shape)
-                                 in self.columns.items()})
+            step = StepInputs(**{name: _c_rows(rows[self._dtypes[name]][lo:hi], shape)
+                                 if name == "C" and self.problem.c_apart else rows[self._dtypes[name]][lo:hi].view(shape)
+                                 for name, (lo, hi, shape) in self.columns.items()})
             if separate:
                 step = step.map(lambda _, t: t.clone())
         return replace(step, dt=step.dt[..., None].expand(step.x.shape)) if self.dt_per_head else step
+
+
+def _c_rows(columns: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """C of `shape` (batch, ngroups, dstate) as a view into its window columns, each batch row C_ROW_PAD elements
+    past the last's end: batch stride ngroups * dstate + C_ROW_PAD, where B's is ngroups * dstate."""
+    return columns.unflatten(0, (shape[0], -1))[:, :shape[1] * shape[2]].unflatten(1, shape[1:])
 
 
 def _staging(buffer: torch.Tensor) -> torch.Tensor:

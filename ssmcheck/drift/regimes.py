@@ -77,7 +77,8 @@ DRIFT_REGIMES: dict[str, str] = {
     "decides whether to add the skip term by whether it was given dt_bias (a flag copied from the line above) drops it "
     "here alone, and one that decides whether to add dt_bias by whether it was given D reads a bias it was not given; "
     "every other regime passes both. The one regime with Mamba2's tied parameters, D and a gate together (Mamba2 "
-    "without its gated norm), so a gate or skip term that only its path for them gets wrong fails here",
+    "without its gated norm), so a gate or skip term that only its path for them gets wrong fails here. C's batch "
+    "rows lie further apart than B's, NaN between them: a kernel that reads C with B's strides fails here",
     "small-dt": "normal's x, B and C with each head's dt around a centre of 1e-6..1e-4 (within 2x), far below "
     "normal's range, passed processed (dt_softplus off, no dt_bias: a softplus's own precision down there is not this "
     "regime's subject), and A = -(0.05..0.2) / centre, so that a step still decays the state by 5-20%: a kernel that "
@@ -107,6 +108,11 @@ DRIFT_REGIMES: dict[str, str] = {
 # half-precision inputs' regimes as `strided` (a serving engine's activations are such views, and a kernel's path for
 # fp16/bf16 inputs is reached there alone).
 FUSED_REGIMES = ("strided", "untied", "bf16-inputs", "fp16-inputs")
+# The regimes whose C is a view with NaN after each batch row's C (drift.lockstep.StepWindow), where B is contiguous:
+# the one layout in which C's strides differ from B's (every caller splits B and C from one buffer, alike), so a
+# kernel that reads C with B's strides reads NaN from row 1 on. `dt-bias-none`: 2 rows on the CPU too (since the
+# sixty-fifth session).
+C_APART_REGIMES = ("dt-bias-none",)
 # The layers of the state cache `strided`'s state is one layer's slice of (`_placed`).
 CACHE_LAYERS = 2
 LONG_STEPS_FACTOR = 4
@@ -165,6 +171,8 @@ class DecodeProblem:
     fused: bool = False
     # Of D and dt_bias, those the kernel is passed as None (ABSENT): they hold zeros, what their absence means.
     absent: tuple[str, ...] = ()
+    # C's batch rows lie further apart than B's, NaN between them (drift.lockstep.StepWindow; C_APART_REGIMES).
+    c_apart: bool = False
 
     def parameters(self) -> dict[str, torch.Tensor | None]:
         """A, D and dt_bias as the kernel is passed them: None for those `absent` (the float64 side reads the
@@ -246,6 +254,7 @@ def make_problem(
         device=device,
         fused=regime in FUSED_REGIMES,
         absent=ABSENT.get(regime, ()),
+        c_apart=regime in C_APART_REGIMES,
     )
 
 
