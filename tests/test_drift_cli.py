@@ -551,11 +551,15 @@ def test_the_default_preset_catches_every_row_read_at_row_0s_inputs(tmp_path):
 def test_the_default_preset_catches_a_kernel_that_ignores_its_inputs_strides(tmp_path):
     """A state update that reads x, B and C as if contiguous passes every regime but `strided`, `untied` and the
     half-precision inputs' (views into one buffer per step, as vLLM's Mamba2 decode and Mamba1's decode pass them, at
-    2 rows), and fails those in every state dtype and rounding at 2 rows."""
+    2 rows), and fails those in every state dtype and rounding at 2 rows; and `dt-bias-none`, whose C has NaN between
+    its batch rows (since the sixty-fifth session), where it reads NaN at row 1: non-finite."""
     _, report = drift("--kernel", f"{BROKEN}:contiguous_inputs", "--preset", "default", json_path=tmp_path / "s.json")
-    views = planted_bug_cases(report, lambda p: p["regime"] in ("strided", "untied") or p["batch"] > 1
-                              and p["regime"] in ("bf16-inputs", "fp16-inputs"))
+    reached = planted_bug_cases(report, lambda p: p["regime"] in ("strided", "untied", "dt-bias-none")
+                                or p["batch"] > 1 and p["regime"] in ("bf16-inputs", "fp16-inputs"))
+    (apart,) = [c for c in reached if c["params"]["regime"] == "dt-bias-none"]
+    views = [c for c in reached if c is not apart]
     assert len(views) == 11 and all(c["status"] == "fail" for c in views)
+    assert apart["status"] == "nonfinite" and apart["first_nonfinite"]["batch"] == 1, apart["message"]
 
 
 def test_the_default_preset_catches_a_kernel_that_updates_a_contiguous_copy_of_its_state(tmp_path):
