@@ -35,6 +35,7 @@ from ssmcheck.drift.follow import Follower
 from ssmcheck.drift.measure import first_difference
 from ssmcheck.drift.regimes import DecodeProblem, StepInputs
 from ssmcheck.drift.stats import SignedErrorMoments
+from ssmcheck.scan.regimes import C_ROW_PAD  # NaN after each batch row's C (regimes.C_APART_REGIMES)
 
 # At most this many bytes of step inputs lie on the device at once (a window of steps). In windows of 64 MB the
 # default GPU drift's 256-row case (321 kB a step) took 10.4-10.9 s on an H100, most of it drawing on the host: a
@@ -42,11 +43,6 @@ from ssmcheck.drift.stats import SignedErrorMoments
 # twice. A window of 256 MB takes three blocks or more, drawn at once, and keeps the one it ends in for the next
 # (`_kept`): 5.1 s (fiftieth session).
 WINDOW_BYTES = 256 << 20
-
-
-# The NaN elements after each batch row's C where a regime has C apart from B (regimes.C_APART_REGIMES): 16 keeps
-# the batch stride's divisibility by 16 (a Triton kernel's variant).
-C_ROW_PAD = 16
 
 
 # Spare slots after the live rows of a trial that decodes through slot indices (`slotted_from`; before them, at
@@ -140,10 +136,10 @@ class StepWindow:
                         staged[id(self.fused[self._buffer_of[name]])][rows, :, lo:hi].copy_(values.flatten(2))
                         if name == "x" and "gate" in self.fused:  # the gate's row: [x | z]
                             staged[id(self.fused["gate"])][rows, :, :hi - lo].copy_(values.flatten(2))
-                    elif name == "C" and self.problem.c_apart:
+                    elif name == "C" and self.problem.c_apart:  # each batch row's C, then C_ROW_PAD NaN
                         padded = staged[id(self.packed[values.dtype])][rows, lo:hi].unflatten(1, (values.shape[1], -1))
-                        padded[..., :values[0, 0].numel()].copy_(values.flatten(2))
-                        padded[..., values[0, 0].numel():] = float("nan")
+                        padded[..., :-C_ROW_PAD].copy_(values.flatten(2))
+                        padded[..., -C_ROW_PAD:] = float("nan")
                     else:
                         staged[id(self.packed[values.dtype])][rows, lo:hi].copy_(values.flatten(1))
             for buffer in buffers:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from ssmcheck.core import formats, sweep
+from ssmcheck.scan.regimes import GATE_TAIL, GATE_TAIL_FRACTION
 
 DRIFT_REGIMES: dict[str, str] = {
     "normal": "trained-model ranges: A = -exp(U(log 1, log 16)), dt after softplus in [1e-3, 0.1], "
@@ -387,19 +388,13 @@ def _optional_none(shape, state_dtype, nsteps, generator):
     return replace(params, D=torch.zeros_like(params.D))
 
 
-# `_gate_without_skip`: the fraction of its gate's values drawn in silu's upper tail, and their range (as the scan's
-# initial-state regime draws them: scan.regimes.GATE_TAIL). Half, not a few: an fp32 output's error is its C·h's
-# fp32 arithmetic, and a gate of 12..100 at one or two of a CPU case's 16 outputs weighted the norm-wise error toward
-# them, to 8.7e-6 at one of 40 seeds (the floor is 1e-5); at half of them, 5.6e-7 at most (6.9e-7 without tails).
-GATE_TAIL_FRACTION = 1 / 2
-GATE_TAIL = (12.0, 100.0)
-
-
 def _gate_without_skip(shape, state_dtype, nsteps, generator):
     """normal's draws with no D (zeros here; None to the kernel) and a unit-normal gate z (`_gated`), of which
-    GATE_TAIL_FRACTION is redrawn in GATE_TAIL, drawn after each block's other inputs: past fp16's exp overflow (11.09)
-    and, above 88.7, fp32's, where a silu taken as z * exp(z) / (1 + exp(z)) is NaN and z * sigmoid(z) is z (since the
-    sixty-fifth session)."""
+    GATE_TAIL_FRACTION is redrawn in GATE_TAIL (the scan's initial-state regime's), drawn after each block's other
+    inputs: past fp16's exp overflow (11.09) and, above 88.7, fp32's, where a silu taken as z * exp(z) / (1 + exp(z))
+    is NaN and z * sigmoid(z) is z (since the sixty-fifth session). Half, not a few: an fp32 output's error is its
+    C·h's fp32 arithmetic, and a gate of 12..100 at one or two of a CPU case's 16 outputs weighted the norm-wise error
+    toward them, to 8.7e-6 at one of 40 seeds (the floor is 1e-5); at half of them, 5.6e-7 at most (6.9e-7 without)."""
     params = _gated(_normal(shape, state_dtype, nsteps, generator))
     gated = params.draw_steps
 

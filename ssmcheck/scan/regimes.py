@@ -176,10 +176,13 @@ def _finish(dtype: torch.dtype, note: str, **tensors) -> ScanInputs:
 # `_gate_tails`: the fraction of a case's gate elements drawn far into silu's upper tail, and their range. Past fp16's
 # exp overflow (11.09) and, above 88.7, past fp32's: silu taken as z * exp(z) / (1 + exp(z)) is inf / inf = NaN
 # there, and one whose exp runs in half precision is NaN from 11.09 on, where z * sigmoid(z) is z.
-GATE_TAIL_FRACTION = 1 / 2  # (as drift.regimes': a few large gates would weight the norm-wise error toward them)
+# Half, not a few: a gate of 12..100 at one or two of a case's outputs weights the norm-wise error toward them (drift's
+# `gate-without-d` draws its tails from these too: drift.regimes).
+GATE_TAIL_FRACTION = 1 / 2
 GATE_TAIL = (12.0, 100.0)
-# `_c_apart`: the columns past a token's C in each row of the buffer C is a view into, NaN. 16: C's token stride keeps
-# its divisibility by 16, so a case compiles the Triton variants it compiled with C contiguous (8 made 20-odd more).
+# `_c_apart`: the columns past a token's C in each row of the buffer C is a view into, NaN (and drift.lockstep's past
+# a batch row's C). 16: C's stride keeps its divisibility by 16, so a case compiles the Triton variants it compiled
+# with C contiguous (8 made 20-odd more).
 C_ROW_PAD = 16
 
 
@@ -201,10 +204,9 @@ def _c_apart(inputs: ScanInputs) -> ScanInputs:
     C = inputs.C
     width = C.shape[-2] * C.shape[-1]
     buffer = torch.full((*C.shape[:-2], width + C_ROW_PAD), float("nan"), dtype=C.dtype)
-    view = buffer[..., :width].unflatten(-1, C.shape[-2:])
-    view.copy_(C)
-    return replace(inputs, C=view, note=f"{inputs.note}; C a view into a buffer of {width + C_ROW_PAD} elements a "
-                                        f"token ({C_ROW_PAD} NaN past C's), B contiguous")
+    return replace(inputs, C=_placed_in_columns(buffer, {"C": C})["C"],
+                   note=f"{inputs.note}; C a view into a buffer of {width + C_ROW_PAD} elements a token ({C_ROW_PAD} "
+                        "NaN past C's), B contiguous")
 
 
 def _lengths_note(cu: torch.Tensor) -> str:
