@@ -100,6 +100,19 @@ def combined(records: list, seconds: Callable = max) -> dict | None:
             "cache_warm": all(r["cache_warm"] for r in records)}
 
 
+def _with_launcher(kernel):
+    """`kernel` (a compiled variant) with its launcher made: Triton 3.6 builds one per signature at the variant's first
+    launch, a C module compiled by the host's C compiler (about 0.5-0.9 s each) into its disk cache, where the sweep's
+    process then finds it. On a fresh H100 the default GPU drift's first case of each new signature waited that long
+    for its own (sixty-sixth session). A launcher that cannot be made is left to the sweep's launch, which meets the
+    error in its case."""
+    try:
+        kernel._init_handles()
+    except Exception:  # noqa: BLE001, S110 (as above)
+        pass
+    return kernel
+
+
 class _TimedPool(ThreadPoolExecutor):
     """A thread pool that records each task's seconds in `launches.compilations`."""
 
@@ -115,7 +128,7 @@ class _TimedPool(ThreadPoolExecutor):
         def timed():
             start = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                return _with_launcher(fn(*args, **kwargs))
             finally:
                 compilations[index] = time.perf_counter() - start
 

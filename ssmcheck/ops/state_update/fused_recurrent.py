@@ -381,11 +381,13 @@ def _sr_block(block, tiles, b, slot, h, nheads, headdim, dstate, seed, x_ptr, B_
 
 # A new seed every step must not mean a new compilation; nor a pad slot id of 0 (vLLM's null block, divisible by
 # 16 to Triton's specialisation) where it is -1: only compared with a row's slot, it gains nothing from it, and
-# a drift case's null-slot check compiled a variant of its own for it (fiftieth session).
-@triton.jit(do_not_specialize=["seed", "pad_slot_id"])
+# a drift case's null-slot check compiled a variant of its own for it (fiftieth session). Nor whether the call
+# passes slot indices (`has_slots`, 0 or 1, read once a program): as a constexpr it doubled the variants of a
+# drift case, whose trials and checks call both ways (the default GPU drift's 182 variants would be 124).
+@triton.jit(do_not_specialize=["seed", "pad_slot_id", "has_slots"])
 def _state_update_kernel(
     state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, out_ptr, slots_ptr,
-    seed, nheads, headdim, dstate, pad_slot_id,
+    seed, nheads, headdim, dstate, pad_slot_id, has_slots,
     s_b, s_h, s_p, s_n,
     x_b, x_h, x_p,
     dt_b, dt_h, dt_p,
@@ -398,7 +400,7 @@ def _state_update_kernel(
     o_b, o_h, o_p,
     HEADS_PER_GROUP: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    DT_PER_HEAD: tl.constexpr, A_PER_HEAD: tl.constexpr,
     STATE_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, HARDWARE: tl.constexpr,
     SEED_IN_MEMORY: tl.constexpr, WIDE_COUNTERS: tl.constexpr, N_ROUNDS: tl.constexpr, INTERPRET: tl.constexpr,
     GROUPS: tl.constexpr, BLOCKS: tl.constexpr,
@@ -410,14 +412,14 @@ def _state_update_kernel(
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     slot = b  # the row's state in the pool: its own row, or the slot state_batch_indices names
-    if HAS_SLOTS:
+    if has_slots != 0:
         slot = tl.load(slots_ptr + b).to(tl.int64)
-        if slot == pad_slot_id:
-            # A pad row (a CUDA-graph batch's filler): no state is read or written; its output is defined as 0.
-            p = pid_p * (BLOCKS * BLOCK_P) + tl.arange(0, BLOCKS * BLOCK_P)
-            tl.store(out_ptr + b * o_b + h * o_h + p * o_p, tl.zeros((BLOCKS * BLOCK_P,), tl.float32).to(OUT_DTYPE),
-                     mask=p < headdim)
-            return
+    if (has_slots != 0) & (slot == pad_slot_id):
+        # A pad row (a CUDA-graph batch's filler): no state is read or written; its output is defined as 0.
+        p = pid_p * (BLOCKS * BLOCK_P) + tl.arange(0, BLOCKS * BLOCK_P)
+        tl.store(out_ptr + b * o_b + h * o_h + p * o_p, tl.zeros((BLOCKS * BLOCK_P,), tl.float32).to(OUT_DTYPE),
+                 mask=p < headdim)
+        return
     # Every load comes before the first store: the compiler cannot move a load above a
     # store that might alias it, and each load left behind a store costs the program
     # another memory latency (and none crosses the barrier of a layout conversion). The
@@ -585,16 +587,28 @@ def _plan(state, x, dt, A, B, C, D, z, dt_bias, out, slots, seed, dt_softplus, r
             HEADS_PER_GROUP=nheads // B.shape[1], HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, DT_SOFTPLUS=bool(dt_softplus),
             DT_PER_HEAD=dt_per_head, A_PER_HEAD=A.stride(1) == 0 and A.stride(2) == 0,
-            HAS_SLOTS=slots is not None,
             STATE_DTYPE=triton_dtype(state.dtype), OUT_DTYPE=triton_dtype(x.dtype),
             STOCHASTIC=stochastic, HARDWARE=rounding_impl == "hardware",
-            SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=state.numel() > 2**32, N_ROUNDS=philox_rounds,
+            # Wide Philox counters are SR's alone: rounding to nearest keeps one variant for any pool's size (the
+            # default GPU drift's far-slot checks, a pool past 2**32 elements each, compiled 22 of their own).
+            SEED_IN_MEMORY=seed_in_memory, WIDE_COUNTERS=stochastic and state.numel() > 2**32, N_ROUNDS=philox_rounds,
             INTERPRET=interpret, GROUPS=ROW_GROUPS, BLOCKS=per_program, BLOCK_P=config.block_p,
             BLOCK_N=max(2, next_power_of_2(dstate)),
             num_warps=config.num_warps, **options,
         ),
         int_seed=int_seed,
     )
+
+
+# What the kernel's slots_ptr gets in a call without state_batch_indices (never read: has_slots is 0), by device:
+# an int32 pointer, as engines' indices are, so that such a call shares its variant with a call through them.
+_NO_SLOTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _no_slots(device: torch.device) -> torch.Tensor:
+    if device not in _NO_SLOTS:
+        _NO_SLOTS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _NO_SLOTS[device]
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -641,7 +655,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         return out
     _state_update_kernel[plan.grid](
         state, x, dt, dt_bias if dt_bias is not None else x, A, B, C, D if D is not None else x,
-        z if z is not None else x, out, slots if slots is not None else x, seed, *plan.sizes, pad_slot_id,
-        *plan.strides, **plan.options,
+        z if z is not None else x, out, slots if slots is not None else _no_slots(state.device), seed, *plan.sizes,
+        pad_slot_id, int(slots is not None), *plan.strides, **plan.options,
     )
     return out
