@@ -155,7 +155,11 @@ def _results(plan: Plan, devices: list | None, timeout: float | None, advance: C
 
             yield from run_isolated(plan.runner, cases, timeout, advance, devices)
         else:
-            for case in cases:
+            # A runner that can begin the next case's host work while one runs (DriftRunner.prepare) is told it.
+            prepare = getattr(plan.runner, "prepare", lambda case: None)
+            for case, following in zip(cases, [*cases[1:], None]):
+                if following is not None:
+                    prepare(following)
                 yield plan.runner(case, advance)
     finally:
         if helpers is not None:

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from ssmcheck.core import runtime
 from ssmcheck.core.status import Status
+from ssmcheck.drift import lockstep
+from ssmcheck.drift import run as drift_run
 from ssmcheck.drift.adapter import resolve as resolve_kernel
 from ssmcheck.drift.regimes import DRIFT_REGIMES, make_problem
 from ssmcheck.drift.run import run_case
@@ -227,3 +229,25 @@ def test_graph_replays_give_the_eager_decode_bit_for_bit():
     # The kernel's trajectory is the same bits; only the baseline's random draws may differ.
     assert graphed.run.checkpoints == eager.run.checkpoints
     assert graphed.run.store_errors == eager.run.store_errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_runs_of_steps_in_one_graph_give_the_single_step_replays_bit_for_bit(monkeypatch, rounding):
+    # Between checkpoints the steps run RUN_STEPS to a replay (drift.lockstep.Lockstep.advance_run); with runs
+    # longer than any gap between checkpoints none runs so, every step its own replay.
+    settings_ = resolve({**SMALL, "steps": 700, "trials": 2, "regime": "normal", "rounding": rounding,
+                         "state_dtype": "fp16", "seed": 5}, {}, "test")
+    builtin = resolve_kernel("builtin", 10, "software", False)
+    [case] = build_cases(settings_, "builtin")
+    replays = []
+    kept = lockstep.Lockstep.advance_run
+    monkeypatch.setattr(lockstep.Lockstep, "advance_run", lambda self: replays.append(self.step) or kept(self))
+    in_runs = run_case(case, builtin, settings_.tolerance, "cuda")
+    # Most of the steps in runs (the gaps of 700 steps' 16 checkpoints, past the graph's first 2 steps: 38 runs a trial)
+    assert len(replays) * lockstep.RUN_STEPS > 0.8 * case.steps * in_runs.run.trials, len(replays)
+    monkeypatch.setattr(drift_run, "RUN_STEPS", 10**9)
+    one_by_one = run_case(case, builtin, settings_.tolerance, "cuda")
+    assert in_runs.run.decode_loop == one_by_one.run.decode_loop == "graph"
+    assert in_runs.run.checkpoints == one_by_one.run.checkpoints
+    assert in_runs.run.store_errors == one_by_one.run.store_errors

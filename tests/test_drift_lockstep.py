@@ -155,27 +155,39 @@ def _lock(case, kernel, trial_seed: int, device: str = "cpu", trial: int = 0) ->
 
 
 class _EagerGraph:
-    """Stands in for a captured CUDA graph: `replay` runs the lockstep's next step eagerly."""
+    """Stands in for a captured CUDA graph of `steps` steps: `replay` runs the lockstep's next steps eagerly.
+    `replayed`: the steps replayed, shared by the trial's graphs."""
 
-    def __init__(self, lock):
-        self.lock, self.replays = lock, 0
+    def __init__(self, lock, replayed: list, steps: int = 1):
+        self.lock, self.replayed, self.steps = lock, replayed, steps
 
     def replay(self):
-        self.replays += 1
-        self.lock._graph_outputs = self.lock._step(self.lock.step + 1, check_inputs=False)
+        self.replayed.append(self.steps)
+        for k in range(self.steps):
+            outputs = self.lock._step(self.lock.step + 1 + k, check_inputs=False)
+        if self.steps == 1:
+            self.lock._graph_outputs = outputs
+        else:
+            self.lock._run_outputs = outputs
 
 
-def _graphed_lock(case, kernel, trial_seed: int) -> tuple[lockstep.Lockstep, _EagerGraph]:
-    """`_lock` whose try_graph runs the step and then "captures" the stand-in graph."""
+def _graphed_lock(case, kernel, trial_seed: int) -> tuple[lockstep.Lockstep, list]:
+    """`_lock` whose try_graph runs the step and then "captures" the stand-in graph, and whose runs of steps
+    (Lockstep.advance_run) are stand-ins too; with the steps the stand-ins replayed."""
     lock = _lock(case, kernel, trial_seed)
-    graph = _EagerGraph(lock)
+    replayed = []
 
     def try_graph():
         lock.advance(check_inputs=True)
-        lock.graph = graph
+        lock.graph = _EagerGraph(lock, replayed)
 
-    lock.try_graph = try_graph
-    return lock, graph
+    def capture_run(n):
+        lock.run_graph = _EagerGraph(lock, replayed, lockstep.RUN_STEPS)
+        lock.run_graph.replay()
+        return lock.state.clone(), lock._run_outputs[0].clone()
+
+    lock.try_graph, lock._capture_run = try_graph, capture_run
+    return lock, replayed
 
 
 @pytest.mark.parametrize("seed", [0, 7, 12345])
@@ -188,11 +200,12 @@ def test_with_a_graph_a_nonfinite_state_is_found_at_its_step_from_the_checkpoint
     eager = drift_run.run_case(case, kernel, tolerance, "cpu").run.first_nonfinite
     assert eager is not None and eager.step not in log_checkpoints(case.steps)
 
-    lock, graph = _graphed_lock(case, kernel, sweep.case_seed(case.seed, {"trial": 0}))
+    lock, replayed = _graphed_lock(case, kernel, sweep.case_seed(case.seed, {"trial": 0}))
     sums = CheckpointSums(), CheckpointSums()
     found = drift_run._trial(lock, log_checkpoints(case.steps), *sums, lambda: None, graph=True)
     assert found == eager
-    assert graph.replays > eager.step  # replayed to the checkpoint past it, then again from the one before
+    assert sum(replayed) > eager.step  # replayed to the checkpoint past it, then again from the one before
+    assert lockstep.RUN_STEPS in replayed  # some of them in runs of steps
     assert max(sums[0].sums) == eager.step  # measured where it stopped
 
 

@@ -45,6 +45,13 @@ from ssmcheck.scan.regimes import C_ROW_PAD  # NaN after each batch row's C (reg
 WINDOW_BYTES = 256 << 20
 
 
+# Steps one replay of a trial's run graph advances (`Lockstep.advance_run`): RUN_STEPS steps captured one after
+# another in one CUDA graph. A graph of one step costs its launch and the loop's Python every step, 21-37 us a step
+# of the default GPU drift on an H100 where the device's own work is about 16 us, and twice that while compiling
+# helpers hold the cores (sixty-sixth session): the host, not the device, bounded the decode loop.
+RUN_STEPS = 16
+
+
 # Spare slots after the live rows of a trial that decodes through slot indices (`slotted_from`; before them, at
 # least one: slot 0, vLLM's null block).
 SPARES_AFTER = 1
@@ -62,13 +69,15 @@ class StepWindow:
 
     One per case: every trial decodes the same stream, so a run that fits in one window is drawn once."""
 
-    def __init__(self, problem: DecodeProblem):
+    def __init__(self, problem: DecodeProblem, drawn: dict[int, StepInputs] | None = None):
+        """`drawn`: blocks of the stream drawn before, by index (drift.prefetch), taken instead of drawn again."""
         self.problem = problem
-        first = next(problem.host_steps())
-        self.dt_per_head = first.dt.stride(2) == 0  # Mamba2's dt: one value per head, expanded over headdim
+        # Whole blocks of the stream drawn before: `drawn`, then the block the window ends in (the next starts in it).
+        self._kept: dict = dict(drawn or {})
+        first = _first_step(self._kept[0]) if 0 in self._kept else next(problem.host_steps())
+        self.dt_per_head = _dt_per_head(first)
         stored = self._stored(first)
-        per_step = sum(t.numel() * t.element_size() for _, t in stored.given())
-        self.size = max(1, min(problem.nsteps, WINDOW_BYTES // per_step))
+        self.size = _window_steps(problem, stored)
         self.columns: dict[str, tuple[int, int, torch.Size]] = {}  # name -> (start, stop, shape) in its buffer
         if problem.fused:
             # One buffer per step: each batch row holds every input's values side by side, as a serving
@@ -108,11 +117,10 @@ class StepWindow:
         self.counter = torch.zeros(1, dtype=torch.int64, device=problem.device)
         self.start = -1  # the window holds steps start + 1 .. start + count (numbered from 1)
         self.count = 0
-        self._kept: dict = {}  # the stream's block the window ends in, drawn whole: the next window starts in it
 
     def _stored(self, steps: StepInputs) -> StepInputs:
         """`steps` as the window keeps them: a per-head dt without its stride-0 axis."""
-        return replace(steps, dt=steps.dt[..., 0]) if self.dt_per_head else steps
+        return _stored(steps, self.dt_per_head)
 
     def holds(self, step: int) -> bool:
         return self.start < step <= self.start + self.count
@@ -124,7 +132,7 @@ class StepWindow:
             start = step - 1
             count = min(self.size, self.problem.nsteps - start)
             buffers = list((self.fused if self.problem.fused else self.packed).values())
-            staged = {id(buffer): _staging(buffer) for buffer in buffers}
+            staged = _staging(buffers)
             # Block by block, as many drawn at once as torch has CPU threads: a window of 8192 steps at the default
             # GPU widths took ~0.12 s drawn in one thread and joined, ~12 s of the default GPU drift in all (on a
             # 2-core AMD EPYC; 0.04 s so in 2 threads, forty-first session).
@@ -166,16 +174,65 @@ class StepWindow:
         return replace(step, dt=step.dt[..., None].expand(step.x.shape)) if self.dt_per_head else step
 
 
+def first_window_steps(problem: DecodeProblem, first_block: StepInputs) -> int:
+    """The steps a StepWindow of `problem` holds at once, from the stream's first block."""
+    first = _first_step(first_block)
+    return _window_steps(problem, _stored(first, _dt_per_head(first)))
+
+
+def _first_step(block: StepInputs) -> StepInputs:
+    return block.map(lambda _, t: t[0])
+
+
+def _dt_per_head(step: StepInputs) -> bool:
+    """Whether dt is Mamba2's: one value per head, expanded over headdim."""
+    return step.dt.stride(2) == 0
+
+
+def _stored(step: StepInputs, dt_per_head: bool) -> StepInputs:
+    return replace(step, dt=step.dt[..., 0]) if dt_per_head else step
+
+
+def _window_steps(problem: DecodeProblem, stored: StepInputs) -> int:
+    per_step = sum(t.numel() * t.element_size() for _, t in stored.given())
+    return max(1, min(problem.nsteps, WINDOW_BYTES // per_step))
+
+
 def _c_rows(columns: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """C of `shape` (batch, ngroups, dstate) as a view into its window columns, each batch row C_ROW_PAD elements
     past the last's end: batch stride ngroups * dstate + C_ROW_PAD, where B's is ngroups * dstate."""
     return columns.unflatten(0, (shape[0], -1))[:, :shape[1] * shape[2]].unflatten(1, shape[1:])
 
 
-def _staging(buffer: torch.Tensor) -> torch.Tensor:
-    """Where a window's blocks are laid out before `buffer` gets them: the buffer itself in host memory, else a host
-    tensor like it, which then moves in one copy (a block's copy from pageable memory waits for the device)."""
-    return buffer if buffer.device.type == "cpu" else torch.empty(buffer.shape, dtype=buffer.dtype)
+def _staging(buffers: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Where a window's blocks are laid out before each of `buffers` gets them, by the buffer's id: the buffer itself
+    in host memory, else a view like it into the process's host arena (`_arena`), which then moves in one copy (a
+    block's copy from pageable memory waits for the device)."""
+    if buffers[0].device.type == "cpu":
+        return {id(buffer): buffer for buffer in buffers}
+    sizes = [_aligned(buffer.numel() * buffer.element_size(), 1) for buffer in buffers]
+    arena, views, at = _arena(sum(sizes)), {}, 0
+    for buffer, size in zip(buffers, sizes):
+        views[id(buffer)] = arena[at:at + buffer.numel() * buffer.element_size()].view(buffer.dtype).view(buffer.shape)
+        at += size
+    return views
+
+
+# Host memory windows are staged in, kept for the process's life and grown as a window needs, pinned where the host
+# allows it: a new host tensor a window cost its pages' first touch, and its copy to the device went through the
+# driver's bounce buffers. With drift.prefetch, the default GPU drift's window loads took 2.7 s where they took
+# 9.8 s (warm, two H100s; sixty-sixth session).
+_ARENA: list[torch.Tensor] = []
+
+
+def _arena(size: int) -> torch.Tensor:
+    if not _ARENA or _ARENA[0].numel() < size:
+        _ARENA.clear()  # (the smaller one freed before the larger is taken)
+        try:
+            _ARENA.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
+        except RuntimeError:  # no page-locked memory to be had: pageable
+            _ARENA.append(torch.empty(size, dtype=torch.uint8))
+    return _ARENA[0]
 
 
 @dataclass
@@ -225,6 +282,8 @@ class Lockstep:
         self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.graph = None  # a captured step, once try_graph found it faithful
         self.graph_note = "eager"  # how the steps ran: "graph", or why not
+        self.run_graph = None  # RUN_STEPS captured steps, once advance_run found them the same as single replays
+        self.run_tried = False
         window.load(1)  # the counter back at the first step (the window may hold it from an earlier trial)
         self._graph_outputs = None
         self._seeds_start = None
@@ -267,6 +326,55 @@ class Lockstep:
         else:
             self.outputs = self._step(n, check_inputs)
         self.step = n
+
+    def run_fits(self) -> bool:
+        """Whether the next RUN_STEPS steps can run as one replay of the run graph: there is a step graph, and
+        the window holds them all (the graph reads each step's inputs at the device's counter)."""
+        if self.graph is None or (self.run_tried and self.run_graph is None):
+            return False
+        return self.window.holds(self._ready() + RUN_STEPS - 1)
+
+    def advance_run(self) -> int:
+        """Run the next RUN_STEPS steps (run_fits) as one replay of the run graph, captured at the first call and
+        kept where its replay ends in the same bits as RUN_STEPS replays of the step graph from the same position
+        (those replays are then the steps run), else those steps replayed one at a time from here on. Returns the
+        steps run: none where the capture failed, the trial eager from here on."""
+        if self.run_graph is not None:
+            self.run_graph.replay()
+            self.outputs = self._run_outputs
+            self.step += RUN_STEPS
+            return RUN_STEPS
+        self.run_tried = True
+        before = self.saved()
+        replayed = self._capture_run(self._ready())
+        if replayed is None:
+            return 0
+        self.restore(before)
+        for _ in range(RUN_STEPS):
+            self.advance()
+        if not (_same_bits(replayed[0], self.state) and _same_bits(replayed[1], self.outputs[0])):
+            self.run_graph = None
+            self.graph_note = "graph (one step a replay: a run of steps in one graph differs from its steps' replays)"
+        return RUN_STEPS
+
+    def _capture_run(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Capture steps n .. n + RUN_STEPS - 1 in one graph and replay it once: (the state, the last output) it
+        left; None where the capture failed (run_graph stays None)."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            graph.register_generator_state(self.bits)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for k in range(RUN_STEPS):
+                    outputs = self._step(n + k, check_inputs=False)
+        except Exception:  # noqa: BLE001 (the steps go on one replay at a time)
+            # As in _capture: the generator stays registered with the failed capture.
+            self.bits = torch.Generator(device=self.problem.device).manual_seed(self.trial_seed + 2)
+            self.graph = None  # the step graph draws from the old generator: eager from here on
+            self.graph_note = "eager: a run of steps was not captured"
+            return None
+        graph.replay()
+        self.run_graph, self._run_outputs = graph, outputs
+        return self.state.clone(), outputs[0].clone()
 
     def _ready(self) -> int:
         """The next step's number, its inputs and this trial's seeds for its window on the device."""

@@ -189,7 +189,7 @@ class DecodeProblem:
     def host_steps(self) -> Iterator[StepInputs]:
         """The same stream as `steps`, on the CPU where it is drawn."""
         for start in range(0, self.nsteps, STEP_BLOCK):
-            block = self._block(start // STEP_BLOCK)
+            block = self.block(start // STEP_BLOCK)
             for i in range(block.x.shape[0]):
                 yield block.map(lambda _, t: t[i])
 
@@ -215,7 +215,7 @@ class DecodeProblem:
             return base + lo - start, block.map(lambda _, t: t[lo:hi])
 
         with ThreadPoolExecutor(max(1, min(threads, len(missing))), thread_name_prefix="ssmcheck-draw") as pool:
-            drawn = pool.map(self._block, missing) if threads > 1 and len(missing) > 1 else map(self._block, missing)
+            drawn = pool.map(self.block, missing) if threads > 1 and len(missing) > 1 else map(self.block, missing)
             for k in range(first, last + 1):
                 block = held[k] if k in held else next(drawn)
                 yield part(k, block)
@@ -223,7 +223,8 @@ class DecodeProblem:
             kept.clear()
             kept[last] = block
 
-    def _block(self, k: int) -> StepInputs:
+    def block(self, k: int) -> StepInputs:
+        """Block `k` of the stream: its steps k * STEP_BLOCK + 1 .. (at most STEP_BLOCK), stacked."""
         generator = torch.Generator().manual_seed(sweep.case_seed(self.stream_seed, {"block": k}))
         return self.draw_steps(generator, min(STEP_BLOCK, self.nsteps - k * STEP_BLOCK))
 

@@ -36,10 +36,10 @@ from ssmcheck.core.guard import describe
 from ssmcheck.core.precompile import COMPILE_THREADS, Launches
 from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import Tolerance
-from ssmcheck.drift import ahead, far_slots, independence, slots, speculative
+from ssmcheck.drift import ahead, far_slots, independence, prefetch, slots, speculative
 from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, resolve
 from ssmcheck.drift.follow import output_rounded
-from ssmcheck.drift.lockstep import Lockstep, StepWindow, slotted_from
+from ssmcheck.drift.lockstep import RUN_STEPS, Lockstep, StepWindow, slotted_from
 from ssmcheck.drift.measure import CheckpointSums, figures, first_nonfinite
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import DriftResult, DriftRun, NonfiniteStep, RepeatDifference, SlotCheck, StoreErrors
@@ -173,7 +173,7 @@ def _decode(case: DriftCase, problem, kernel: DriftAdapter, device: str, on_step
     checkpoints = log_checkpoints(problem.nsteps)
     kernel_sums, baseline_sums = CheckpointSums(), CheckpointSums()
     store_errors = SignedErrorMoments()
-    window = StepWindow(problem)
+    window = StepWindow(problem, prefetch.taken(case))
     graph, eager_note = _graph_plan(device, repeat, kernel)
     found, differs, max_abs, trials, loop, slotted = None, None, 0.0, 0, None, []
     for trial in numbered:
@@ -216,8 +216,9 @@ def _trial(lock: Lockstep, checkpoints: list[int], kernel_sums: CheckpointSums, 
            on_step: Callable[[], None], graph: bool) -> NonfiniteStep | None:
     """Run one trial to the end, or to the first non-finite value it finds (returned). The inputs are
     checked at the first step and the checkpoints (eager steps). Without a graph every step is read
-    back; with one, the device is read at the checkpoints only, and a non-finite value is found by
-    running the steps since the last checkpoint again (a graph replays exactly what it did; an eager
+    back; with one, the device is read at the checkpoints only, between them the steps run RUN_STEPS to a replay
+    where they can (Lockstep.advance_run), and a non-finite value is found by running the steps since the last
+    checkpoint again (a graph replays exactly what it did; an eager
     call of a kernel that keeps state of its own between calls need not)."""
     saved = lock.saved()
     for checkpoint in checkpoints:
@@ -225,6 +226,10 @@ def _trial(lock: Lockstep, checkpoints: list[int], kernel_sums: CheckpointSums, 
             if graph and lock.step == 1 and lock.graph is None:
                 graph = False  # tried once per trial
                 lock.try_graph()
+            elif lock.step + RUN_STEPS < checkpoint and lock.run_fits():  # (the step before a checkpoint is fenced)
+                for _ in range(lock.advance_run()):  # none where the run was not captured: eager from here
+                    on_step()
+                continue
             else:
                 lock.advance(check_inputs=lock.step == 0 or lock.step + 1 == checkpoint)
             on_step()
@@ -302,6 +307,12 @@ class DriftRunner:
 
             _PREFILLS[self] = resolve_scan(self.prefill_kernel, self.interpreter)
         return _PREFILLS[self]
+
+    @staticmethod
+    def prepare(case: DriftCase) -> None:
+        """Start drawing the inputs of `case`, the next to run in this process, while this one runs
+        (drift.prefetch)."""
+        prefetch.start(case)
 
     def __call__(self, case: DriftCase, advance: Callable[[], None]) -> DriftResult:
         """Run one case, calling `advance` once per decode step, its autotune config pinned
