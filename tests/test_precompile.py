@@ -121,6 +121,23 @@ def test_the_pool_times_each_compilation():
     assert launches.compilations[0] < precompile.CACHED_SECONDS <= launches.compilations[1]
 
 
+def test_the_pool_makes_each_compiled_variants_launcher_and_leaves_a_failure_to_the_sweep():
+    class Compiled:  # stands in for Triton's CompiledKernel
+        def __init__(self, fails):
+            self.fails, self.made = fails, False
+
+        def _init_handles(self):
+            self.made = True
+            if self.fails:
+                raise RuntimeError("out of resources")
+
+    launches = Launches(supported=True)
+    with precompile._TimedPool(2, launches) as pool:
+        futures = [pool.submit(Compiled, fails) for fails in (False, True)]
+    kernels = [f.result() for f in futures]
+    assert [k.made for k in kernels] == [True, True] and [k.fails for k in kernels] == [False, True]
+
+
 @pytest.mark.parametrize(("compilations", "calls", "warm"), [
     ([0.01, 0.02, 0.01], [1, 1, 2, 3], True),  # a call that compiled nothing (its variants in memory) is warm too
     ([0.01, 0.02, 0.01, 0.5], [1, 1, 2, 3, 4], True),  # only the first WARM_CALLS calls are judged
