@@ -55,9 +55,14 @@ def test_a_run_in_windows_of_a_few_steps_is_the_run_in_one_window(monkeypatch, r
 def test_a_window_drawn_in_several_threads_holds_the_streams_steps(monkeypatch, regime, staged):
     """StepWindow.load draws its blocks as many at once as torch has threads: every step of a window that starts
     and ends inside a block is the stream's, whatever the threads, laid out in the window's buffer or (as for a
-    GPU's) in host memory first."""
+    GPU's) in the host arena first, poisoned (all bits set: NaN in every float dtype) and reused by the next."""
     if staged:
-        monkeypatch.setattr(lockstep, "_staging", lambda buffer: torch.full_like(buffer, float("nan")))
+        def poisoned_arena(buffers):
+            views = lockstep._in_arena(buffers)
+            lockstep._ARENA[0].fill_(0xFF)
+            return views
+
+        monkeypatch.setattr(lockstep, "_staging", poisoned_arena)
     case, _ = _case(regime=regime, state_dtype="fp16", rounding="nearest", steps=3 * STEP_BLOCK, headdim="6",
                     dstate="10")
     problem = make_problem(case.regime, case.shape(), case.dtype, case.steps, case.seed, "cpu")

@@ -210,6 +210,11 @@ def _staging(buffers: list[torch.Tensor]) -> dict[int, torch.Tensor]:
     block's copy from pageable memory waits for the device)."""
     if buffers[0].device.type == "cpu":
         return {id(buffer): buffer for buffer in buffers}
+    return _in_arena(buffers)
+
+
+def _in_arena(buffers: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """A view like each of `buffers`, by the buffer's id, side by side in the host arena."""
     sizes = [_aligned(buffer.numel() * buffer.element_size(), 1) for buffer in buffers]
     arena, views, at = _arena(sum(sizes)), {}, 0
     for buffer, size in zip(buffers, sizes):
