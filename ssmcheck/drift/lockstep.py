@@ -73,8 +73,11 @@ class StepWindow:
         """`drawn`: blocks of the stream drawn before, by index (drift.prefetch), taken instead of drawn again."""
         self.problem = problem
         # Whole blocks of the stream drawn before: `drawn`, then the block the window ends in (the next starts in it).
+        # Block 0 is drawn here where it was not (its first step gives the layout), and the first window takes it.
         self._kept: dict = dict(drawn or {})
-        first = _first_step(self._kept[0]) if 0 in self._kept else next(problem.host_steps())
+        if 0 not in self._kept:
+            self._kept[0] = problem.block(0)
+        first = _first_step(self._kept[0])
         self.dt_per_head = _dt_per_head(first)
         stored = self._stored(first)
         self.size = _window_steps(problem, stored)
@@ -371,7 +374,7 @@ class Lockstep:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 for k in range(RUN_STEPS):
                     outputs = self._step(n + k, check_inputs=False)
-        except Exception:  # noqa: BLE001 (the steps go on one replay at a time)
+        except Exception:  # noqa: BLE001 (a kernel whose run of steps cannot be captured runs eagerly)
             # As in _capture: the generator stays registered with the failed capture.
             self.bits = torch.Generator(device=self.problem.device).manual_seed(self.trial_seed + 2)
             self.graph = None  # the step graph draws from the old generator: eager from here on
