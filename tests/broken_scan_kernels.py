@@ -13,7 +13,7 @@ from unittest import mock
 import torch
 
 from ssmcheck.ops.chunk_scan.baseline import TF32_BITS, scan_baseline
-from ssmcheck.ops.chunk_scan.naive import Arithmetic, scan_recurrent, scan_ssd
+from ssmcheck.ops.chunk_scan.naive import Arithmetic, ScanOutput, scan_recurrent, scan_ssd
 from ssmcheck.ops.naive import process_dt
 
 # nan_in_partial_last_chunk poisons the last chunk from this offset into it, in this head.
@@ -1748,4 +1748,42 @@ def silu_through_exp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, i
     NaN (inf / inf) once exp(z) overflows, past z = 88.7 in fp32. Right for every unit-normal gate."""
     with mock.patch("torch.nn.functional.silu", _silu_through_exp):
         out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+    return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def cu_seqlens_read_as_int32(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                             seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                             return_final_states=False, return_varlen_states=False):
+    """Reads cu_seqlens through an int32 pointer whatever its dtype (a CUDA port's `(const int *)
+    cu_seqlens.data_ptr()`): right for the int32 every engine passes. An int64 one comes in as its words, low then
+    high, so sequence s spans [word s, word s + 1): most spans are empty or run backwards and leave their tokens
+    unwritten, and the states of their sequences zero."""
+    if cu_seqlens is None or cu_seqlens.dtype == torch.int32:
+        out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+    words = cu_seqlens.view(torch.int32)[: len(cu_seqlens)].tolist()
+    y = torch.empty_like(x)
+    states = []
+    for s, (a, b) in enumerate(pairwise(words)):
+        if b <= a:
+            states.append(torch.zeros(1, x.shape[2], x.shape[3], B.shape[3], device=x.device))
+            continue
+        part = _baseline(x[:, a:b], dt[:, a:b], A, B[:, a:b], C[:, a:b], chunk_size, D,
+                         None if z is None else z[:, a:b], dt_bias,
+                         None if initial_states is None else initial_states[s : s + 1], None, dt_softplus, dt_limit)
+        y[:, a:b] = part.y
+        states.append(part.final_states.float())
+    varlen = torch.cat(states)
+    out = ScanOutput(y, varlen[-1:], varlen)
+    return _mamba_result(y, out, return_final_states, return_varlen_states)
+
+
+def cu_seqlens_int32_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                          cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                          return_varlen_states=False):
+    """Correct, and refuses int64 cu_seqlens and seq_idx (a kernel whose contract is the int32 engines pass)."""
+    for name, t in (("cu_seqlens", cu_seqlens), ("seq_idx", seq_idx)):
+        if t is not None and t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+    out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)

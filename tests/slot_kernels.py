@@ -273,3 +273,21 @@ def varlen_head_d_of_head_0_without_a_gate(x, dt, A, B, C, chunk_size, D=None, z
 
 
 varlen_head_d_of_head_0_without_a_gate.pad_tokens = True
+
+
+def slot_indices_read_as_int32(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                               state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: reads state_batch_indices through an int32 pointer whatever its dtype (a CUDA port's `(const int *)
+    indices.data_ptr()`): right for the int32 engines pass; int64 indices come in as their words, low then high, so
+    row 1 takes row 0's high word, slot 0, for its slot."""
+    if state_batch_indices is not None and state_batch_indices.dtype == torch.int64:
+        state_batch_indices = state_batch_indices.view(torch.int32)[: len(state_batch_indices)]
+    return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)
+
+
+def slot_indices_int32_only(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                            state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Correct, and refuses int64 slot indices (a kernel whose contract is the int32 engines pass)."""
+    if state_batch_indices is not None and state_batch_indices.dtype != torch.int32:
+        raise TypeError(f"state_batch_indices must be int32, got {state_batch_indices.dtype}")
+    return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)

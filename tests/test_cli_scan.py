@@ -747,6 +747,22 @@ def test_c_laid_out_apart_from_b_catches_c_read_with_bs_strides(tmp_path):
     assert all("C a view into a buffer" in c["inputs"] for c in cases)
 
 
+def test_ragged_passes_int64_indices_that_a_kernel_reading_int32_words_misreads_and_a_refusal_runs_on_int32(tmp_path):
+    """`ragged` passes cu_seqlens and seq_idx as int64 (torch.cumsum's dtype), every other regime as int32 (engines'):
+    a kernel that reads cu_seqlens through an int32 pointer leaves tokens unwritten there alone. One that refuses
+    int64 (raises) is run on int32 and passes, the refusal in the case's inputs; one whose check of the words it
+    read raises would be taken so too: it returns nothing wrong."""
+    regimes = ["--regime", "ragged,aligned,initial-state", "--preset", "smoke"]
+    _, report = scan("--kernel", f"{BROKEN}:cu_seqlens_read_as_int32", *regimes, json_path=tmp_path / "m.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "ragged")
+    assert case["status"] == "nonfinite" and "cu_seqlens and seq_idx int64" in case["inputs"], case["message"]
+    result, report = scan("--kernel", f"{BROKEN}:cu_seqlens_int32_only", *regimes, json_path=tmp_path / "r.json")
+    assert result.exit_code == 0 and [c["status"] for c in report["cases"]] == ["pass"] * 3, result.output
+    noted = [c["inputs"] for c in report["cases"] if "refused" in c["inputs"]]
+    assert len(noted) == 1 and "; the kernel refused int64 cu_seqlens and seq_idx (TypeError: cu_seqlens must be " \
+        "int32, got torch.int64 (raised at " in noted[0] and noted[0].endswith("), so int32"), noted
+
+
 def test_gates_in_silus_tail_catch_a_silu_through_exp(tmp_path):
     """`initial-state` draws half its gate's values in 12..100: a kernel that takes silu(z) as z exp(z) / (1 + exp(z))
     is NaN past z = 88.7 (inf / inf), in every case of the regime, and right in every other case (unit-normal gates)."""

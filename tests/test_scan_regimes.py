@@ -47,7 +47,20 @@ def test_ragged_packs_sequences_with_mid_chunk_boundaries_and_length_one_ones(ns
     inner = cu[1:-1]
     if len([c for c in range(1, cu[-1]) if c % chunk]) >= len(inner) + 2:
         assert all(c % chunk for c in inner)  # every boundary mid-chunk where there is room
-    assert inputs.seq_idx.shape == (1, cu[-1]) and inputs.seq_idx.dtype == torch.int32
+    assert inputs.seq_idx.shape == (1, cu[-1]) and inputs.seq_idx.dtype == inputs.cu_seqlens.dtype == torch.int64
+
+
+@pytest.mark.parametrize("regime", sorted(set(REGIMES) - {"ragged"}))
+def test_every_other_regime_passes_its_indices_as_int32_as_engines_do(regime):
+    inputs = REGIMES[regime].generate(_shape(batch=3, seqlen=40, chunk_size=16), torch.bfloat16, 1)
+    assert inputs.cu_seqlens is None or inputs.cu_seqlens.dtype == inputs.seq_idx.dtype == torch.int32
+
+
+def test_narrowed_inputs_take_int32_indices_with_the_same_values_and_say_why():
+    wide = REGIMES["ragged"].generate(_shape(batch=3, seqlen=40, chunk_size=16), torch.bfloat16, 1)
+    narrowed = wide.narrowed("why")
+    assert narrowed.cu_seqlens.dtype == narrowed.seq_idx.dtype == torch.int32 and narrowed.note == wide.note + "; why"
+    assert narrowed.cu_seqlens.tolist() == wide.cu_seqlens.tolist() and wide.wide_indices and not narrowed.wide_indices
 
 
 @settings(max_examples=30, deadline=None)

@@ -50,8 +50,8 @@ def test_a_pad_row_that_writes_slot_0_is_caught_and_the_slot_named(seed):
     assert case["status"] == "fail" and slots["untouched"]["status"] == "fail"
     assert slots["untouched"]["changed"] == [0] and "slot 0 (no row's)" in slots["untouched"]["message"]
     # In the ends layout a live row sits on slot 0, where the pad rows' writes land: only there may it fail.
-    assert slots["live"]["status"] == "pass" or "live rows on the pool's first and last slots)" in slots["live"][
-        "message"]
+    ends = "live rows on the pool's first and last slots, int64 slot indices)"
+    assert slots["live"]["status"] == "pass" or ends in slots["live"]["message"]
 
 
 @pytest.mark.parametrize("seed", [0, 5])
@@ -74,6 +74,24 @@ def test_the_ends_layout_puts_live_rows_on_the_first_and_last_slots():
         assert case["status"] == "pass", case["message"]
 
 
+def test_int64_slot_indices_read_as_int32_fail_in_the_ends_layout_and_a_refusal_of_them_runs_it_on_int32():
+    """The ends layout passes int64 slot indices, the others int32 as engines pass them: a kernel that reads them
+    through an int32 pointer takes row 0's high word, slot 0, for row 1's slot there and leaves a live row's slot
+    behind; one that refuses int64 (raises) runs the layout on int32 and passes, the refusal recorded."""
+    case = _case(f"{KERNELS}:slot_indices_read_as_int32")
+    slots = case["slots"]
+    assert slots["slot_indices"] == "int32" and slots["ends"]["slot_indices"] == "int64"
+    assert case["status"] == "fail" and slots["live"]["status"] == "fail", case["message"]
+    assert slots["live"]["message"].startswith(
+        "slots (a full batch, no pad rows, live rows on the pool's first and last slots, int64 slot indices): slot "
+    ), slots["live"]["message"]
+    refusing = _case(f"{KERNELS}:slot_indices_int32_only")
+    ends = refusing["slots"]["ends"]
+    assert refusing["status"] == "pass", refusing["message"]
+    assert ends["slot_indices"] == "int32" and "state_batch_indices must be int32, got torch.int64" in ends["refused"]
+    assert "refused" not in refusing["slots"] and "refused" not in _case(f"{KERNELS}:slots_correct")["slots"]["ends"]
+
+
 @pytest.mark.parametrize("kernel", ["slot_0_taken_for_a_pad", "last_slot_out_of_bounds"])
 @pytest.mark.parametrize("seed", [0, 3])
 def test_a_live_row_on_an_end_of_the_pool_left_behind_fails(kernel, seed):
@@ -85,8 +103,8 @@ def test_a_live_row_on_an_end_of_the_pool_left_behind_fails(kernel, seed):
     row = ends["slots"].index(end)
     assert case["status"] == "fail" and slots["live"]["status"] == "fail", case["message"]
     assert slots["live"]["message"].startswith(
-        f"slots (a full batch, no pad rows, live rows on the pool's first and last slots): slot {end} (row {row}): "
-        "its state kept every bit "
+        "slots (a full batch, no pad rows, live rows on the pool's first and last slots, int64 slot indices): "
+        f"slot {end} (row {row}): its state kept every bit "
         "(the row skipped, as a pad row is, or its store sent to another slot): state error "), case["message"]
     assert slots["untouched"]["status"] == slots["pad_out"]["status"] == "pass"
 
@@ -165,7 +183,7 @@ def test_a_path_for_full_batches_that_drops_the_slots_fails_in_the_ends_layout()
     case = case_decoding(_case, f"{KERNELS}:rows_at_their_batch_index_without_pads", False)
     slots = case["slots"]
     assert case["status"] == "fail", case["message"]
-    placed = "(a full batch, no pad rows, live rows on the pool's first and last slots)"
+    placed = "(a full batch, no pad rows, live rows on the pool's first and last slots, int64 slot indices)"
     assert slots["live"]["message"].startswith(f"slots {placed}: slot "), slots["live"]["message"]
     assert "pad rows [" not in slots["live"]["message"] and "pad rows [" not in slots["untouched"]["message"]
     assert slots["untouched"]["message"].startswith(f"slots untouched {placed}: the step wrote ")
@@ -200,7 +218,8 @@ def test_a_decode_that_errs_keeps_the_slot_checks_diagnosis():
     assert "; slots untouched: " in case["message"], case["message"]
     assert slots["untouched"]["status"] == "fail" and 0 in slots["untouched"]["changed"]
     # The ends layout's live row on slot 0 is cleared too: the live check fails there alone.
-    assert "(a full batch, no pad rows, live rows on the pool's first and last slots)" in slots["live"]["message"]
+    assert "(a full batch, no pad rows, live rows on the pool's first and last slots, int64 slot indices)" in slots[
+        "live"]["message"]
     # Decoded without slot indices, the case passes its own verdict and fails the same check alone.
     plain = case_decoding(_case, f"{KERNELS}:null_block_cleared", False)
     assert plain["status"] == "fail" and "slots untouched: " in plain["message"], plain["message"]

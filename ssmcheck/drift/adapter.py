@@ -72,6 +72,12 @@ class KernelRaised(Exception):
     """The kernel under test raised, returned something that is not its output, or changed its inputs."""
 
 
+def refused(exc: KernelRaised) -> bool:
+    """Whether the kernel itself raised (refusing its arguments), not ssmcheck on what the call did: a program
+    outside its memory, an exit, an output of the wrong kind or inputs the call changed (which have no cause)."""
+    return exc.__cause__ is not None and not isinstance(exc.__cause__, KernelExit)
+
+
 def torch_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
                        rounding="nearest", seed=0):
     """One decode step in fp32 with plain PyTorch; the state is stored rounded per `rounding`

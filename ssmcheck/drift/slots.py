@@ -13,7 +13,9 @@ the regime's own states and inputs. It runs in two layouts of the pool (LAYOUTS)
 - ends: live rows on the pool's first and last slots (the pad slot aside), the spares inside, and no pad rows: a
   full batch, as a CUDA graph's that is. A bounds or pad test off by one (`slot > 0`, `slot < pool - 1`) leaves a
   live row there behind, and so does a path of its own for a batch without pad rows (no pad test needed) that
-  stores row b at slot b, its index in the batch;
+  stores row b at slot b, its index in the batch. Its slot indices are int64 (the others' int32, as engines pass
+  them): a kernel that reads them as int32 whatever their dtype sends row 1 to slot 0 (the high word of row 0's
+  index). A kernel that refuses int64 (raises) runs the layout on int32, and the layout records the refusal;
 - null_slot, for a kernel told its pad slot id (a keyword) whose default is not 0: the inner layout with pad
   rows given slot id 0, vLLM's null block, in the pool. A kernel that finds pad rows by a negative index, not
   by the id it was told, writes slot 0.
@@ -54,7 +56,7 @@ from ssmcheck.core.pool import PagedPool, end_slots, inner_slots, nan_filled, pa
 from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, tolerance_rule, within_tolerance
-from ssmcheck.drift.adapter import DriftAdapter, KernelRaised
+from ssmcheck.drift.adapter import DriftAdapter, KernelRaised, refused
 from ssmcheck.drift.follow import output_rounded
 from ssmcheck.drift.regimes import make_problem
 from ssmcheck.drift.results import DriftVerdict, SlotCheck
@@ -69,7 +71,8 @@ SPARE_SLOTS = 2  # pool slots beyond the rows, which no row names
 INNER, ENDS, NULL_SLOT = "inner", "ends", "null_slot"  # the pool's layouts (the module docstring)
 LAYOUTS = (INNER, ENDS, NULL_SLOT)
 FAR = "far"  # drift.far_slots' rows, judged by live_verdict
-_PLACED = {INNER: "", ENDS: " (a full batch, no pad rows, live rows on the pool's first and last slots)",
+_PLACED = {INNER: "", ENDS: " (a full batch, no pad rows, live rows on the pool's first and last slots, {indices} "
+                           "slot indices)",
            NULL_SLOT: " (pad rows given slot id 0, a null block)", FAR: " (rows on slots past 2**32 elements)"}
 # The order of severity, as the exit code ranks them (core.status).
 _SEVERITY = (Status.NONFINITE, Status.ERROR, Status.FAIL, Status.PASS)
@@ -103,17 +106,23 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     paged = paged_pool(torch.cat([problem.initial_state[:1], problem.initial_state, problem.initial_state[-1:]]),
                        layout["seed"])
     pool = paged.pool
-    slots = torch.tensor(layout["slots"], dtype=torch.int32, device=device)
     # out between two guard rows, all NaN with a payload of ours: a write past either end of out lands in one.
     out_buffer = nan_filled((rows + 2, *arguments["x"].shape[1:]), arguments["x"])
     sent = out_buffer[1:-1]
     seed = sweep.case_seed(layout["seed"], {"step": 1})
-    placed = _PLACED[layout["placement"]]
+    placed = _placed(layout)
     try:
-        returned = kernel.update_slots(pool, slots, arguments, sent, case.rounding, seed, "slot check" + placed,
+        indices = torch.tensor(layout["slots"], dtype=getattr(torch, layout["slot_indices"]), device=device)
+        returned = kernel.update_slots(pool, indices, arguments, sent, case.rounding, seed, "slot check" + placed,
                                        transcript, pad_slot_id=layout["pad_slot_id"])
     except KernelRaised as exc:
-        return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}{placed}: {exc}") for name in (LIVE, UNTOUCHED, PAD_OUT)]
+        if layout["slot_indices"] == "int32" or not refused(exc):
+            return [SlotCheck(name, Status.ERROR, f"{TITLES[name]}{placed}: {exc}")
+                    for name in (LIVE, UNTOUCHED, PAD_OUT)]
+        # A kernel may take int32 slot indices alone, as engines pass them: one that refuses int64 runs the layout on
+        # int32, noted in it. The pool and out are written again from the start: the refusing call may have begun.
+        layout["slot_indices"], layout["refused"] = "int32", str(exc)
+        return _run_layout(case, kernel, tolerance, device, transcript, layout)
     # An engine reads the out it passed, whatever the call returns; only that NaN-filled out shows what the
     # kernel left: one it allocated itself holds whatever it held.
     out = sent if kernel.takes_out else returned
@@ -142,8 +151,15 @@ def _layout(case: DriftCase, pad: int, placement: str) -> dict:
     pad_rows = sorted(torch.randperm(rows, generator=generator)[:rows - live_rows].tolist())
     it = iter(live)
     slots = [pad if r in pad_rows else next(it) for r in range(rows)]
+    # The ends layout passes int64 slot indices (as torch's integer tensors default to): a kernel that reads them as
+    # int32 whatever their dtype sends row 1 to the high word of row 0's index, slot 0.
     return {"placement": placement, "seed": seed, "pool": pool, "pad_slot_id": pad, "slots": slots,
-            "pad_rows": pad_rows}
+            "pad_rows": pad_rows, "slot_indices": "int64" if placement == ENDS else "int32"}
+
+
+def _placed(layout: dict) -> str:
+    """How the layout placed the rows, for messages."""
+    return _PLACED[layout["placement"]].format(indices=layout.get("slot_indices", "int32"))
 
 
 def _own_storage(rows: torch.Tensor) -> torch.Tensor:
@@ -203,7 +219,7 @@ def live_verdict(layout, before, pool, out, arguments, case: DriftCase, toleranc
         if worst is None or max(figures["state_rel"], figures["out_rel"]) > max(worst["state_rel"], worst["out_rel"]):
             worst = figures
     result = {"rows": len(rows), "worst": worst}
-    title = TITLES[LIVE] + _PLACED[layout["placement"]]
+    title = TITLES[LIVE] + _placed(layout)
     if unwritten is not None:
         where, left, size = unwritten
         own = ": the kernel returned its output in a tensor of its own" if returned_own else ""
@@ -241,7 +257,7 @@ def _untouched(layout, paged: PagedPool, out_buffer: torch.Tensor | None) -> Slo
     wrote = [*map(named, changed), *(f"out row {row} (past out's {rows} rows)" for row in past_out),
              *([paged.past_states_text(past_state)] if past_state else [])]
     pads = f"; pad rows {layout['pad_rows']} carry slot id {pad}" if layout["pad_rows"] else ""
-    return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_PLACED[layout['placement']]}: the step wrote "
+    return SlotCheck(UNTOUCHED, Status.FAIL, f"{TITLES[UNTOUCHED]}{_placed(layout)}: the step wrote "
                      f"{', '.join(wrote)}{pads}", figures)
 
 
@@ -257,7 +273,7 @@ def _pad_out(layout, out: torch.Tensor, was_poisoned: bool) -> SlotCheck:
         return SlotCheck(PAD_OUT, Status.PASS, "", {"outputs": "undetermined"})
     what = "partly written" if left.any() else "written non-finite"
     row = layout["pad_rows"][int((~finite).flatten(1).any(1).nonzero()[0])]
-    return SlotCheck(PAD_OUT, Status.FAIL, f"{TITLES[PAD_OUT]}{_PLACED[layout['placement']]}: {what} (row {row}, "
+    return SlotCheck(PAD_OUT, Status.FAIL, f"{TITLES[PAD_OUT]}{_placed(layout)}: {what} (row {row}, "
                      f"slot id {layout['pad_slot_id']})", {"outputs": what})
 
 

@@ -48,7 +48,7 @@ class ScanInputs:
     z: torch.Tensor | None = None
     dt_bias: torch.Tensor | None = None
     initial_states: torch.Tensor | None = None  # (batch or nseq, nheads, headdim, dstate)
-    cu_seqlens: torch.Tensor | None = None  # (nseq + 1,) int32: varlen when given (batch is 1)
+    cu_seqlens: torch.Tensor | None = None  # (nseq + 1,) int32 or int64: varlen when given (batch is 1)
     dt_softplus: bool = False
     dt_limit: tuple[float, float] = (0.0, math.inf)
     note: str = ""  # what the regime built, for messages
@@ -66,10 +66,19 @@ class ScanInputs:
 
     @property
     def seq_idx(self) -> torch.Tensor | None:
-        """(1, seqlen) int32 sequence index of every token, derived from cu_seqlens."""
+        """(1, seqlen) sequence index of every token, derived from cu_seqlens, in its dtype."""
         if not self.varlen:
             return None
-        return self.token_map().sequence.to(torch.int32)
+        return self.token_map().sequence.to(self.cu_seqlens.dtype)
+
+    @property
+    def wide_indices(self) -> bool:
+        """Whether cu_seqlens and seq_idx are int64 (engines pass int32)."""
+        return self.varlen and self.cu_seqlens.dtype == torch.int64
+
+    def narrowed(self, why: str) -> ScanInputs:
+        """These inputs with int32 cu_seqlens and seq_idx, `why` added to the note."""
+        return replace(self, cu_seqlens=self.cu_seqlens.to(torch.int32), note=f"{self.note}; {why}")
 
     def to(self, device: str | torch.device) -> ScanInputs:
         """The inputs on `device`, each with its own strides: views into one buffer (the strided regime's

@@ -285,9 +285,18 @@ def ragged(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.d
     head) take softplus's linear branch (raw dt + dt_bias 21..40), clamped to the limit's 0.02 there too: a kernel
     that clamps only what its softplus's other branch computed takes dt 21..40 at those tokens (since the fifty-first
     session). C is a view into a buffer of its own, its token stride past B's (`_c_apart`: a varlen path that reads C
-    with B's strides fails here; since the sixty-fifth session)."""
-    return _c_apart(_varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT,
-                            linear_softplus=0.02))
+    with B's strides fails here; since the sixty-fifth session). Its cu_seqlens and seq_idx are int64 (`_wide_indices`),
+    every other regime's int32."""
+    return _wide_indices(_c_apart(_varlen(shape, dtype, seed, with_initial_states=False, dt_limit=RAGGED_DT_LIMIT,
+                                          linear_softplus=0.02)))
+
+
+def _wide_indices(inputs: ScanInputs) -> ScanInputs:
+    """`inputs` with cu_seqlens (and so seq_idx) int64, as torch.cumsum gives them: a kernel that reads its indices
+    as int32 whatever their dtype takes every other word for a boundary here, where engines' int32 hide it. One that
+    refuses int64 is run on int32 (scan.run), as engines call it."""
+    return replace(inputs, cu_seqlens=inputs.cu_seqlens.to(torch.int64),
+                   note=inputs.note + ", cu_seqlens and seq_idx int64")
 
 
 def aligned(shape: ScanShape, dtype: torch.dtype, seed: int, state_dtype: torch.dtype = torch.float32) -> ScanInputs:
@@ -687,7 +696,8 @@ REGIMES: dict[str, Regime] = {
                "and softplus, unit-scale x/B/C, D and z", normal),
         Regime("ragged", "varlen: batch sequences packed in one row, boundaries mid-chunk, length-1 "
                "sequences (batch 1: a lone sequence); dt limited above only, dt_limit (0, 0.02), also where 2% of "
-               "raw dt + dt_bias lie past softplus's threshold of 20; C's token stride past B's (C a view)", ragged),
+               "raw dt + dt_bias lie past softplus's threshold of 20; C's token stride past B's (C a view); cu_seqlens and "
+               "seq_idx int64 (int32 for a kernel that refuses them)", ragged),
         Regime("aligned", "varlen: ragged's packing with every sequence boundary on a chunk boundary, so a "
                "sequence starts where a chunk does (batch 1: a lone sequence); D per channel under a gate z; dt "
                "passed processed (softplus applied, no dt_bias, dt_softplus False), clamped below only, dt_limit "

@@ -24,7 +24,7 @@ from ssmcheck.core.status import Status
 from ssmcheck.core.tensors import same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.scan import draws, invariance, measure, precision, repro, segments, stages, streamed
-from ssmcheck.scan.adapter import ScanAdapter, resolve
+from ssmcheck.scan.adapter import KernelOutputError, ScanAdapter, resolve
 from ssmcheck.scan.inputs import ScanInputs
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.results import SSM_PART_CALL, Comparison, ErrorMap, ScanResult, StageReport
@@ -179,7 +179,16 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
         # With --repeat, the same inputs again: a race shows as runs that differ.
         out, *again = _calls(kernel, inputs, case, transcript, device, repeat)
     except Exception as exc:  # noqa: BLE001 (any failure of the kernel is this case's verdict)
-        return _kernel_failed(case, exc, inputs, transcript)
+        if not (inputs.wide_indices and _refused(exc)):
+            return _kernel_failed(case, exc, inputs, transcript)
+        # A kernel may take int32 indices alone, as engines pass them: one that refuses int64 is judged on int32 (a
+        # program outside its memory or a wrong output is no refusal: it was judged above).
+        inputs = inputs.narrowed(f"the kernel refused int64 cu_seqlens and seq_idx ({describe(exc)}), so int32")
+        start = time.perf_counter()
+        try:
+            out, *again = _calls(kernel, inputs, case, transcript, device, repeat)
+        except Exception as exc:  # noqa: BLE001
+            return _kernel_failed(case, exc, inputs, transcript)
     kernel_seconds = time.perf_counter() - start
     storage = kernel.judged_storage(case, out[1].dtype)
     ssm_kernel = y_alone = None
@@ -585,6 +594,12 @@ def _reads_outside(kernel: ScanAdapter, inputs: ScanInputs, case: ScanCase, tran
         return outside.reads_outside(call, kernel.fenced_storages(inputs))
     except Exception:  # noqa: BLE001 (advisory, as _classify)
         return None
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether the kernel itself raised `exc` (refusing its arguments), not ssmcheck on what the call did: a program
+    outside its memory, an exit, an output of the wrong kind or inputs the call changed."""
+    return not isinstance(exc, (KernelExit, KernelOutputError))
 
 
 def _kernel_failed(case: ScanCase, exc: Exception, inputs: ScanInputs, transcript, which: str = "") -> ScanResult:
