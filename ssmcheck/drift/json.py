@@ -36,7 +36,7 @@ JSON case keys (always present; figures a case did not produce are null):
     slotted_trials                                   the trials that decoded through state_batch_indices, the
                                                      state's rows on slots of a pool with NaN spares (a kernel
                                                      taking slot indices: one trial of two; null: no steps ran),
-    slots {seed, pool, pad_slot_id, slots, pad_rows, live, untouched, pad_out}   for a kernel taking slot
+    slots {seed, pool, pad_slot_id, slots, pad_rows, slot_indices, live, untouched, pad_out}   for a kernel taking slot
                                                      indices (drift.slots; each check {status, message, ...}),
                                                      and speculative, drafts, kept for one verifying draft
                                                      tokens (drift.speculative), and unslotted {status,
