@@ -1787,3 +1787,12 @@ def cu_seqlens_int32_only(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=No
             raise TypeError(f"{name} must be int32, got {t.dtype}")
     out = _baseline(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
     return _mamba_result(out.y, out, return_final_states, return_varlen_states)
+
+
+def cu_seqlens_int32_only_y_off(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                                return_final_states=False, return_varlen_states=False):
+    """Planted: refuses int64 cu_seqlens and seq_idx, and returns y 1% too large (its states right)."""
+    out = cu_seqlens_int32_only(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                                dt_softplus, dt_limit, True, True)
+    return _mamba_result(out[0] * 1.01, ScanOutput(out[0], out[1], out[2]), return_final_states, return_varlen_states)

@@ -109,6 +109,21 @@ def _script_verdict_on_another_call(tmp_path, kernel: str, call: str) -> str:
     return last
 
 
+def test_a_case_run_on_int32_after_a_refusal_of_int64_reproduces_on_int32(tmp_path):
+    """`ragged` passes int64 indices; a kernel that refuses them runs on int32, and so does its reproducer, which
+    fails on the kernel's wrong y where, on int64, it would only have met the refusal again."""
+    out = tmp_path / "repros"
+    result, report = invoke("scan", "--kernel", "tests/broken_scan_kernels.py:cu_seqlens_int32_only_y_off", "--regime",
+                            "ragged", "--dtype", "fp32", "--seqlen", "64", "--chunk-size", "16", "--batch", "3",
+                            *WIDTHS, "--repro", out, "--quiet", json_path=tmp_path / "r.json")
+    case = report["cases"][0]
+    assert result.exit_code == 1 and "the kernel refused int64 cu_seqlens and seq_idx (" in case["inputs"], result.output
+    shrunk = torch.load(Path(case["repro"]) / "inputs.pt", weights_only=False)
+    assert shrunk["kwargs"]["cu_seqlens"].dtype == shrunk["kwargs"]["seq_idx"].dtype == torch.int32
+    run = _run_script(case["repro"], tmp_path)
+    assert run.returncode == 1 and run.stdout.splitlines()[-1].startswith("fail: y error "), run.stdout + run.stderr
+
+
 def test_y_alone_failure_reproduces(tmp_path):
     """A kernel wrong only when called for y alone (a training forward's call) fails the script on that call's y,
     where the script once re-ran the timed call alone and printed pass."""

@@ -10,6 +10,10 @@ import torch
 
 from ssmcheck.core.tensors import moved
 
+# The note's clause for inputs whose int64 indices the kernel refused (it raised), so that the case ran on int32
+# (scan.run, ScanInputs.narrowed): a reproducer of the case calls it so too (scan.repro).
+REFUSED_INT64 = "the kernel refused int64 cu_seqlens and seq_idx"
+
 
 @dataclass(frozen=True)
 class ScanShape:

@@ -29,6 +29,7 @@ from ssmcheck.core.status import Status
 from ssmcheck.core.tolerance import tolerance_limit
 from ssmcheck.scan import draws, spec
 from ssmcheck.scan.adapter import BUILTIN, MAMBA_SSM, VLLM, ScanAdapter
+from ssmcheck.scan.inputs import REFUSED_INT64
 from ssmcheck.scan.padding import padded
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.results import ScanResult
@@ -121,6 +122,8 @@ def write(folder: Path, runner, case: ScanCase, result: ScanResult) -> Path:
     adapter = runner.adapter()
     inputs = REGIMES[small.regime].generate(small.shape(), DTYPES[small.dtype], small.seed,
                                             state_dtype=DTYPES[small.state_dtype]).to(runner.device)
+    if REFUSED_INT64 in outcome.inputs_note:  # the case ran on int32 indices: the script passes them so too
+        inputs = inputs.narrowed(REFUSED_INT64)
     inputs = adapter.cached_inputs(inputs, small)
     y, states, y_ssm = run.reference(inputs, runner.reference)
     reproducer = _reproducer(adapter, inputs, small)

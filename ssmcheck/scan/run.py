@@ -25,7 +25,7 @@ from ssmcheck.core.tensors import same_bits
 from ssmcheck.core.tolerance import Tolerance, tolerance_limit, within_tolerance
 from ssmcheck.scan import draws, invariance, measure, precision, repro, segments, stages, streamed
 from ssmcheck.scan.adapter import KernelOutputError, ScanAdapter, resolve
-from ssmcheck.scan.inputs import ScanInputs
+from ssmcheck.scan.inputs import REFUSED_INT64, ScanInputs
 from ssmcheck.scan.regimes import REGIMES
 from ssmcheck.scan.results import SSM_PART_CALL, Comparison, ErrorMap, ScanResult, StageReport
 from ssmcheck.scan.spec import ScanCase
@@ -183,7 +183,7 @@ def _run(case, kernel, tolerance, reference_kind, device, allow_tf32, warmup, re
             return _kernel_failed(case, exc, inputs, transcript)
         # A kernel may take int32 indices alone, as engines pass them: one that refuses int64 is judged on int32 (a
         # program outside its memory or a wrong output is no refusal: it was judged above).
-        inputs = inputs.narrowed(f"the kernel refused int64 cu_seqlens and seq_idx ({describe(exc)}), so int32")
+        inputs = inputs.narrowed(f"{REFUSED_INT64} ({describe(exc)}), so int32")
         start = time.perf_counter()
         try:
             out, *again = _calls(kernel, inputs, case, transcript, device, repeat)
