@@ -225,6 +225,9 @@ def test_pieces_pack_and_scatter_back_to_the_case(regime, batch, seqlen, chunk, 
         if group:
             piece_inputs = packed(inputs, group, None)
             assert piece_inputs.nsequences == len(group)
+            # packed in the case's own index dtype: ragged's int64, else int32
+            assert not piece_inputs.varlen or piece_inputs.seq_idx.dtype == (
+                torch.int64 if regime == "ragged" else torch.int32)
             pieces_y += list(zip(group, unpacked(piece_inputs, piece_inputs.x, group)))
     assert torch.equal(scattered(inputs, pieces_y), inputs.x)
 

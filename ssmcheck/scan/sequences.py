@@ -55,7 +55,9 @@ def packed(inputs: ScanInputs, pieces: list[Piece], initial_states: torch.Tensor
 
     tokens = {name: gather(getattr(inputs, name)) for name in PER_TOKEN if getattr(inputs, name) is not None}
     lengths = torch.tensor([0] + [p.length for p in pieces], dtype=torch.int64)
-    cu = None if rows or len(pieces) == 1 else torch.cumsum(lengths, 0).to(torch.int32).to(inputs.x.device)
+    # In the case's own index dtype (ragged's int64), int32 where the case has none.
+    index = inputs.cu_seqlens.dtype if inputs.varlen else torch.int32
+    cu = None if rows or len(pieces) == 1 else torch.cumsum(lengths, 0).to(index).to(inputs.x.device)
     # Pieces are packed as an engine packs them, without the case's pad tokens (scan.padding).
     return replace(inputs, **tokens, initial_states=initial_states, cu_seqlens=cu, pad_after=None)
 
