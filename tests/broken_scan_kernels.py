@@ -5,6 +5,7 @@ real kernels broke (DESIGN §1). Used as `--kernel tests/broken_scan_kernels.py:
 """
 
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -1796,3 +1797,13 @@ def cu_seqlens_int32_only_y_off(x, dt, A, B, C, chunk_size, D=None, z=None, dt_b
     out = cu_seqlens_int32_only(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                                 dt_softplus, dt_limit, True, True)
     return _mamba_result(out[0] * 1.01, ScanOutput(out[0], out[1], out[2]), return_final_states, return_varlen_states)
+
+
+def exits_on_int64_indices(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                           seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                           return_final_states=False, return_varlen_states=False):
+    """Planted: calls sys.exit when given int64 cu_seqlens (a process-ending failure, no refusal); right on int32."""
+    if cu_seqlens is not None and cu_seqlens.dtype == torch.int64:
+        sys.exit(3)
+    return cu_seqlens_int32_only(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                                 dt_softplus, dt_limit, return_final_states, return_varlen_states)

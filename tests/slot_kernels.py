@@ -7,6 +7,8 @@ Chunk scans with pad tokens (seq_idx -1), for the `padded` scan regime: the buil
 lets pads into the state of the sequence before them.
 """
 
+import sys
+
 import torch
 
 from ssmcheck.ops.chunk_scan.chunk import chunk_scan_combined
@@ -290,4 +292,12 @@ def slot_indices_int32_only(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     """Correct, and refuses int64 slot indices (a kernel whose contract is the int32 engines pass)."""
     if state_batch_indices is not None and state_batch_indices.dtype != torch.int32:
         raise TypeError(f"state_batch_indices must be int32, got {state_batch_indices.dtype}")
+    return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)
+
+
+def slot_indices_int64_exit(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                            state_batch_indices=None, pad_slot_id=-1, out=None):
+    """Planted: calls sys.exit when given int64 slot indices (a process-ending failure, no refusal); right on int32."""
+    if state_batch_indices is not None and state_batch_indices.dtype == torch.int64:
+        sys.exit(3)
     return slots_correct(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out)

@@ -763,6 +763,16 @@ def test_ragged_passes_int64_indices_that_a_kernel_reading_int32_words_misreads_
         "int32, got torch.int64 (raised at " in noted[0] and noted[0].endswith("), so int32"), noted
 
 
+def test_a_kernel_that_exits_on_int64_indices_errs_and_is_not_taken_for_a_refusal(tmp_path):
+    """Only the kernel's own exception is a refusal that sends the case to int32: an exit (like a program outside its
+    memory, or a wrong output) is the case's error."""
+    _, report = scan("--kernel", f"{BROKEN}:exits_on_int64_indices", "--regime", "ragged,aligned", "--preset", "smoke",
+                     json_path=tmp_path / "e.json")
+    (case,) = planted_bug_cases(report, lambda p: p["regime"] == "ragged")
+    assert case["status"] == "error" and "sys.exit" in case["message"], case["message"]
+    assert "refused" not in case["inputs"]
+
+
 def test_gates_in_silus_tail_catch_a_silu_through_exp(tmp_path):
     """`initial-state` draws half its gate's values in 12..100: a kernel that takes silu(z) as z exp(z) / (1 + exp(z))
     is NaN past z = 88.7 (inf / inf), in every case of the regime, and right in every other case (unit-normal gates)."""

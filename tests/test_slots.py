@@ -90,6 +90,11 @@ def test_int64_slot_indices_read_as_int32_fail_in_the_ends_layout_and_a_refusal_
     assert refusing["status"] == "pass", refusing["message"]
     assert ends["slot_indices"] == "int32" and "state_batch_indices must be int32, got torch.int64" in ends["refused"]
     assert "refused" not in refusing["slots"] and "refused" not in _case(f"{KERNELS}:slots_correct")["slots"]["ends"]
+    # An exit is no refusal: the ends layout's checks err, and nothing runs on int32 in its place.
+    exiting = _case(f"{KERNELS}:slot_indices_int64_exit")
+    ends = exiting["slots"]["ends"]
+    assert exiting["status"] == "error" and exiting["slots"]["live"]["status"] == "error", exiting["message"]
+    assert "sys.exit" in exiting["slots"]["live"]["message"] and "refused" not in ends and ends["slot_indices"] == "int64"
 
 
 @pytest.mark.parametrize("kernel", ["slot_0_taken_for_a_pad", "last_slot_out_of_bounds"])
