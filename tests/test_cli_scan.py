@@ -759,6 +759,7 @@ def test_ragged_passes_int64_indices_that_a_kernel_reading_int32_words_misreads_
     result, report = scan("--kernel", f"{BROKEN}:cu_seqlens_int32_only", *regimes, json_path=tmp_path / "r.json")
     assert result.exit_code == 0 and [c["status"] for c in report["cases"]] == ["pass"] * 3, result.output
     noted = [c["inputs"] for c in report["cases"] if "refused" in c["inputs"]]
+    assert "int32 indices (1): the kernel refused int64 cu_seqlens and seq_idx (TypeError: " in result.stdout
     assert len(noted) == 1 and "; the kernel refused int64 cu_seqlens and seq_idx (TypeError: cu_seqlens must be " \
         "int32, got torch.int64 (raised at " in noted[0] and noted[0].endswith("), so int32"), noted
 

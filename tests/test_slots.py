@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import slot_kernels
 import torch
-from cli_invoke import case_decoding
+from cli_invoke import case_decoding, invoke
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +85,11 @@ def test_int64_slot_indices_read_as_int32_fail_in_the_ends_layout_and_a_refusal_
     assert slots["live"]["message"].startswith(
         "slots (a full batch, no pad rows, live rows on the pool's first and last slots, int64 slot indices): slot "
     ), slots["live"]["message"]
+    result, _ = invoke("drift", "--kernel", f"{KERNELS}:slot_indices_int32_only", "--preset", "smoke", "--regime",
+                       "normal", "--state-dtype", "fp16", "--rounding", "nearest", "--steps", "2", "--batch", "3",
+                       "--nheads", "2", "--headdim", "8", "--dstate", "16")
+    assert "int32 slot indices (1): the slot check's ends layout ran on int32, the kernel having refused int64: " \
+           "TypeError: state_batch_indices must be int32, got torch.int64" in result.stdout, result.stdout
     refusing = _case(f"{KERNELS}:slot_indices_int32_only")
     ends = refusing["slots"]["ends"]
     assert refusing["status"] == "pass", refusing["message"]

@@ -150,13 +150,19 @@ def case_line(result: DriftResult) -> str:
 
 
 def notes(results: list[DriftResult]) -> list[str]:
-    """One line per failing, non-finite or erroring case, skip reasons with their counts, then what
-    kernels printed, case by case."""
+    """One line per failing, non-finite or erroring case, skip reasons with their counts, the slot checks run on
+    int32 slot indices after a refusal of int64, then what kernels printed, case by case."""
     lines = [f"{r.status.value}: {r.case.id}: {headline(r.verdict.message)}" for r in results
              if r.status in LISTED]
     skipped = Counter(r.verdict.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
     lines += _coarse_bias_tests(results)
+    # Slot checks whose ends layout ran on int32 slot indices after the kernel refused int64 (drift.slots).
+    refused = [r.slot_layout["ends"]["refused"] for r in results
+               if r.slot_layout and "refused" in r.slot_layout.get("ends", {})]
+    if refused:
+        lines.append(f"int32 slot indices ({len(refused)}): the slot check's ends layout ran on int32, the kernel "
+                     f"having refused int64: {refused[0]}")
     lines += autotune.config_failures(results)
     for r in results:
         lines += printed_lines(r.case.id, r.stdout)

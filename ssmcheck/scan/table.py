@@ -25,6 +25,7 @@ from ssmcheck.core.report import environment_line
 from ssmcheck.core.runtime import Environment
 from ssmcheck.core.status import LISTED, Status
 from ssmcheck.core.tolerance import tolerance_rule
+from ssmcheck.scan.inputs import REFUSED_INT64
 from ssmcheck.scan.results import ScanResult
 from ssmcheck.scan.spec import ScanSettings
 
@@ -147,7 +148,8 @@ def case_line(result: ScanResult) -> str:
 
 def notes(results: list[ScanResult]) -> list[str]:
     """One line per failing, non-finite or erroring case (and one naming its reproducer, where --repro wrote one),
-    skip reasons with their counts, then what kernels printed, case by case."""
+    skip reasons with their counts, the cases run on int32 indices after a refusal of int64, then what kernels
+    printed, case by case."""
     lines = []
     for r in results:
         if r.status in LISTED:
@@ -156,6 +158,10 @@ def notes(results: list[ScanResult]) -> list[str]:
                 lines.append(f"reproducer: {r.case.id}: {Path(r.repro) / 'repro.py'}")
     skipped = Counter(r.message for r in results if r.status is Status.SKIPPED)
     lines += [f"skipped ({n}): {reason}" for reason, n in skipped.items()]
+    # Cases run on int32 indices after the kernel refused int64 (scan.run): counted, with the first one's refusal.
+    narrowed = [r.inputs_note for r in results if REFUSED_INT64 in r.inputs_note]
+    if narrowed:
+        lines.append(f"int32 indices ({len(narrowed)}): {narrowed[0][narrowed[0].index(REFUSED_INT64):]}")
     lines += autotune.config_failures(results)
     for r in results:
         lines += printed_lines(r.case.id, r.stdout)
