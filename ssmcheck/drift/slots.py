@@ -111,8 +111,8 @@ def _run_layout(case: DriftCase, kernel: DriftAdapter, tolerance: Tolerance, dev
     sent = out_buffer[1:-1]
     seed = sweep.case_seed(layout["seed"], {"step": 1})
     placed = _placed(layout)
+    indices = torch.tensor(layout["slots"], dtype=getattr(torch, layout["slot_indices"]), device=device)
     try:
-        indices = torch.tensor(layout["slots"], dtype=getattr(torch, layout["slot_indices"]), device=device)
         returned = kernel.update_slots(pool, indices, arguments, sent, case.rounding, seed, "slot check" + placed,
                                        transcript, pad_slot_id=layout["pad_slot_id"])
     except KernelRaised as exc:
