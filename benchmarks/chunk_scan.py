@@ -88,6 +88,7 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
     from ssmcheck.ops.chunk_scan.chunk_state import chunk_state  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.dt_cumsum import dt_cumsum  # noqa: PLC0415
     from ssmcheck.ops.chunk_scan.state_passing import state_passing  # noqa: PLC0415
+    from ssmcheck.ops.chunk_scan.states_passed import states_passed  # noqa: PLC0415
 
     s = stage_inputs(args, state_dtype)
     x, B, C, table, mm, dt_proc, dA_cs = s["x"], s["B"], s["C"], s["table"], s["mm"], s["dt_proc"], s["dA_cs"]
@@ -98,6 +99,9 @@ def stage_times(args: dict, state_dtype, bench) -> dict[str, float]:
         "chunk states": bench(lambda: chunk_state(x, B, dt_proc, dA_cs, mm, table, False)),
         "passing": bench(lambda: state_passing(s["local"], dA_cs, None, state_dtype, False, 0, table,
                                                passed_dtype=s["passed"])),
+        # The two in one kernel, as the interpreter runs them (compiled it was the slower: RESULTS, sixty-eighth session).
+        "both in one": bench(lambda: states_passed(x, B, dt_proc, dA_cs, None, state_dtype, False, 0, table, mm, False,
+                                                   passed_dtype=s["passed"])),
         "C·Bᵀ": bench(lambda: chunk_cb(C, B, mm, table, False)),
         "output": bench(lambda: chunk_output(x, None, C, s["D"], s["cb"], dt_proc, s["log2_pairs"], s["states"], y, mm,
                                              table, False)),

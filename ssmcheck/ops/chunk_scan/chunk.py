@@ -5,6 +5,7 @@ Pipeline, one kernel each (DESIGN §2 for the math):
   1. dt processing and the cumulative log-decay per chunk   (dt_cumsum.py)
   2. each chunk's own state, parallel over chunks            (chunk_state.py)
   3. serial state passing from chunk to chunk                (state_passing.py)
+     (2 and 3 in one kernel in Triton's interpreter, where the stages are not kept: states_passed.py)
   4. C·Bᵀ per chunk                                          (chunk_cb.py)
   5. chunk output: intra-chunk + incoming state, D, z        (chunk_output.py)
 Chunks follow sequences (layout.py): batch mode and varlen share every kernel.
@@ -28,6 +29,7 @@ from .chunk_state import chunk_state
 from .dt_cumsum import dt_cumsum
 from .layout import ChunkTable, batch_table, varlen_table
 from .state_passing import state_passing
+from .states_passed import states_passed
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CHUNK_SIZES = (16, 32, 64, 128, 256)
@@ -105,6 +107,12 @@ class Pipeline:
     state_passing: Callable = state_passing
     chunk_cb: Callable = chunk_cb
     chunk_output: Callable = chunk_output
+
+    @property
+    def passes_in_one_kernel(self) -> bool:
+        """Whether stages 2 and 3 may run as states_passed: only where both are the built-in ones (a pipeline with
+        either replaced must run the replacement)."""
+        return self.chunk_state is chunk_state and self.state_passing is state_passing
 
 
 PIPELINE = Pipeline()
@@ -190,15 +198,22 @@ def _run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
     dt_proc, dA_cs, log2_pairs = pipeline.dt_cumsum(dt.reshape(ntok, nheads), A.contiguous(),
                                                     dt_bias.contiguous() if dt_bias is not None else None,
                                                     dt_softplus, dt_limit, table, alloc=alloc)
-    local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
     # The output stage rounds each chunk's incoming state to the inputs' dtype (its matmul operand): fp32 states are
     # passed in that dtype already, which gives the same bits and halves their bytes, written and read (the stages,
     # kept for their comparison, stay in the storage dtype).
     passed = x.dtype if state_dtype == torch.float32 and not keep_stages else state_dtype
-    states, seq_final = pipeline.state_passing(local, dA_cs, initial_states, state_dtype, rounding == "stochastic",
-                                               seed, table, alloc=alloc, passed_dtype=passed)
-    if not keep_stages:
-        del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
+    stochastic = rounding == "stochastic"
+    # In the interpreter, stages 2 and 3 run as one kernel (the same bits, fewer programs: states_passed.py); compiled,
+    # the two kernels are faster (benchmarks/RESULTS.md, sixty-eighth session).
+    if keep_stages or not interpret or not pipeline.passes_in_one_kernel:
+        local = pipeline.chunk_state(x2, B2, dt_proc, dA_cs, mm_dtype, table, interpret, alloc=alloc)
+        states, seq_final = pipeline.state_passing(local, dA_cs, initial_states, state_dtype, stochastic, seed, table,
+                                                   alloc=alloc, passed_dtype=passed)
+        if not keep_stages:
+            del local  # fp32, one state per chunk: free it before C·Bᵀ is allocated
+    else:
+        states, seq_final = states_passed(x2, B2, dt_proc, dA_cs, initial_states, state_dtype, stochastic, seed,
+                                          table, mm_dtype, interpret, alloc=alloc, passed_dtype=passed)
     cb = pipeline.chunk_cb(C2, B2, mm_dtype, table, interpret, alloc=alloc)
     pipeline.chunk_output(x2, z2, C2, D2, cb, dt_proc, log2_pairs, states, y, mm_dtype, table, interpret)
     if seq_idx is not None:
