@@ -74,7 +74,7 @@ def test_the_ends_layout_puts_live_rows_on_the_first_and_last_slots():
         assert case["status"] == "pass", case["message"]
 
 
-def test_int64_slot_indices_read_as_int32_fail_in_the_ends_layout_and_a_refusal_of_them_runs_it_on_int32():
+def test_int64_slot_indices_read_as_int32_fail_in_the_ends_layout_and_a_refusal_of_them_runs_it_on_int32(tmp_path):
     """The ends layout passes int64 slot indices, the others int32 as engines pass them: a kernel that reads them
     through an int32 pointer takes row 0's high word, slot 0, for row 1's slot there and leaves a live row's slot
     behind; one that refuses int64 (raises) runs the layout on int32 and passes, the refusal recorded."""
@@ -85,12 +85,14 @@ def test_int64_slot_indices_read_as_int32_fail_in_the_ends_layout_and_a_refusal_
     assert slots["live"]["message"].startswith(
         "slots (a full batch, no pad rows, live rows on the pool's first and last slots, int64 slot indices): slot "
     ), slots["live"]["message"]
-    result, _ = invoke("drift", "--kernel", f"{KERNELS}:slot_indices_int32_only", "--preset", "smoke", "--regime",
-                       "normal", "--state-dtype", "fp16", "--rounding", "nearest", "--steps", "2", "--batch", "3",
-                       "--nheads", "2", "--headdim", "8", "--dstate", "16")
+    # As a user runs it (SMALL's options on the command line), for the note under the table too.
+    result, report = invoke("drift", "--kernel", f"{KERNELS}:slot_indices_int32_only", "--preset", "smoke",
+                            "--regime", "normal", "--state-dtype", "fp16", "--rounding", "nearest", "--steps", "2",
+                            "--batch", "3", "--nheads", "2", "--headdim", "8", "--dstate", "16",
+                            json_path=tmp_path / "refusing.json")
     assert "int32 slot indices (1): the slot check's ends layout ran on int32, the kernel having refused int64: " \
            "TypeError: state_batch_indices must be int32, got torch.int64" in result.stdout, result.stdout
-    refusing = _case(f"{KERNELS}:slot_indices_int32_only")
+    (refusing,) = report["cases"]
     ends = refusing["slots"]["ends"]
     assert refusing["status"] == "pass", refusing["message"]
     assert ends["slot_indices"] == "int32" and "state_batch_indices must be int32, got torch.int64" in ends["refused"]
