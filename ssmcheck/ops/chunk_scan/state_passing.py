@@ -75,16 +75,23 @@ def default_config(headdim: int, dstate: int) -> dict:
     return dict(BLOCK=min(next_power_of_2(headdim * dstate), 1024), num_warps=4)
 
 
+def passed_dtype_of(state_dtype, stochastic: bool, passed_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype the states entering the chunks are stored in (None: state_dtype). Another one than state_dtype
+    takes fp32 states rounded to nearest (their rounding to nearest into it is then the output stage's own)."""
+    passed_dtype = passed_dtype or state_dtype
+    if passed_dtype != state_dtype and (state_dtype != torch.float32 or stochastic):
+        raise ValueError(f"passed states in {passed_dtype} need fp32 states rounded to nearest, not {state_dtype}"
+                         f"{' stochastically' if stochastic else ''}")
+    return passed_dtype
+
+
 def state_passing(local, dA_cs, initial_states, state_dtype, stochastic: bool, seed: int, table: ChunkTable,
                   config: dict | None = None, alloc=torch.empty, passed_dtype: torch.dtype | None = None):
     """local (nchunks, nheads, headdim, dstate) fp32 -> (incoming state of every chunk, same shape, in
     `passed_dtype` (None: state_dtype), state after every sequence (nseq, nheads, headdim, dstate) in state_dtype),
     allocated by `alloc`. A `passed_dtype` other than state_dtype takes fp32 states rounded to nearest."""
     _, nheads, headdim, dstate = local.shape
-    passed_dtype = passed_dtype or state_dtype
-    if passed_dtype != state_dtype and (state_dtype != torch.float32 or stochastic):
-        raise ValueError(f"passed states in {passed_dtype} need fp32 states rounded to nearest, not {state_dtype}"
-                         f"{' stochastically' if stochastic else ''}")
+    passed_dtype = passed_dtype_of(state_dtype, stochastic, passed_dtype)
     cfg = {**default_config(headdim, dstate), **(config or {})}
     states = alloc(local.shape, device=local.device, dtype=passed_dtype)
     final = alloc((table.nseq, nheads, headdim, dstate), device=local.device, dtype=state_dtype)

@@ -30,6 +30,7 @@ from ssmcheck.ops.rounding.stochastic import DEFAULT_PHILOX_ROUNDS, round_to_sto
 
 from .layout import ChunkTable
 from .numerics import LOG2E, decay2, mma, operand, program_coords
+from .state_passing import passed_dtype_of
 
 
 # As in the two stages: the seed, the group count, whether there are initial states and the chunk size's stride use
@@ -108,10 +109,7 @@ def states_passed(x, B, dt_proc, dA_cs, initial_states, state_dtype, stochastic:
     dstate) in state_dtype), allocated by `alloc`: state_passing's results, without the chunks' own states."""
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1], B.shape[2]
-    passed_dtype = passed_dtype or state_dtype
-    if passed_dtype != state_dtype and (state_dtype != torch.float32 or stochastic):
-        raise ValueError(f"passed states in {passed_dtype} need fp32 states rounded to nearest, not {state_dtype}"
-                         f"{' stochastically' if stochastic else ''}")
+    passed_dtype = passed_dtype_of(state_dtype, stochastic, passed_dtype)
     cfg = {**default_config(headdim, dstate, interpret), **(config or {})}
     states = alloc((table.nchunks, nheads, headdim, dstate), device=x.device, dtype=passed_dtype)
     final = alloc((table.nseq, nheads, headdim, dstate), device=x.device, dtype=state_dtype)
